@@ -1,0 +1,79 @@
+"""Pure attention math on tensors (seed §9–§14). No model, no cache objects: tensors in, tensors out.
+
+Shapes: ``H`` query heads, ``KV`` key/value heads (GQA: query head ``h`` reads KV head ``h // (H // KV)``),
+``n`` visible slots, ``D`` head dim. Scores and weights are computed in float32 (or float64 if given).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvviz.errors import KvvizError
+
+
+def kv_head_of(head: int, heads: int, kv_heads: int) -> int:
+    """The KV head that query head ``head`` reads (transformers' ``repeat_kv`` order)."""
+    return head // (heads // kv_heads)
+
+
+def expand_kv(tensor: torch.Tensor, heads: int) -> torch.Tensor:
+    """``(KV, n, D)`` → ``(H, n, D)`` by repeating each KV head for its group of query heads."""
+    return tensor.repeat_interleave(heads // tensor.shape[0], dim=0)
+
+
+def _float(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor if tensor.dtype == torch.float64 else tensor.float()
+
+
+def scores(query: torch.Tensor, keys: torch.Tensor, scaling: float) -> torch.Tensor:
+    """``s = q·kᵀ · scaling``: query ``(H, q, D)``, keys ``(KV, n, D)`` → ``(H, q, n)``."""
+    return _float(query) @ expand_kv(_float(keys), query.shape[0]).transpose(-1, -2) * scaling
+
+
+def causal_weights(query: torch.Tensor, keys: torch.Tensor, scaling: float) -> torch.Tensor:
+    """Softmax weights ``(H, q, n)`` where query row ``i`` is the slot ``n - q + i`` and sees slots ``0..n-q+i``."""
+    s = scores(query, keys, scaling)
+    q_len, n = s.shape[-2:]
+    hidden = torch.arange(n, device=s.device)[None, :] > torch.arange(q_len, device=s.device)[:, None] + (n - q_len)
+    return torch.softmax(s.masked_fill(hidden, float("-inf")), dim=-1)
+
+
+def evicted_mass(alpha: torch.Tensor, evicted: torch.Tensor) -> torch.Tensor:
+    """``ρ = Σ_{e∈E} α_e`` over the last axis. ``alpha`` ``(..., n)``, ``evicted`` bool ``(..., n)`` → ``(...)``."""
+    return (alpha * evicted).sum(-1)
+
+
+def _check_mass(rho: torch.Tensor) -> None:
+    if bool((rho >= 1).any()):
+        raise KvvizError("the edit evicts every slot a head can see (ρ = 1); keep at least one slot")
+
+
+def renormalized(alpha: torch.Tensor, evicted: torch.Tensor) -> torch.Tensor:
+    """``α′_j = α_j / (1 − ρ)`` for retained ``j`` and 0 for evicted ones (§10). Refuses ``ρ = 1``."""
+    rho = evicted_mass(alpha, evicted)
+    _check_mass(rho)
+    return alpha.masked_fill(evicted, 0.0) / (1 - rho)[..., None]
+
+
+def output(alpha: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``o = Σ_j α_j v_j``: ``alpha`` ``(..., n)``, ``values`` ``(..., n, D)`` → ``(..., D)``."""
+    return (_float(alpha)[..., None, :] @ _float(values)).squeeze(-2)
+
+
+def evicted_output(o: torch.Tensor, alpha: torch.Tensor, values: torch.Tensor, evicted: torch.Tensor) -> torch.Tensor:
+    """Closed form ``o′ = (o − Σ_{e∈E} α_e v_e) / (1 − ρ)`` (§10); shapes as in :func:`output`. Refuses ``ρ = 1``."""
+    rho = evicted_mass(alpha, evicted)
+    _check_mass(rho)
+    return (o - output(alpha * evicted, values)) / (1 - rho)[..., None]
+
+
+def quantization_split(
+    alpha: torch.Tensor, alpha_hat: torch.Tensor, values: torch.Tensor, values_hat: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exact split of ``ô − o`` (§12): ``(Σ (α̂−α) v, Σ α̂ (v̂−v))`` — weight perturbation, value content.
+
+    ``alpha``, ``alpha_hat`` ``(..., n)``; ``values``, ``values_hat`` ``(..., n, D)`` → two ``(..., D)``.
+    """
+    weight_term = output(_float(alpha_hat) - _float(alpha), values)
+    content_term = output(alpha_hat, _float(values_hat) - _float(values))
+    return weight_term, content_term

