@@ -30,11 +30,16 @@ def scores(query: torch.Tensor, keys: torch.Tensor, scaling: float) -> torch.Ten
     return _float(query) @ expand_kv(_float(keys), query.shape[0]).transpose(-1, -2) * scaling
 
 
-def causal_weights(query: torch.Tensor, keys: torch.Tensor, scaling: float) -> torch.Tensor:
-    """Softmax weights ``(H, q, n)`` where query row ``i`` is the slot ``n - q + i`` and sees slots ``0..n-q+i``."""
+def causal_weights(
+    query: torch.Tensor, keys: torch.Tensor, scaling: float, evicted: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Softmax weights ``(H, q, n)`` where query row ``i`` is the slot ``n - q + i`` and sees slots ``0..n-q+i``,
+    except those ``evicted`` (bool ``(KV, n)``, per KV head)."""
     s = scores(query, keys, scaling)
     q_len, n = s.shape[-2:]
     hidden = torch.arange(n, device=s.device)[None, :] > torch.arange(q_len, device=s.device)[:, None] + (n - q_len)
+    if evicted is not None:
+        hidden = hidden | expand_kv(evicted[:, None, :], query.shape[0])
     return torch.softmax(s.masked_fill(hidden, float("-inf")), dim=-1)
 
 

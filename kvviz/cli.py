@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 
+from kvviz import cli_whatif
 from kvviz.errors import KvvizError
 
 
@@ -92,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     chat = commands.add_parser("chat", help="run turns and print the transcript of the cache")
     add_chat_arguments(chat)
     chat.set_defaults(run=run_chat)
+    whatif = commands.add_parser("whatif", help="replay a chat, then compare the full and an edited cache at a step")
+    add_chat_arguments(whatif)
+    cli_whatif.add_arguments(whatif)
+    whatif.set_defaults(run=cli_whatif.run_whatif)
     return parser
 
 

@@ -25,8 +25,11 @@ ATTENTION_NAME = "kvviz"
 class Probe:
     """Base probe: sees every attention call of one forward pass. Subclasses override what they need."""
 
-    def on_query(self, layer: int, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor | None:
-        """Called with ``query`` ``(B, H, q, D)`` post-RoPE and the whole ``key`` ``(B, KV, n, D)`` after the update.
+    def on_query(
+        self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+    ) -> torch.Tensor | None:
+        """Called with ``query`` ``(B, H, q, D)`` post-RoPE and the whole ``key``/``value`` ``(B, KV, n, D)`` after
+        the cache update.
 
         May return a boolean visibility mask ``(B, KV, n)`` (True = attend) applied on top of the causal mask.
         """
@@ -81,7 +84,7 @@ def kvviz_attention(
     asks for the weights. Shapes as in transformers: query ``(B, H, q, D)``, key/value ``(B, KV, n, D)`` (the whole
     cache after this step's update); returns ``(B, q, H, D)`` and the weights ``(B, H, q, n)`` or None."""
     probe = _probe.get()
-    visible = probe.on_query(module.layer_idx, query, key) if probe is not None else None
+    visible = probe.on_query(module.layer_idx, query, key, value) if probe is not None else None
     if kwargs.pop("output_attentions", False):
         allowed = _full_mask(attention_mask, query, key, visible)
         additive = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device).masked_fill(
@@ -148,11 +151,14 @@ class QueryLog:
 
 
 class QueryRecorder(Probe):
-    """The session's probe: stores each layer's post-RoPE queries (batch row 0) in a :class:`QueryLog`."""
+    """The session's probe: stores each layer's post-RoPE queries (batch row 0) in a :class:`QueryLog` and hides
+    the slots a committed edit evicted (``evicted``: bool ``(L, KV, n)`` or None)."""
 
-    def __init__(self, log: QueryLog):
-        self.log = log
+    def __init__(self, log: QueryLog, evicted: torch.Tensor | None = None):
+        self.log, self.evicted = log, evicted
 
-    def on_query(self, layer: int, query: torch.Tensor, key: torch.Tensor) -> None:
+    def on_query(
+        self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+    ) -> torch.Tensor | None:
         self.log.write(layer, query[0])
-        return None
+        return None if self.evicted is None else ~self.evicted[layer][None]

@@ -15,6 +15,8 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopP
 
 from kvviz import cache as kv_cache
 from kvviz.attention import causal_weights
+from kvviz.commits import CommitLog
+from kvviz.edits import Edit
 from kvviz.errors import KvvizError
 from kvviz.model import LoadedModel
 from kvviz.recorder import QueryLog, QueryRecorder, probing
@@ -60,6 +62,7 @@ class Session:
         self.logits: torch.Tensor | None = None  # (V,) float32 next-token logits that chose ``pending``
         self._announced = 0
         self._generator = torch.Generator().manual_seed(self.sampling.seed)
+        self.commits = CommitLog(self.cache, lm.layers, lm.kv_heads)
 
     # --- turns -----------------------------------------------------------------------------------------------
 
@@ -137,7 +140,8 @@ class Session:
         start = self.transcript.next_position
         device = self.lm.device
         try:
-            with torch.no_grad(), probing(QueryRecorder(self.queries)):
+            probe = QueryRecorder(self.queries, self.commits.evicted(length + len(ids)))
+            with torch.no_grad(), probing(probe):
                 out = self.lm.model(
                     input_ids=torch.tensor([ids], device=device),
                     position_ids=torch.arange(start, start + len(ids), device=device)[None],
@@ -204,8 +208,12 @@ class Session:
             turns[-1]["assistant"] = self.reply
         return turns
 
+    def piece(self, token_id: int) -> str:
+        """The text of one token (see :func:`token_pieces`)."""
+        return token_pieces(self.lm.tokenizer, [token_id])[0]
+
     def _token(self, token_id: int) -> Token:
-        return Token(token_id, token_pieces(self.lm.tokenizer, [token_id])[0])
+        return Token(token_id, self.piece(token_id))
 
     # --- reading ---------------------------------------------------------------------------------------------
 
@@ -224,13 +232,33 @@ class Session:
     def weights(self, layer: int, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """Attention weights of the slots ``start..stop-1`` as queries: ``(H, stop - start, stop)`` float32.
 
-        Recomputed from the recorded post-RoPE queries and the cached keys; row ``i`` sees slots ``0..start+i``.
+        Recomputed from the recorded post-RoPE queries and the keys each slot saw when it was processed (the original
+        keys with the edit committed at that time): row ``i`` sees slots ``0..start+i`` except evicted ones.
         """
         stop = len(self) if stop is None else stop
         if not 0 <= start < stop <= len(self):
             raise KvvizError(f"slots {start}..{stop - 1} are not all cached (the cache holds {len(self)})")
-        keys, _ = self.layer_kv(layer)
-        return causal_weights(self.queries.layer(layer)[:, start:stop], keys[:, :stop], self.lm.scaling)
+        keys, _ = self.commits.original_kv(layer, stop)
+        queries = self.queries.layer(layer)
+        cuts = sorted({start, stop, *(b for b in self.commits.boundaries() if start < b < stop)})
+        rows = []
+        for first, end in zip(cuts, cuts[1:]):
+            edit = self.commits.edit_at(first)
+            evicted = edit.evicted_mask(end, self.lm.layers, self.lm.kv_heads, keys.device)[layer]
+            part = causal_weights(queries[:, first:end], edit.quantized_keys(keys[:, :end]), self.lm.scaling, evicted)
+            rows.append(torch.nn.functional.pad(part, (0, stop - end)))
+        return torch.cat(rows, dim=1)
+
+    # --- committed edits -------------------------------------------------------------------------------------
+
+    def commit(self, edit: Edit) -> None:
+        """Apply ``edit`` to the session's cache: every later step runs on the edited cache (positions unchanged)."""
+        edit.validate(len(self), self.lm.layers, self.lm.kv_heads, self.lm.head_dim)
+        self.commits.push(edit, len(self))
+
+    def undo(self) -> None:
+        """Take the newest committed edit back (evicted slots reappear, quantized ones get their original K/V)."""
+        self.commits.pop()
 
     def attention_row(self, layer: int, head: int, slot: int) -> torch.Tensor:
         """What slot ``slot`` attended to in ``layer``/``head``: ``(slot + 1,)`` weights over slots ``0..slot``."""

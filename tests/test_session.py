@@ -185,10 +185,10 @@ def test_failed_forward_leaves_cache_and_transcript_intact(lm, monkeypatch):
     length, ids = len(session), session.transcript.ids
 
     class Failing(QueryRecorder):
-        def on_query(self, layer, query, key):
+        def on_query(self, layer, query, key, value):
             if layer == 12:
                 raise RuntimeError("boom")
-            return super().on_query(layer, query, key)
+            return super().on_query(layer, query, key, value)
 
     monkeypatch.setattr(session_module, "QueryRecorder", Failing)
     with pytest.raises(RuntimeError):

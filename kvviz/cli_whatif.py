@@ -1,0 +1,127 @@
+"""``python -m kvviz whatif``: replay a chat, then compare the full and an edited cache at one step."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from kvviz.edits import Edit
+from kvviz.errors import KvvizError
+from kvviz.quant import Quantizer
+
+
+def parse_slots(spec: str) -> list[int]:
+    """``"3,5-9"`` → ``[3, 5, 6, 7, 8, 9]``."""
+    slots: list[int] = []
+    try:
+        for part in filter(None, (p.strip() for p in spec.split(","))):
+            first, _, last = part.partition("-")
+            start, stop = int(first), int(last or first)
+            if start < 0 or stop < start:
+                raise ValueError(part)
+            slots.extend(range(start, stop + 1))
+    except ValueError:
+        raise KvvizError(f"bad slot list {spec!r}; use numbers and ranges like 3,5-9") from None
+    return slots
+
+
+def _bits(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise KvvizError(f"bit-width must be a number (16, 8, 4, 3 or 2), got {text!r}") from None
+
+
+def _budget(text: str) -> int | float:
+    try:
+        return float(text) if "." in text else int(text)
+    except ValueError:
+        raise KvvizError(f"budget must be a slot count or a fraction, got {text!r}") from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--at", type=int, default=None, help="slot whose step is re-run (default: the newest)")
+    parser.add_argument("--evict", default="", metavar="SPEC", help="slots to evict, e.g. 3,5-9")
+    parser.add_argument("--evict-layers", default=None, metavar="SPEC", help="evict only in these layers")
+    parser.add_argument("--evict-heads", default=None, metavar="SPEC", help="evict only in these KV heads")
+    parser.add_argument("--bits", default=None, help="bit-width of keys and values of all slots before --at")
+    parser.add_argument("--key-bits", default=None, help="bit-width of all keys before --at")
+    parser.add_argument("--value-bits", default=None, help="bit-width of all values before --at")
+    parser.add_argument("--bits-for", action="append", default=[], metavar="SPEC=B", help="bits for some slots")
+    parser.add_argument("--group-size", type=int, default=None, help="channels per quantization group")
+    parser.add_argument("--key-axis", choices=("channel", "token"), default="channel")
+    parser.add_argument("--value-axis", choices=("channel", "token"), default="token")
+    parser.add_argument("--symmetric", action="store_true")
+    parser.add_argument("--window", type=int, default=0, help="most recent slots kept at full precision")
+    parser.add_argument("--policy", default=None, help="eviction policy: streaming_llm, h2o, snapkv, tova, key_norm, random")
+    parser.add_argument("--budget", default=None, help="slots (or fraction) the policy keeps")
+    parser.add_argument("--layer", type=int, default=0, help="detail layer")
+    parser.add_argument("--head", type=int, default=0, help="detail query head")
+    parser.add_argument("--topk", type=int, default=10)
+    parser.add_argument("--continue", dest="continuation", type=int, default=0, metavar="N",
+                        help="greedy N tokens with both caches")
+
+
+def build_edit(args: argparse.Namespace, session, at: int) -> Edit:
+    """The Edit the flags describe (policy first, hand edits on top)."""
+    edit = Edit()
+    if args.policy is not None:
+        from kvviz.policies import POLICIES
+
+        if args.policy not in POLICIES or args.budget is None:
+            raise KvvizError(f"--policy needs one of {', '.join(POLICIES)} and --budget")
+        edit = POLICIES[args.policy]().edit(session, _budget(args.budget), at)
+    key_bits: dict[int, int] = {}
+    value_bits: dict[int, int] = {}
+    for flag, tables in ((args.bits, (key_bits, value_bits)), (args.key_bits, (key_bits,)),
+                         (args.value_bits, (value_bits,))):
+        if flag is not None:
+            for table in tables:
+                table.update(dict.fromkeys(range(at), _bits(flag)))
+    for item in args.bits_for:
+        spec, _, bits = item.rpartition("=")
+        for slot in parse_slots(spec):
+            key_bits[slot] = value_bits[slot] = _bits(bits)
+    evictions = ()
+    if args.evict:
+        layers = None if args.evict_layers is None else parse_slots(args.evict_layers)
+        heads = None if args.evict_heads is None else parse_slots(args.evict_heads)
+        evictions = Edit.evict(parse_slots(args.evict), layers, heads).evictions
+    hand = Edit(
+        evictions=evictions, key_bits=key_bits, value_bits=value_bits, full_precision_window=args.window,
+        keys=Quantizer(args.key_axis, args.group_size, args.symmetric),
+        values=Quantizer(args.value_axis, args.group_size, args.symmetric),
+    )
+    return edit.merged(hand)
+
+
+def run_whatif(args: argparse.Namespace) -> None:
+    from kvviz.cli import replay_chat
+    from kvviz.whatif import what_if
+
+    session = replay_chat(args)
+    at = len(session) - 1 if args.at is None else args.at
+    result = what_if(session, build_edit(args, session, at), at, args.layer, args.head, args.topk, args.continuation)
+    document = {"tokens": session.transcript.rows()} | result.to_dict()
+    if args.json:
+        print(json.dumps(document, ensure_ascii=False))
+        return
+    _print_summary(document)
+
+
+def _print_summary(doc: dict) -> None:
+    nt = doc["next_token"]
+    print(f"step of slot {doc['at']} (position {doc['position']}): KL {nt['kl']:.6g} nats, TV {nt['tv']:.6g}, "
+          f"top-1 {'FLIPS' if nt['top1_changed'] else 'unchanged'}")
+    print(f"{'full':<32} {'edited':<32}")
+    for full, edited in zip(nt["full"], nt["edited"]):
+        left = f"{full['text']!r} {full['prob']:.4f} (#{full['rank_other'] + 1})"
+        right = f"{edited['text']!r} {edited['prob']:.4f} (#{edited['rank_other'] + 1})"
+        print(f"{left:<32} {right:<32}")
+    memory = doc["memory"]
+    print(f"cache bytes: full {memory['full_bytes']:,} · fp16 {memory['fp16_bytes']:,} · edited {memory['edited_bytes']:,}")
+    rho = [max(row) for row in doc["heads"]["rho"]]
+    print("max ρ by layer:", " ".join(f"{r:.3f}" for r in rho))
+    if doc["continuation"]:
+        cont = doc["continuation"]
+        print(f"full:   {cont['full']!r}\nedited: {cont['edited']!r}\nfirst divergence: {cont['first_divergence']}")

@@ -1,0 +1,100 @@
+"""Edits committed to a session's cache: later steps run on the edited cache; positions stay absolute.
+
+Representation, chosen so that every past step stays exactly reproducible:
+- evicted slots stay in the cache and are hidden per (layer, KV head) by the session's probe — this equals removing
+  them (tested: removal and masking give the same logits), and it keeps slot index == cache index;
+- quantized slots hold their dequantized K/V in the live cache; their original K/V are kept here, so an undo restores
+  them and the step of any earlier slot can be replayed on the cache exactly as it stood then.
+Each commit stores the cumulative edit and the number of slots cached when it was made; slot ``t`` was processed under
+the newest commit made when at most ``t`` slots were cached.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from kvviz import cache as kv_cache
+from kvviz.edits import Edit
+from kvviz.errors import KvvizError
+
+
+@dataclass(frozen=True)
+class Commit:
+    at: int  # slots cached when the edit was committed; it applies to the steps of slots >= at
+    edit: Edit  # cumulative and resolved (no full-precision window left)
+
+
+class CommitLog:
+    """The commit stack of one session, and the original K/V of the slots it quantized."""
+
+    def __init__(self, cache: DynamicCache, layers: int, kv_heads: int):
+        self.cache, self.layers, self.kv_heads = cache, layers, kv_heads
+        self.stack: list[Commit] = []
+        self._originals: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # slot -> keys, values (L, KV, D)
+
+    @property
+    def current(self) -> Edit:
+        return self.stack[-1].edit if self.stack else Edit()
+
+    def edit_at(self, slot: int) -> Edit:
+        """The edit in force when slot ``slot`` was (or will be) processed."""
+        for commit in reversed(self.stack):
+            if commit.at <= slot:
+                return commit.edit
+        return Edit()
+
+    def boundaries(self) -> list[int]:
+        return [commit.at for commit in self.stack]
+
+    def evicted(self, length: int) -> torch.Tensor | None:
+        """Boolean ``(L, KV, length)`` of the slots the current edit hides, or None when it hides nothing."""
+        edit = self.current
+        if not any(e.slots for e in edit.evictions):
+            return None
+        device = kv_cache.layer_kv(self.cache, 0)[0].device
+        return edit.evicted_mask(length, self.layers, self.kv_heads, device)
+
+    def original_kv(self, layer: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values ``(KV, stop, D)`` of ``layer`` as the model computed them (before any quantization)."""
+        keys, values = (t[0, :, :stop] for t in kv_cache.layer_kv(self.cache, layer))
+        restore = [slot for slot in self._originals if slot < stop]
+        if not restore:
+            return keys, values
+        keys, values = keys.clone(), values.clone()
+        for slot in restore:
+            keys[:, slot], values[:, slot] = self._originals[slot][0][layer], self._originals[slot][1][layer]
+        return keys, values
+
+    def push(self, edit: Edit, at: int) -> None:
+        """Commit ``edit`` (already validated for a step at ``at``) on top of the current one."""
+        self.stack.append(Commit(at, self.current.merged(edit.resolved(at))))
+        self._materialize()
+
+    def pop(self) -> None:
+        if not self.stack:
+            raise KvvizError("there is no committed edit to undo")
+        self.stack.pop()
+        self._materialize()
+
+    def _materialize(self) -> None:
+        """Rewrite the live cache: originals back everywhere, then the current edit's quantization."""
+        edit = self.current.resolved(self.stack[-1].at) if self.stack else Edit()
+        quantized = set(edit.key_bits) | set(edit.value_bits)
+        for slot in set(self._originals) | quantized:
+            if slot not in self._originals:
+                self._originals[slot] = (
+                    torch.stack([kv_cache.layer_kv(self.cache, l)[0][0, :, slot] for l in range(self.layers)]),
+                    torch.stack([kv_cache.layer_kv(self.cache, l)[1][0, :, slot] for l in range(self.layers)]),
+                )
+        stop = max(quantized, default=-1) + 1
+        for layer in range(self.layers):
+            keys, values = kv_cache.layer_kv(self.cache, layer)
+            original_keys, original_values = self.original_kv(layer, keys.shape[2])
+            new_keys, new_values = edit.quantized(original_keys[:, :stop], original_values[:, :stop])
+            keys[0].copy_(original_keys)
+            values[0].copy_(original_values)
+            keys[0, :, :stop], values[0, :, :stop] = new_keys, new_values
+        self._originals = {slot: self._originals[slot] for slot in quantized}

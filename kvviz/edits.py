@@ -1,0 +1,197 @@
+"""An Edit: which cached slots are evicted (everywhere, or in chosen layers / KV heads) and which are stored at fewer
+bits (keys and values separately). A validated, JSON-serialisable value object; it never touches a cache itself
+except through :meth:`Edit.quantized`, which returns new tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
+
+import torch
+
+from kvviz.errors import KvvizError
+from kvviz.quant import Quantizer, check_bits, fake_quantize
+
+
+def _slots(values: Iterable[object], what: str) -> tuple[int, ...]:
+    result = []
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise KvvizError(f"{what} must be non-negative integers, got {value!r}")
+        result.append(value)
+    return tuple(sorted(set(result)))
+
+
+@dataclass(frozen=True)
+class Eviction:
+    """Slots removed from the given layers and KV heads (``None`` = all of them)."""
+
+    slots: tuple[int, ...]
+    layers: tuple[int, ...] | None = None
+    heads: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "slots", _slots(self.slots, "evicted slots"))
+        for name in ("layers", "heads"):
+            scope = getattr(self, name)
+            if scope is not None:
+                scope = _slots(scope, name)
+                if not scope:
+                    raise KvvizError(f"the eviction's {name} scope is empty; give at least one or leave it unset")
+                object.__setattr__(self, name, scope)
+
+    @property
+    def everywhere(self) -> bool:
+        return self.layers is None and self.heads is None
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Evictions plus per-slot bit-widths (absent = 16, untouched). Default quantizers follow KIVI: keys per
+    channel, values per token. ``full_precision_window`` keeps the most recent slots before the step at 16 bits."""
+
+    evictions: tuple[Eviction, ...] = ()
+    key_bits: Mapping[int, int] = field(default_factory=dict)
+    value_bits: Mapping[int, int] = field(default_factory=dict)
+    keys: Quantizer = Quantizer(axis="channel")
+    values: Quantizer = Quantizer(axis="token")
+    full_precision_window: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "evictions", tuple(self.evictions))
+        for name in ("key_bits", "value_bits"):
+            bits = getattr(self, name)
+            slots = _slots(bits.keys(), f"slots in {name}")
+            object.__setattr__(self, name, {s: check_bits(bits[s]) for s in slots if bits[s] != 16})
+        if isinstance(self.full_precision_window, bool) or not isinstance(self.full_precision_window, int) \
+                or self.full_precision_window < 0:
+            raise KvvizError(f"the full-precision window must be a non-negative integer, got {self.full_precision_window!r}")
+
+    # --- construction ----------------------------------------------------------------------------------------
+
+    @classmethod
+    def evict(cls, slots: Iterable[int], layers: Iterable[int] | None = None, heads: Iterable[int] | None = None) -> Edit:
+        scope = (None if layers is None else tuple(layers), None if heads is None else tuple(heads))
+        return cls(evictions=(Eviction(tuple(slots), *scope),))
+
+    @classmethod
+    def quantize(cls, slots: Iterable[int], key_bits: int, value_bits: int | None = None, **settings) -> Edit:
+        slots = list(slots)
+        value_bits = key_bits if value_bits is None else value_bits
+        return cls(key_bits=dict.fromkeys(slots, key_bits), value_bits=dict.fromkeys(slots, value_bits), **settings)
+
+    def merged(self, other: Edit) -> Edit:
+        """This edit with ``other`` on top: evictions add up, ``other``'s bit-widths and settings win."""
+        return replace(other, evictions=self.evictions + other.evictions,
+                       key_bits={**self.key_bits, **other.key_bits}, value_bits={**self.value_bits, **other.value_bits})
+
+    # --- reading ---------------------------------------------------------------------------------------------
+
+    @property
+    def is_empty(self) -> bool:
+        return not any(e.slots for e in self.evictions) and not self.key_bits and not self.value_bits
+
+    @property
+    def quantizes(self) -> bool:
+        return bool(self.key_bits or self.value_bits)
+
+    def touched_slots(self) -> set[int]:
+        return {s for e in self.evictions for s in e.slots} | set(self.key_bits) | set(self.value_bits)
+
+    def validate(self, at: int, layers: int, kv_heads: int, head_dim: int) -> None:
+        """Refuse slots that are not in the cache before ``at``, evicting ``at`` itself, scopes out of range and
+        group sizes that do not divide ``head_dim``."""
+        for slot in sorted(self.touched_slots()):
+            if slot == at:
+                raise KvvizError(f"slot {slot} is the token being processed; it cannot be evicted or quantized")
+            if slot > at:
+                raise KvvizError(f"slot {slot} is not in the cache before slot {at}")
+        for eviction in self.evictions:
+            if eviction.layers and eviction.layers[-1] >= layers:
+                raise KvvizError(f"layer {eviction.layers[-1]} does not exist (the model has {layers})")
+            if eviction.heads and eviction.heads[-1] >= kv_heads:
+                raise KvvizError(f"KV head {eviction.heads[-1]} does not exist (the model has {kv_heads})")
+        self.keys.check(head_dim)
+        self.values.check(head_dim)
+
+    def evicted_mask(self, n: int, layers: int, kv_heads: int, device: torch.device | None = None) -> torch.Tensor:
+        """Boolean ``(L, KV, n)``: True where slot ``j`` is evicted from that layer and KV head."""
+        mask = torch.zeros(layers, kv_heads, n, dtype=torch.bool, device=device)
+        for eviction in self.evictions:
+            in_layer, in_head, in_slots = (_flags(layers, eviction.layers, device), _flags(kv_heads, eviction.heads, device),
+                                           _flags(n, [s for s in eviction.slots if s < n], device))
+            mask |= in_layer[:, None, None] & in_head[None, :, None] & in_slots[None, None, :]
+        return mask
+
+    def resolved(self, at: int) -> Edit:
+        """This edit for the step at slot ``at``: the full-precision window becomes explicit 16-bit slots."""
+        recent = at - self.full_precision_window
+        keep = lambda bits: {s: b for s, b in bits.items() if s < recent}  # noqa: E731
+        return replace(self, key_bits=keep(self.key_bits), value_bits=keep(self.value_bits), full_precision_window=0)
+
+    def bits(self, kind: str, n: int) -> list[int]:
+        """Bit-width of each of ``n`` slots for ``kind`` = ``"key"`` or ``"value"`` (call on a resolved edit)."""
+        table = self.key_bits if kind == "key" else self.value_bits
+        return [table.get(slot, 16) for slot in range(n)]
+
+    def quantized(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """New ``(KV, n, D)`` keys and values with each slot fake-quantized at its bit-width (slots sharing a
+        bit-width are quantized together, which matters for per-channel scales)."""
+        return self.quantized_keys(keys), self._quantize(values, self.bits("value", values.shape[1]), self.values)
+
+    def quantized_keys(self, keys: torch.Tensor) -> torch.Tensor:
+        """New ``(KV, n, D)`` keys with each slot fake-quantized at its key bit-width."""
+        return self._quantize(keys, self.bits("key", keys.shape[1]), self.keys)
+
+    @staticmethod
+    def _quantize(x: torch.Tensor, bits: list[int], quantizer: Quantizer) -> torch.Tensor:
+        if all(b == 16 for b in bits):
+            return x
+        out = x.clone()
+        for width in sorted(set(bits) - {16}):
+            index = torch.tensor([s for s, b in enumerate(bits) if b == width], device=x.device)
+            out[:, index] = fake_quantize(x[:, index], width, quantizer)
+        return out
+
+    # --- JSON ------------------------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict:
+        return {
+            "evict": [asdict(e) for e in self.evictions],
+            "key_bits": {str(s): b for s, b in self.key_bits.items()},
+            "value_bits": {str(s): b for s, b in self.value_bits.items()},
+            "keys": asdict(self.keys),
+            "values": asdict(self.values),
+            "full_precision_window": self.full_precision_window,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> Edit:
+        """Inverse of :meth:`to_dict`; malformed input raises :class:`KvvizError`."""
+        try:
+            return cls(
+                evictions=tuple(Eviction(tuple(e["slots"]), _opt(e.get("layers")), _opt(e.get("heads")))
+                                for e in data.get("evict", [])),
+                key_bits={int(s): b for s, b in data.get("key_bits", {}).items()},
+                value_bits={int(s): b for s, b in data.get("value_bits", {}).items()},
+                keys=Quantizer(**data.get("keys", {"axis": "channel"})),
+                values=Quantizer(**data.get("values", {"axis": "token"})),
+                full_precision_window=data.get("full_precision_window", 0),
+            )
+        except (TypeError, KeyError, AttributeError, ValueError) as exc:
+            if isinstance(exc, KvvizError):
+                raise
+            raise KvvizError(f"malformed edit: {exc}") from exc
+
+
+def _flags(size: int, chosen: Iterable[int] | None, device: torch.device | None) -> torch.Tensor:
+    """Boolean ``(size,)``: all True for ``None``, else True at ``chosen``."""
+    if chosen is None:
+        return torch.ones(size, dtype=torch.bool, device=device)
+    flags = torch.zeros(size, dtype=torch.bool, device=device)
+    flags[list(chosen)] = True
+    return flags
+
+
+def _opt(value: object) -> tuple[int, ...] | None:
+    return None if value is None else tuple(value)  # type: ignore[arg-type]

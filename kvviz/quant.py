@@ -1,0 +1,111 @@
+"""Uniform quantizers for cached keys and values (seed §12–§13), and the bytes they really take when packed.
+
+Granularity, KIVI style: ``channel`` shares one scale (and zero point) per (KV head, channel) across the quantized
+slots — keys have outlier channels, so this suits them; ``token`` shares one per (KV head, slot, group of
+``group_size`` channels) — this suits values. Scales and zero points are stored as fp16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from kvviz.errors import KvvizError
+
+SUPPORTED_BITS = (16, 8, 4, 3, 2)
+Axis = Literal["channel", "token"]
+PARAM_BYTES = 2  # one fp16 scale or zero point
+
+
+@dataclass(frozen=True)
+class Quantizer:
+    """How to quantize one tensor kind. ``group_size`` (channels per group, for ``token``) must divide the head dim;
+    ``None`` means one group over the whole head dim."""
+
+    axis: Axis = "token"
+    group_size: int | None = None
+    symmetric: bool = False
+
+    def __post_init__(self) -> None:
+        if self.axis not in ("channel", "token"):
+            raise KvvizError(f"granularity must be 'channel' or 'token', got {self.axis!r}")
+        if self.group_size is not None and (not isinstance(self.group_size, int) or self.group_size < 1):
+            raise KvvizError(f"group size must be a positive integer, got {self.group_size!r}")
+
+    def check(self, head_dim: int) -> None:
+        if self.group_size is not None and head_dim % self.group_size:
+            raise KvvizError(f"group size {self.group_size} does not divide the head dimension {head_dim}")
+
+    def groups_per_slot(self, head_dim: int) -> int:
+        return head_dim // (self.group_size or head_dim)
+
+
+def check_bits(bits: object) -> int:
+    """Return ``bits`` if supported, else refuse with the supported set."""
+    if isinstance(bits, bool) or not isinstance(bits, int) or bits not in SUPPORTED_BITS:
+        raise KvvizError(f"bit-width must be one of {', '.join(map(str, SUPPORTED_BITS))}; got {bits!r}")
+    return bits
+
+
+def fake_quantize(x: torch.Tensor, bits: int, quantizer: Quantizer) -> torch.Tensor:
+    """Quantize then dequantize ``x`` ``(KV, n, D)`` at ``bits``; returns the same shape and dtype.
+
+    Asymmetric: ``scale = (max − min)/(2^b − 1)``, zero point ``min``. Symmetric: ``scale = max|x|/(2^(b−1) − 1)``.
+    Every element's error is at most ``scale / 2`` of its group (round to nearest).
+    """
+    check_bits(bits)
+    if bits == 16 or x.numel() == 0:
+        return x
+    quantizer.check(x.shape[-1])
+    values = x.float()
+    if quantizer.axis == "token":
+        kv, n, dim = values.shape
+        grouped = values.reshape(kv, n, quantizer.groups_per_slot(dim), -1)
+        return _round_trip(grouped, bits, quantizer.symmetric, reduce_dim=-1).reshape(kv, n, dim).to(x.dtype)
+    return _round_trip(values, bits, quantizer.symmetric, reduce_dim=1).to(x.dtype)
+
+
+def _round_trip(values: torch.Tensor, bits: int, symmetric: bool, reduce_dim: int) -> torch.Tensor:
+    if symmetric:
+        top = 2 ** (bits - 1) - 1
+        scale = values.abs().amax(reduce_dim, keepdim=True) / top
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        return torch.clamp(torch.round(values / scale), -top, top) * scale
+    low = values.amin(reduce_dim, keepdim=True)
+    scale = (values.amax(reduce_dim, keepdim=True) - low) / (2**bits - 1)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return torch.clamp(torch.round((values - low) / scale), 0, 2**bits - 1) * scale + low
+
+
+def error_bound(x: torch.Tensor, bits: int, quantizer: Quantizer) -> torch.Tensor:
+    """The largest possible round-to-nearest error of each element of ``x`` ``(KV, n, D)``: half its group's scale."""
+    values = x.float()
+    if quantizer.axis == "token":
+        kv, n, dim = values.shape
+        values = values.reshape(kv, n, quantizer.groups_per_slot(dim), -1)
+        reduce_dim = -1
+    else:
+        reduce_dim = 1
+    if quantizer.symmetric:
+        half = values.abs().amax(reduce_dim, keepdim=True) / (2 ** (bits - 1) - 1) / 2
+    else:
+        half = (values.amax(reduce_dim, keepdim=True) - values.amin(reduce_dim, keepdim=True)) / (2**bits - 1) / 2
+    return half.expand_as(values).reshape(x.shape)
+
+
+def packed_bytes(slots: int, bits: int, head_dim: int, quantizer: Quantizer, native_bytes: int) -> int:
+    """Bytes of ``slots`` slots of one KV head stored at ``bits``: packed codes plus fp16 scales (and zero points).
+
+    16 bits means untouched (``native_bytes`` per element, the model's dtype). Per-channel parameters are shared by
+    the slots quantized together, so they are counted once per channel.
+    """
+    if slots == 0:
+        return 0
+    if bits == 16:
+        return slots * head_dim * native_bytes
+    codes = -(-slots * head_dim * bits // 8)  # bit-packed, rounded up to whole bytes
+    params = 1 if quantizer.symmetric else 2
+    groups = head_dim if quantizer.axis == "channel" else slots * quantizer.groups_per_slot(head_dim)
+    return codes + groups * params * PARAM_BYTES

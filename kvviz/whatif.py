@@ -1,0 +1,237 @@
+"""What-if at a step (seed §10–§16): re-run the real decode step of one slot on its cache as it stood then, once
+unedited ("full") and once with an Edit applied to a copy ("edited"), and measure the difference.
+
+The two runs are separate passes at the slot's true absolute position, so an edit that changes nothing changes no bit. Evicted
+slots are hidden from row 1 per (layer, KV head) by the probe; this equals removing them (tested to 1e-4). The probe
+also computes, per layer and query head, the evicted mass ρ and the *isolated* change of the attention output (the
+full-cache query with the edited cache: the closed form of §10, or the two-term split of §12 when quantizing), while
+the *propagated* change is read from the edited run itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from kvviz import attention as math
+from kvviz import cache as kv_cache
+from kvviz.edits import Edit
+from kvviz.errors import KvvizError
+from kvviz.memory import cache_memory
+from kvviz.metrics import NextToken, compare
+from kvviz.recorder import Probe, probing
+
+MEASURED = ("rho", "delta_isolated", "weight_term", "content_term")  # computed by the probe; propagated from outputs
+
+
+@dataclass
+class Detail:
+    """One head's view: the visible slots with α (full), α′ = α/(1−ρ) and the weights the edited run used."""
+
+    layer: int
+    head: int
+    slots: list[int]
+    alpha_full: list[float]
+    alpha_renorm: list[float | None]
+    alpha_edited: list[float | None]
+    delta_isolated: list[float] = field(default_factory=list)  # Δo (D,) of this head, isolated
+    weight_term: list[float] = field(default_factory=list)  # Σ (α̂−α) v
+    content_term: list[float] = field(default_factory=list)  # Σ α̂ ε^V
+
+
+@dataclass
+class Continuation:
+    full: str
+    edited: str
+    full_ids: list[int]
+    edited_ids: list[int]
+    first_divergence: int | None
+
+
+@dataclass
+class WhatIf:
+    at: int
+    position: int
+    token: int
+    edit: Edit
+    next_token: NextToken
+    heads: dict[str, list[list[float]]]  # name -> [layer][query head]
+    detail: Detail
+    hidden_delta: list[float]  # ‖h̃ − h‖ after the embeddings and after each layer
+    memory: dict
+    continuation: Continuation | None
+
+    def to_dict(self) -> dict:
+        return {"at": self.at, "position": self.position, "token": self.token, "edit": self.edit.to_dict(),
+                "next_token": self.next_token.to_dict(), "heads": self.heads, "detail": asdict(self.detail),
+                "hidden_delta": self.hidden_delta, "memory": self.memory,
+                "continuation": None if self.continuation is None else asdict(self.continuation)}
+
+
+class FullStepProbe(Probe):
+    """The unedited run: hides what the session's own committed edit hid, and keeps what the edited run compares to."""
+
+    def __init__(self, hidden: torch.Tensor | None, scaling: float):
+        self.hidden, self.scaling = hidden, scaling
+        self.queries, self.own_kv, self.alpha, self.outputs = [], [], [], []
+
+    def on_query(self, layer, query, key, value):
+        hidden = None if self.hidden is None else self.hidden[layer]
+        self.queries.append(query[0])  # (H, 1, D)
+        self.own_kv.append((key[0, :, -1:], value[0, :, -1:]))  # (KV, 1, D): this step's own K/V
+        self.alpha.append(math.causal_weights(query[0].double(), key[0].double(), self.scaling, hidden)[:, 0])  # (H, n)
+        return None if hidden is None else ~hidden[None]
+
+    def on_output(self, layer, output):
+        self.outputs.append(output[0, 0].float())  # (H, D)
+
+
+class EditedStepProbe(Probe):
+    """The edited run: hides evicted slots and measures, per layer, ρ and the isolated vs propagated Δo."""
+
+    def __init__(self, full: FullStepProbe, full_prefix: list, hidden: torch.Tensor, new: torch.Tensor,
+                 quantizes: bool, detail: tuple[int, int], masked: bool):
+        self.full, self.full_prefix, self.hidden, self.new, self.masked = full, full_prefix, hidden, new, masked
+        self.quantizes, self.detail = quantizes, detail
+        self.maps: dict[str, list[torch.Tensor]] = {name: [] for name in MEASURED + ("delta_propagated",)}
+        self.detail_rows: dict[str, torch.Tensor] = {}
+
+    def on_query(self, layer, query, key, value):
+        full, heads = self.full, query.shape[1]
+        hidden, new = self.hidden[layer], math.expand_kv(self.new[layer][:, None, :], heads)[:, 0]  # new: (H, n)
+        prefix_keys, prefix_values = self.full_prefix[layer]
+        own_key, own_value = full.own_kv[layer]
+        # float64 throughout: ρ can be within float32 rounding of 1 for heads that sit on an attention sink
+        values = math.expand_kv(torch.cat([prefix_values, own_value], 1).double(), heads)  # (H, n, D) full cache
+        values_hat = math.expand_kv(value[0].double(), heads)  # (H, n, D) edited cache
+        alpha = full.alpha[layer]
+        alpha_hat = math.causal_weights(full.queries[layer].double(), key[0].double(), full.scaling, hidden)[:, 0]
+        weight, content = math.quantization_split(alpha, alpha_hat, values, values_hat)
+        full_out = math.output(alpha, values)
+        isolated = weight + content  # §12 split; with eviction alone, the closed form of §10 below is the same
+        if not self.quantizes and float(math.evicted_mass(alpha, new).max()) < 1:
+            isolated = math.evicted_output(full_out, alpha, values, new) - full_out
+        for name, measured in (("rho", math.evicted_mass(alpha, new)), ("delta_isolated", isolated.norm(dim=-1)),
+                               ("weight_term", weight.norm(dim=-1)), ("content_term", content.norm(dim=-1))):
+            self.maps[name].append(measured)
+        if layer == self.detail[0]:
+            head = self.detail[1]
+            used = math.causal_weights(query[0].double(), key[0].double(), full.scaling, hidden)[:, 0]
+            self.detail_rows = {"alpha": alpha[head], "renorm": math.renormalized(alpha, new)[head],
+                                "edited": used[head], "new": new[head], "isolated": isolated[head],
+                                "weight": weight[head], "content": content[head]}
+        return ~hidden[None] if self.masked else None
+
+    def on_output(self, layer, output):
+        self.maps["delta_propagated"].append((output[0, 0].float() - self.full.outputs[layer]).norm(dim=-1))
+
+
+def _validate(session, edit: Edit, at: int, layer: int, head: int, topk: int, continuation: int) -> None:
+    lm = session.lm
+    if not 0 <= at < len(session):
+        raise KvvizError(f"slot {at} is not cached (the cache holds slots 0..{len(session) - 1})")
+    if not 0 <= layer < lm.layers or not 0 <= head < lm.heads:
+        raise KvvizError(f"layer {layer} / head {head} do not exist ({lm.layers} layers, {lm.heads} query heads)")
+    if topk < 1 or continuation < 0:
+        raise KvvizError("top-k must be at least 1 and the continuation length non-negative")
+    if session.transcript.slots[at].position + continuation >= lm.context_window:
+        raise KvvizError("the continuation would run past the context window")
+    edit.validate(at, lm.layers, lm.kv_heads, lm.head_dim)
+
+
+def _prefix(session, at: int, edit: Edit) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer, the K/V ``(KV, at, D)`` of slots ``0..at-1`` as the model computed them, with ``edit`` applied."""
+    return [edit.quantized(*session.commits.original_kv(layer, at)) for layer in range(session.lm.layers)]
+
+
+def _run(session, prefix: list, token: int, position: int, probe: Probe):
+    """One decode step of ``token`` at ``position`` on a new cache built from ``prefix`` (views; never mutated)."""
+    lm = session.lm
+    cache = kv_cache.build(lm.config, [(k[None], v[None]) for k, v in prefix])
+    with torch.no_grad(), probing(probe):
+        out = lm.model(input_ids=torch.tensor([[token]], device=lm.device),
+                       position_ids=torch.tensor([[position]], device=lm.device),
+                       cache=cache, use_cache=True, output_hidden_states=True, logits_to_keep=1)
+    return out, cache
+
+
+def what_if(session, edit: Edit, at: int | None = None, layer: int = 0, head: int = 0, topk: int = 10,
+            continuation: int = 0) -> WhatIf:
+    """Re-run the step of slot ``at`` (default: the newest cached slot) with and without ``edit``; see the module doc.
+
+    The session is never modified. Raises :class:`KvvizError` for edits and arguments that do not fit.
+    """
+    lm = session.lm
+    at = len(session) - 1 if at is None else at
+    _validate(session, edit, at, layer, head, topk, continuation)
+    full = session.commits.edit_at(at).resolved(at)
+    edited = full.merged(edit.resolved(at))
+    shape = (at + 1, lm.layers, lm.kv_heads, lm.device)
+    hidden_full, hidden_edited = full.evicted_mask(*shape), edited.evicted_mask(*shape)
+    slot = session.transcript.slots[at]
+
+    full_prefix = _prefix(session, at, full)
+    masked = bool(hidden_edited.any())  # both runs take the same attention kernel: masked iff anything is hidden
+    full_probe = FullStepProbe(hidden_full if masked else None, lm.scaling)
+    full_out, full_cache = _run(session, full_prefix, slot.id, slot.position, full_probe)
+    probe = EditedStepProbe(full_probe, full_prefix, hidden_edited, hidden_edited & ~hidden_full, edited.quantizes,
+                            (layer, head), masked)
+    out, cache = _run(session, _prefix(session, at, edited), slot.id, slot.position, probe)
+    logits, full_logits = out.logits[0, -1].float(), full_out.logits[0, -1].float()
+    follow = None
+    if continuation:
+        hide = (hidden_full, hidden_edited) if masked else (None, None)
+        follow = _continue(session, (full_cache, cache), hide, (full_logits, logits), slot.position, continuation)
+    return WhatIf(
+        at=at, position=slot.position, token=slot.id, edit=edit,
+        next_token=compare(full_logits, logits, topk, session.piece),
+        heads={name: torch.stack(rows).tolist() for name, rows in probe.maps.items()},
+        detail=_detail(probe, layer, head, at),
+        hidden_delta=[float((h - f).float().norm()) for h, f in zip(out.hidden_states, full_out.hidden_states)],
+        memory=cache_memory(edited, hidden_edited[:, :, :at], session.transcript.segments()[:at], lm.head_dim,
+                            lm.dtype),
+        continuation=follow,
+    )
+
+
+def _detail(probe: WhatIfProbe, layer: int, head: int, at: int) -> Detail:
+    rows = probe.detail_rows
+    evicted = rows["new"].tolist()
+    hide = lambda values: [None if gone else v for v, gone in zip(values.tolist(), evicted)]  # noqa: E731
+    return Detail(layer, head, list(range(at + 1)), rows["alpha"].tolist(), hide(rows["renorm"]),
+                  hide(rows["edited"]), rows["isolated"].tolist(), rows["weight"].tolist(), rows["content"].tolist())
+
+
+class _Hide(Probe):
+    """Hides the slots of ``hidden`` ``(L, KV, n0)``; slots appended later stay visible."""
+
+    def __init__(self, hidden: torch.Tensor | None):
+        self.hidden = hidden
+
+    def on_query(self, layer, query, key, value):
+        if self.hidden is None:
+            return None
+        return ~torch.nn.functional.pad(self.hidden[layer], (0, key.shape[2] - self.hidden.shape[-1]))[None]
+
+
+def _continue(session, caches: tuple, hidden: tuple, logits: tuple, position: int, steps: int) -> Continuation:
+    """Greedy ``steps`` tokens from the full and from the edited step, each on its own cache."""
+    lm = session.lm
+    rows = []
+    for cache, hide, first in zip(caches, hidden, logits):
+        token, ids = int(first.argmax()), []
+        for offset in range(1, steps + 1):
+            ids.append(token)
+            if offset == steps:
+                break
+            with torch.no_grad(), probing(_Hide(hide)):
+                out = lm.model(input_ids=torch.tensor([[token]], device=lm.device),
+                               position_ids=torch.tensor([[position + offset]], device=lm.device),
+                               cache=cache, use_cache=True, logits_to_keep=1)
+            token = int(out.logits[0, -1].argmax())
+        rows.append(ids)
+    full_ids, edited_ids = rows
+    diverged = next((i for i, (a, b) in enumerate(zip(full_ids, edited_ids)) if a != b), None)
+    decode = lambda ids: lm.tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
+    return Continuation(decode(full_ids), decode(edited_ids), full_ids, edited_ids, diverged)
