@@ -44,3 +44,33 @@ def test_bad_input_is_one_line_without_traceback(args, message):
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert "Traceback" not in result.stderr
     assert message in lines[-1]
+
+
+def test_whatif_json_document():
+    result = run("whatif", "--turn", "a = 3, b = 5. What is a + b?", "--max-new-tokens", "4", "--evict", "3,5-9",
+                 "--bits-for", "10-12=4", "--layer", "2", "--head", "5", "--topk", "3", "--continue", "4", "--json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert set(doc) >= {"tokens", "at", "edit", "next_token", "heads", "detail", "memory", "continuation"}
+    assert doc["at"] == len(doc["tokens"]) - 1
+    assert doc["edit"]["evict"][0]["slots"] == [3, 5, 6, 7, 8, 9] and doc["edit"]["key_bits"]["11"] == 4
+    assert len(doc["next_token"]["full"]) == 3 and set(doc["next_token"]["full"][0]) >= {"id", "text", "prob", "rank_other"}
+    assert {"kl", "tv", "top1_changed"} <= set(doc["next_token"])
+    assert len(doc["heads"]["rho"]) == 30 and len(doc["heads"]["rho"][0]) == 9
+    assert set(doc["heads"]) >= {"rho", "delta_isolated", "delta_propagated"}
+    detail = doc["detail"]
+    assert (detail["layer"], detail["head"]) == (2, 5) and detail["alpha_renorm"][3] is None
+    assert len(detail["slots"]) == len(detail["alpha_full"]) == len(detail["alpha_edited"]) == doc["at"] + 1
+    assert doc["memory"]["edited_bytes"] < doc["memory"]["full_bytes"] and doc["memory"]["fp16_bytes"] > 0
+    assert set(doc["continuation"]) >= {"full", "edited", "first_divergence"}
+
+
+def test_whatif_policy_and_bad_input():
+    result = run("whatif", "--turn", "Hello there", "--max-new-tokens", "2", "--policy", "h2o", "--budget", "8")
+    assert result.returncode == 0, result.stderr and "KL" in result.stdout
+    for args, message in ((["--evict", "1-x"], "bad slot list"), (["--bits", "five"], "bit-width"),
+                          (["--bits", "4", "--group-size", "5"], "does not divide"),
+                          (["--policy", "nope", "--budget", "3"], "--policy needs")):
+        result = run("whatif", "--turn", "Hello there", "--max-new-tokens", "2", *args)
+        assert result.returncode != 0 and "Traceback" not in result.stderr
+        assert message in result.stderr.strip().splitlines()[-1]

@@ -1,0 +1,96 @@
+"""Quantizers and edits: property tests (hypothesis) for the round-trip bound, validation and JSON."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvviz.edits import Edit, Eviction
+from kvviz.errors import KvvizError
+from kvviz.quant import Quantizer, error_bound, fake_quantize, packed_bytes
+
+quantizers = st.builds(
+    Quantizer, axis=st.sampled_from(["channel", "token"]), group_size=st.sampled_from([None, 1, 2, 4, 8, 16]),
+    symmetric=st.booleans(),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(kv=st.integers(1, 3), n=st.integers(1, 20), bits=st.sampled_from([8, 4, 3, 2]), quantizer=quantizers,
+       seed=st.integers(0, 2**16), scale=st.floats(1e-3, 1e3))
+def test_round_trip_error_within_half_a_step(kv, n, bits, quantizer, seed, scale):
+    x = torch.randn(kv, n, 16, generator=torch.Generator().manual_seed(seed)) * scale
+    x_hat = fake_quantize(x, bits, quantizer)
+    assert x_hat.shape == x.shape and x_hat.dtype == x.dtype
+    bound = error_bound(x, bits, quantizer)
+    assert bool(((x_hat - x).abs() <= bound * (1 + 1e-5) + 1e-6 * scale).all())
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**16), quantizer=quantizers)
+def test_more_bits_give_a_tighter_bound(seed, quantizer):
+    x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(seed))
+    bounds = [error_bound(x, bits, quantizer) for bits in (8, 4, 3, 2)]
+    assert all(bool((tight <= loose).all()) for tight, loose in zip(bounds, bounds[1:]))
+    assert fake_quantize(x, 16, quantizer) is x
+
+
+def test_packed_bytes_follow_the_bits():
+    q = Quantizer("token", group_size=32)
+    sizes = [packed_bytes(100, bits, 64, q, 4) for bits in (16, 8, 4, 3, 2)]
+    assert sizes == sorted(sizes, reverse=True)
+    assert sizes[0] == 100 * 64 * 4
+    assert sizes[2] == 100 * 64 * 4 // 8 + 100 * 2 * 2 * 2  # 4-bit codes + (scale, zero) fp16 per group of 32
+    channel = Quantizer("channel", symmetric=True)
+    assert packed_bytes(100, 2, 64, channel, 4) == 100 * 64 * 2 // 8 + 64 * 2
+
+
+@settings(max_examples=100, deadline=None)
+@given(slots=st.lists(st.integers(-3, 40), max_size=6), bits=st.sampled_from([16, 8, 4, 3, 2, 5, 1, 0, "4", 4.0]),
+       layers=st.one_of(st.none(), st.lists(st.integers(-1, 40), max_size=3)),
+       heads=st.one_of(st.none(), st.lists(st.integers(-1, 4), max_size=3)), at=st.integers(0, 30))
+def test_edit_validation_never_crashes_and_holds_invariants(slots, bits, layers, heads, at):
+    try:
+        edit = Edit(evictions=(Eviction(tuple(slots), layers and tuple(layers), heads and tuple(heads)),),
+                    key_bits=dict.fromkeys([s for s in slots if s >= 0], bits))
+        edit.validate(at, layers=30, kv_heads=3, head_dim=64)
+    except KvvizError:
+        return
+    assert all(0 <= s < at for s in edit.touched_slots())
+    assert set(edit.key_bits.values()) <= {8, 4, 3, 2}
+    mask = edit.evicted_mask(at + 1, 30, 3)
+    assert not bool(mask[:, :, at].any())
+    assert Edit.from_dict(edit.to_dict()) == edit
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda: Edit.quantize([1], 5), "bit-width"),
+    (lambda: Edit.quantize([1], "4"), "bit-width"),
+    (lambda: Edit.evict([1], layers=[]), "empty"),
+    (lambda: Edit.evict([-1]), "non-negative"),
+    (lambda: Quantizer("row"), "granularity"),
+    (lambda: Edit.from_dict({"evict": [{"nope": 1}]}), "malformed"),
+])
+def test_bad_edits_are_refused_with_a_clear_message(bad, message):
+    with pytest.raises(KvvizError, match=message):
+        bad()
+
+
+def test_validation_against_a_step():
+    with pytest.raises(KvvizError, match="being processed"):
+        Edit.evict([5]).validate(5, 30, 3, 64)
+    with pytest.raises(KvvizError, match="not in the cache"):
+        Edit.evict([9]).validate(5, 30, 3, 64)
+    with pytest.raises(KvvizError, match="does not divide"):
+        Edit.quantize([1], 4, keys=Quantizer("token", 24)).validate(5, 30, 3, 64)
+    with pytest.raises(KvvizError, match="KV head 3"):
+        Edit.evict([1], heads=[3]).validate(5, 30, 3, 64)
+
+
+def test_full_precision_window_and_json_round_trip():
+    edit = Edit.quantize(range(10), 4, 2, full_precision_window=3)
+    resolved = edit.resolved(10)
+    assert sorted(resolved.key_bits) == list(range(7)) and resolved.value_bits[0] == 2
+    assert Edit.from_dict(edit.to_dict()) == edit

@@ -1,0 +1,193 @@
+"""The what-if engine on the real bundled model, against independent references: physically removed caches run at
+true positions, eager attention of the same pass, and the formulas of kv-math.md."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvviz import cache as kv_cache
+from kvviz.edits import Edit
+from kvviz.errors import KvvizError
+from kvviz.policies import POLICIES
+from kvviz.session import Session
+from kvviz.whatif import what_if
+
+LOGIT_TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def chat(lm) -> Session:
+    session = Session(lm)
+    session.add_user_turn("Remember: a = 3 and b = 5. Answer in one word. What is a + b?")
+    session.generate(12)
+    return session
+
+
+def removed_step(session: Session, at: int, evicted: list[int], renumber: bool = False) -> torch.Tensor:
+    """Reference: the step of slot ``at`` on a cache from which ``evicted`` slots were physically removed."""
+    keep = [s for s in range(at) if s not in evicted]
+    tensors = [tuple(t[:, :, keep] for t in kv_cache.layer_kv(session.cache, layer)) for layer in range(session.lm.layers)]
+    cache = kv_cache.build(session.lm.config, tensors)
+    slot = session.transcript.slots[at]
+    position = len(keep) if renumber else slot.position
+    with torch.no_grad():
+        out = session.lm.model(input_ids=torch.tensor([[slot.id]]), position_ids=torch.tensor([[position]]),
+                               cache=cache, use_cache=True)
+    return out.logits[0, -1].float()
+
+
+def logits_of(result) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rebuild (full, edited) top-1 probabilities to compare (the result keeps top-k tables)."""
+    return result.next_token.full[0].prob, result.next_token.edited[0].prob
+
+
+def test_empty_and_16_bit_edits_change_nothing(chat):
+    for edit in (Edit(), Edit.quantize(range(len(chat) - 1), 16), Edit.evict([])):
+        result = what_if(chat, edit, continuation=4)
+        assert result.next_token.kl == 0.0 and result.next_token.tv == 0.0
+        assert not result.next_token.top1_changed
+        assert all(c.logit_delta == 0.0 for c in result.next_token.edited)
+        assert max(map(max, result.heads["delta_propagated"])) == 0.0
+        assert result.continuation.first_divergence is None
+        assert result.memory["edited_bytes"] == result.memory["full_bytes"]
+
+
+def test_full_run_is_the_sessions_own_step(chat):
+    result = what_if(chat, Edit())
+    assert result.next_token.full[0].id == chat.pending
+    assert result.next_token.full[0].prob == pytest.approx(float(torch.softmax(chat.logits.double(), -1).max()), abs=1e-5)
+
+
+@pytest.mark.parametrize("evicted", [[5, 6, 7], list(range(20, 32)), [0]])
+def test_removing_slots_equals_masking_them(chat, evicted):
+    at = len(chat) - 1
+    reference = removed_step(chat, at, evicted)
+    result = what_if(chat, Edit.evict(evicted), at=at, topk=50)
+    for candidate in result.next_token.edited:
+        assert candidate.prob == pytest.approx(float(torch.softmax(reference.double(), -1)[candidate.id]), abs=1e-5)
+    top = [c.id for c in result.next_token.edited]
+    assert top[:5] == torch.argsort(reference, descending=True)[:5].tolist()
+
+
+def test_positions_are_not_renumbered_after_eviction(chat):
+    at, evicted = len(chat) - 1, list(range(10, 30))
+    true_positions = removed_step(chat, at, evicted)
+    renumbered = removed_step(chat, at, evicted, renumber=True)
+    assert (true_positions - renumbered).abs().max().item() > 0.1  # renumbering would be visible
+    edited = what_if(chat, Edit.evict(evicted), at=at, topk=5).next_token.edited
+    reference = torch.softmax(true_positions.double(), -1)
+    assert all(c.prob == pytest.approx(float(reference[c.id]), abs=1e-5) for c in edited)
+
+
+def test_committed_eviction_runs_eight_greedy_steps_like_a_removed_cache(lm):
+    session = Session(lm)
+    session.add_user_turn("The secret word is mango. Repeat the secret word twice.")
+    evicted = list(range(20, 30))
+    before = len(session)
+    removed = [tuple(t[:, :, [s for s in range(before) if s not in evicted]] for t in kv_cache.layer_kv(session.cache, l))
+               for l in range(lm.layers)]
+    session.commit(Edit.evict(evicted))
+    reference = kv_cache.build(lm.config, removed)
+    for _ in range(8):
+        token, position = session.pending, session.transcript.next_position
+        session.step()
+        with torch.no_grad():
+            out = lm.model(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[position]]), cache=reference,
+                           use_cache=True)
+        assert (out.logits[0, -1] - session.logits).abs().max().item() <= LOGIT_TOL
+    assert [s.position for s in session.transcript.slots] == list(range(len(session)))
+
+
+def test_quantization_error_grows_as_bits_shrink(chat):
+    before = len(chat) - 1
+    results = {bits: what_if(chat, Edit.quantize(range(before), bits)) for bits in (8, 4, 2)}
+    kl = [results[b].next_token.kl for b in (8, 4, 2)]
+    assert 0 < kl[0] < kl[1] < kl[2]
+    sizes = [results[b].memory["edited_bytes"] for b in (8, 4, 2)]
+    assert results[8].memory["full_bytes"] > sizes[0] > sizes[1] > sizes[2]
+    split = results[4]
+    total = [w + c for w, c in zip(split.detail.weight_term, split.detail.content_term)]
+    assert total == pytest.approx(split.detail.delta_isolated, abs=1e-12)
+
+
+def test_layer_zero_isolated_equals_propagated_and_detail_weights(chat):
+    result = what_if(chat, Edit.evict([3, 4, 5, 12]), layer=0, head=4)
+    assert result.heads["delta_isolated"][0] == pytest.approx(result.heads["delta_propagated"][0], abs=2e-6)
+    detail = result.detail
+    assert detail.slots == list(range(len(chat)))
+    assert detail.alpha_renorm[3] is None and detail.alpha_edited[12] is None
+    rho = result.heads["rho"][0][4]
+    assert rho == pytest.approx(sum(detail.alpha_full[s] for s in (3, 4, 5, 12)), abs=1e-12)
+    for full, renorm, used in zip(detail.alpha_full, detail.alpha_renorm, detail.alpha_edited):
+        if renorm is not None:
+            assert renorm == pytest.approx(full / (1 - rho), abs=1e-12)
+            assert used == pytest.approx(renorm, abs=1e-6)  # same query at layer 0: α′ is what the run used
+    assert sum(v for v in detail.alpha_edited if v is not None) == pytest.approx(1.0, abs=1e-9)
+    # deeper layers see changed queries, so the propagated effect differs from the isolated one
+    deep = [abs(a - b) for a, b in zip(result.heads["delta_isolated"][20], result.heads["delta_propagated"][20])]
+    assert max(deep) > 1e-4
+
+
+def test_scoped_eviction_touches_only_its_layers_and_heads(chat):
+    result = what_if(chat, Edit.evict(range(5, 25), layers=[10], heads=[1]))
+    rho = torch.tensor(result.heads["rho"])
+    assert bool((rho[:10] == 0).all()) and bool((rho[11:] == 0).all())
+    assert bool((rho[10, 3:6] > 0).all()) and bool((rho[10, :3] == 0).all()) and bool((rho[10, 6:] == 0).all())
+    assert max(map(max, result.heads["delta_propagated"][:10])) == 0.0  # layers before 10 are untouched
+    assert result.next_token.kl > 0
+
+
+def test_every_policy_keeps_its_budget_and_spares_the_current_token(chat):
+    at = len(chat) - 1
+    edits = {}
+    for name, policy in POLICIES.items():
+        for budget in (16, 0.5):
+            edit = policy().edit(chat, budget, at)
+            kept = 16 if budget == 16 else round(0.5 * at)
+            mask = edit.evicted_mask(at + 1, chat.lm.layers, chat.lm.kv_heads)
+            assert bool(((~mask[:, :, :at]).sum(-1) == kept).all()), name
+            assert not bool(mask[:, :, at].any())
+            edits[name, budget] = mask
+        result = what_if(chat, edit, at=at)
+        assert result.next_token.kl >= 0
+    for name in ("h2o", "snapkv", "key_norm"):
+        mask = edits[name, 16]
+        assert any(not torch.equal(mask[layer, 0], mask[layer, h])
+                   for layer in range(chat.lm.layers) for h in range(chat.lm.kv_heads)), name
+    assert torch.equal(edits["streaming_llm", 16][0, 0, :4], torch.zeros(4, dtype=torch.bool))  # sinks kept
+
+
+def test_refused_edits_leave_the_session_untouched(chat):
+    snapshot = [t.clone() for layer in range(chat.lm.layers) for t in kv_cache.layer_kv(chat.cache, layer)]
+    slots = list(chat.transcript.slots)
+    for edit, at in ((Edit.evict([len(chat) - 1]), None), (Edit.evict([3]), 2), (Edit.evict([3], heads=[7]), None),
+                     (Edit.quantize([1], 4, keys=__import__("kvviz.quant").quant.Quantizer("token", 48)), None)):
+        with pytest.raises(KvvizError):
+            what_if(chat, edit, at=at)
+    with pytest.raises(KvvizError):
+        chat.commit(Edit.evict([len(chat) + 3]))
+    with pytest.raises(KvvizError):
+        chat.undo()
+    after = [t for layer in range(chat.lm.layers) for t in kv_cache.layer_kv(chat.cache, layer)]
+    assert all(torch.equal(a, b) for a, b in zip(snapshot, after))
+    assert chat.transcript.slots == slots and not chat.commits.stack
+
+
+def test_commit_then_undo_restores_the_cache_exactly(lm, monkeypatch):
+    from tests.test_session import AttentionSpy
+
+    session = Session(lm)
+    session.add_user_turn("Paris is the capital of France. What is the capital of France?")
+    snapshot = [t.clone() for layer in range(lm.layers) for t in kv_cache.layer_kv(session.cache, layer)]
+    session.commit(Edit.quantize(range(10), 2).merged(Edit.evict([12, 13])))
+    spy = AttentionSpy(lm.model, monkeypatch)
+    session.step()
+    monkeypatch.undo()
+    slot = len(session) - 1
+    for layer in (0, 9, 29):  # the new row's weights, recomputed under the committed edit, equal what the pass used
+        assert (session.weights(layer, slot, slot + 1)[:, 0] - spy.passes[0][layer][0, :, 0]).abs().max() <= 1e-6
+    assert session.weights(0, slot, slot + 1)[:, 0, 12].abs().max() == 0  # evicted
+    session.undo()
+    restored = [t[:, :, : len(snapshot[0][0, 0])] for layer in range(lm.layers) for t in kv_cache.layer_kv(session.cache, layer)]
+    assert all(torch.equal(a, b) for a, b in zip(snapshot, restored))
