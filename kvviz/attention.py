@@ -26,8 +26,13 @@ def _float(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def scores(query: torch.Tensor, keys: torch.Tensor, scaling: float) -> torch.Tensor:
-    """``s = q·kᵀ · scaling``: query ``(H, q, D)``, keys ``(KV, n, D)`` → ``(H, q, n)``."""
-    return _float(query) @ expand_kv(_float(keys), query.shape[0]).transpose(-1, -2) * scaling
+    """``s = q·kᵀ · scaling``: query ``(H, q, D)``, keys ``(KV, n, D)`` → ``(H, q, n)``.
+
+    Computed per KV group (``(KV, G·q, D) @ (KV, D, n)``) so the keys are never copied ``G`` times."""
+    heads, q_len, dim = query.shape
+    kv = keys.shape[0]
+    grouped = _float(query).reshape(kv, heads // kv * q_len, dim) @ _float(keys).transpose(-1, -2)
+    return grouped.reshape(heads, q_len, -1) * scaling
 
 
 def causal_weights(
@@ -61,7 +66,13 @@ def renormalized(alpha: torch.Tensor, evicted: torch.Tensor) -> torch.Tensor:
 
 
 def output(alpha: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """``o = Σ_j α_j v_j``: ``alpha`` ``(..., n)``, ``values`` ``(..., n, D)`` → ``(..., D)``."""
+    """``o = Σ_j α_j v_j``: ``alpha`` ``(..., n)``, ``values`` ``(..., n, D)`` → ``(..., D)``.
+
+    GQA: ``alpha`` ``(H, n)`` with ``values`` ``(KV, n, D)`` is computed per KV group → ``(H, D)``."""
+    if alpha.dim() == 2 and values.dim() == 3 and values.shape[0] != alpha.shape[0]:
+        kv = values.shape[0]
+        grouped = _float(alpha).reshape(kv, -1, alpha.shape[-1]) @ _float(values)  # (KV, G, D)
+        return grouped.reshape(alpha.shape[0], -1)
     return (_float(alpha)[..., None, :] @ _float(values)).squeeze(-2)
 
 

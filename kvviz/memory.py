@@ -3,7 +3,6 @@ evicted entries gone, quantized ones as bit-packed codes plus fp16 scales / zero
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 
 import torch
@@ -14,14 +13,13 @@ from kvviz.quant import packed_bytes
 
 def _edited_bytes(edit: Edit, evicted: torch.Tensor, slots: Sequence[int], head_dim: int, native: int) -> int:
     """Packed bytes of ``slots`` over all layers and KV heads (``evicted``: bool ``(L, KV, n)``)."""
-    key_bits, value_bits = edit.bits("key", evicted.shape[2]), edit.bits("value", evicted.shape[2])
-    total = 0
     kept = ~evicted[:, :, list(slots)].cpu()  # (L, KV, len(slots))
-    for row in kept.reshape(-1, len(slots)):
-        retained = [slot for slot, keep in zip(slots, row.tolist()) if keep]
-        for bits_of, quantizer in ((key_bits, edit.keys), (value_bits, edit.values)):
-            for bits, count in Counter(bits_of[s] for s in retained).items():
-                total += packed_bytes(count, bits, head_dim, quantizer, native)
+    total = 0
+    for kind, quantizer in (("key", edit.keys), ("value", edit.values)):
+        bits = torch.tensor(edit.bits(kind, evicted.shape[2]))[list(slots)]
+        for width in bits.unique().tolist():
+            counts = (kept & (bits == width)).sum(-1).flatten().tolist()  # retained slots per (layer, KV head)
+            total += sum(packed_bytes(count, width, head_dim, quantizer, native) for count in counts)
     return total
 
 

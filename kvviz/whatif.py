@@ -103,8 +103,8 @@ class EditedStepProbe(Probe):
         prefix_keys, prefix_values = self.full_prefix[layer]
         own_key, own_value = full.own_kv[layer]
         # float64 throughout: ρ can be within float32 rounding of 1 for heads that sit on an attention sink
-        values = math.expand_kv(torch.cat([prefix_values, own_value], 1).double(), heads)  # (H, n, D) full cache
-        values_hat = math.expand_kv(value[0].double(), heads)  # (H, n, D) edited cache
+        values = torch.cat([prefix_values, own_value], 1).double()  # (KV, n, D) full cache
+        values_hat = value[0].double()  # (KV, n, D) edited cache
         alpha = full.alpha[layer]
         alpha_hat = math.causal_weights(full.queries[layer].double(), key[0].double(), full.scaling, hidden)[:, 0]
         weight, content = math.quantization_split(alpha, alpha_hat, values, values_hat)
