@@ -63,6 +63,7 @@ class Session:
         self._announced = 0
         self._generator = torch.Generator().manual_seed(self.sampling.seed)
         self.commits = CommitLog(self.cache, lm.layers, lm.kv_heads)
+        self.version = 0  # bumped by every change of the cache (views key their caches on it)
 
     # --- turns -----------------------------------------------------------------------------------------------
 
@@ -153,6 +154,7 @@ class Session:
             kv_cache.truncate(self.cache, length)  # undo the layers that were already appended to
             raise
         self.queries.commit(len(ids))
+        self.version += 1
         self.transcript.append(ids, token_pieces(self.lm.tokenizer, ids), kind)  # type: ignore[arg-type]
         self.logits = out.logits[0, -1].float()
         self.pending = self._choose(self.logits)
@@ -194,6 +196,17 @@ class Session:
             if on_token is not None:
                 on_token(token)
         return self.reply
+
+    def force_reply(self, ids: Sequence[int]) -> None:
+        """Replay a recorded reply: the chosen tokens become ``ids``, each decoded on the cache in turn (the last one
+        stays pending, as after a generation). ``before_step`` hooks are not needed: callers commit between calls."""
+        for index, token in enumerate(ids):
+            if self.pending is None:
+                raise KvvizError("nothing to reply to: add a turn first")
+            self.pending = self.produced[-1] = int(token)
+            self._announced = len(self.produced)
+            if index < len(ids) - 1:
+                self.step()
 
     @property
     def reply(self) -> str:
@@ -255,10 +268,12 @@ class Session:
         """Apply ``edit`` to the session's cache: every later step runs on the edited cache (positions unchanged)."""
         edit.validate(len(self), self.lm.layers, self.lm.kv_heads, self.lm.head_dim)
         self.commits.push(edit, len(self))
+        self.version += 1
 
     def undo(self) -> None:
         """Take the newest committed edit back (evicted slots reappear, quantized ones get their original K/V)."""
         self.commits.pop()
+        self.version += 1
 
     def attention_row(self, layer: int, head: int, slot: int) -> torch.Tensor:
         """What slot ``slot`` attended to in ``layer``/``head``: ``(slot + 1,)`` weights over slots ``0..slot``."""

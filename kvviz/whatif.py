@@ -189,7 +189,7 @@ def what_if(session, edit: Edit, at: int | None = None, layer: int = 0, head: in
         heads={name: torch.stack(rows).tolist() for name, rows in probe.maps.items()},
         detail=_detail(probe, layer, head, at),
         hidden_delta=[float((h - f).float().norm()) for h, f in zip(out.hidden_states, full_out.hidden_states)],
-        memory=cache_memory(edited, hidden_edited[:, :, :at], session.transcript.segments()[:at], lm.head_dim,
+        memory=cache_memory(edited, hidden_edited[:, :, :at].cpu(), session.transcript.segments()[:at], lm.head_dim,
                             lm.dtype),
         continuation=follow,
     )

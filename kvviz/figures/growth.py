@@ -1,4 +1,4 @@
-"""Data → figures (plotly). Pure functions of library objects, testable without a browser."""
+"""Cache growth: the length after every prefill and decode step, stacked by segment."""
 
 from __future__ import annotations
 

@@ -1,0 +1,74 @@
+"""The cache strip: chips by segment and turn, shaded by attention; clicks evict, shift-clicks select, and the
+bit-width picker quantizes the selection."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import state
+from app.components.strip import clicked, token_strip
+from kvviz.errors import KvvizError
+from kvviz.views import strip_chips
+
+BITS = [16, 8, 4, 3, 2]
+
+
+def _on_click() -> None:
+    click = clicked()
+    if not click:
+        return
+    slot, at = int(click["slot"]), state.step_slot()
+    if slot >= at:
+        state.notify(f"slot {slot} is the token being processed at this step; it cannot be evicted")
+    elif click.get("shift"):
+        state.draft().toggle_selected(slot)
+    else:
+        state.draft().toggle_evicted(slot)
+
+
+def render() -> None:
+    session, draft = state.session(), state.draft()
+    at = state.step_slot()
+    layers = session.lm.layers
+    view = st.columns([2, 2, 3])
+    view[0].selectbox("Layer", range(layers), key="layer")
+    view[1].selectbox("Head", [state.MEAN, *range(session.lm.heads)], key="head",
+                      format_func=lambda h: "mean of heads" if h == state.MEAN else f"head {h} (KV {h // 3})")
+    if len(session) > 1:
+        view[2].slider("Step (time travel)", 0, len(session) - 1, value=at, key="at_slider", on_change=_travel)
+    chips = strip_chips(session, draft, at, st.session_state.layer, state.head())
+    st.caption("Click a chip to evict it · shift-click to select · background = attention of the current step "
+               "(dashed) · band: grey history, blue query, orange generated")
+    token_strip(chips, at, _on_click, large=st.session_state.large)
+    _picker(draft, session, at)
+
+
+def _travel() -> None:
+    newest = len(state.session()) - 1
+    chosen = st.session_state.at_slider
+    st.session_state.at = None if chosen == newest else chosen
+
+
+def _picker(draft, session, at) -> None:
+    cols = st.columns([1, 1, 2, 2, 2, 2])
+    key_bits = cols[0].selectbox("K bits", BITS, index=2, key="pick_k")
+    value_bits = cols[1].selectbox("V bits", BITS, index=2, key="pick_v")
+    if cols[2].button(f"Apply to {len(draft.selected)} selected", disabled=not draft.selected):
+        draft.set_bits(draft.selected, key_bits, value_bits)
+        draft.selected = set()
+    history = [s.slot for s in session.transcript.slots[:at] if session.transcript.segment(s) == "history"]
+    if cols[3].button("History → these bits", disabled=not history):
+        draft.set_bits(history, key_bits, value_bits)
+    this_turn = [s.slot for s in session.transcript.slots[:at] if s.turn == session.transcript.turn]
+    if cols[4].button("Evict this turn", disabled=not this_turn):
+        draft.evict_many(this_turn)
+    if cols[5].button("Clear edit"):
+        draft.clear()
+    try:
+        summary = draft.edit(at)
+    except KvvizError as exc:
+        st.warning(str(exc))
+        return
+    evicted = sorted(draft.evicted_somewhere())
+    st.caption(f"Edit: {len(evicted)} slots evicted" + (f" (policy: {draft.policy_name})" if draft.policy_name else "")
+               + f" · {len(summary.key_bits)} keys and {len(summary.value_bits)} values quantized")

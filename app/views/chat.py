@@ -1,0 +1,45 @@
+"""Chat: the conversation as plain text (never Markdown/HTML), streaming, one-step decoding for teaching."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import state
+from kvviz.errors import KvvizError
+
+
+def render() -> None:
+    session = state.session()
+    for turn in session.conversation():
+        st.chat_message("user").text(turn["user"])
+        if turn["assistant"]:
+            st.chat_message("assistant").text(turn["assistant"])
+    pending = session.pending_token()
+    left, right = st.columns([3, 1])
+    with right:
+        can_step = pending is not None and not session.turn_ended
+        if st.button("Step one token", disabled=not can_step, help="Decode exactly one token (teaching mode)"):
+            _guard(session.step)
+            st.session_state.at = None
+            st.rerun()
+    with left:
+        if pending is not None:
+            st.caption(f"Pending (chosen, not yet cached): {pending.text!r} · id {pending.id}")
+    if prompt := st.chat_input("Message the model (Stop: press any button while it writes)"):
+        st.chat_message("user").text(prompt)
+        if _guard(lambda: session.add_user_turn(prompt)) is None:
+            return
+        st.session_state.at = None
+        placeholder = st.chat_message("assistant").empty()
+        for _ in session.stream(st.session_state.max_new_tokens):
+            placeholder.text(session.reply)
+        st.rerun()
+
+
+def _guard(action):
+    """Run ``action``; a refusal becomes an inline warning (the session is unchanged)."""
+    try:
+        return action() or True
+    except KvvizError as exc:
+        st.warning(str(exc))
+        return None

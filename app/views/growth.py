@@ -1,0 +1,28 @@
+"""Cache growth: length after every prefill and decode step, stacked by segment, and bytes now."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import state
+from kvviz import figures
+from kvviz.errors import KvvizError
+from kvviz.memory import step_memory
+
+
+def render() -> None:
+    session = state.session()
+    if not session.transcript.growth:
+        st.info("The cache is empty.")
+        return
+    st.plotly_chart(figures.growth(session.transcript), key="growth")
+    try:
+        memory = step_memory(session, state.draft().edit(len(session)), len(session))
+    except KvvizError as exc:
+        st.warning(str(exc))
+        return
+    cols = st.columns(3)
+    cols[0].metric(f"Cache ({session.lm.device_label})", f"{memory['full_bytes']:,} B")
+    cols[1].metric("At fp16", f"{memory['fp16_bytes']:,} B")
+    cols[2].metric("With the edit, packed", f"{memory['edited_bytes']:,} B")
+    st.dataframe([{"segment": name, **values} for name, values in memory["segments"].items()], hide_index=True)

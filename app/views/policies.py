@@ -1,0 +1,42 @@
+"""Policies: seed the strip with a policy's eviction mask, or compare two policies at the same budget."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import state
+from kvviz.errors import KvvizError
+from kvviz.policies import POLICIES
+from kvviz.policies.compare import compare_policies
+
+
+def render() -> None:
+    session, at = state.session(), state.step_slot()
+    if at < 2:
+        st.info("Policies need a few cached slots before the current step.")
+        return
+    names = list(POLICIES)
+    cols = st.columns([2, 2, 2])
+    first = cols[0].selectbox("Policy", names, index=names.index("h2o"))
+    second = cols[1].selectbox("Compare with", names, index=names.index("streaming_llm"))
+    budget = cols[2].slider("Budget (fraction of slots kept)", 0.05, 1.0, 0.5, 0.05)
+    left, right = st.columns(2)
+    if left.button(f"Put {first}'s mask on the strip"):
+        try:
+            state.draft().seed(POLICIES[first]().edit(session, float(budget), at), first)
+        except KvvizError as exc:
+            st.warning(str(exc))
+        else:
+            st.rerun()
+    if right.button("Compare the two"):
+        try:
+            st.session_state.policy_compare = compare_policies(session, [first, second], float(budget), at)
+        except KvvizError as exc:
+            st.warning(str(exc))
+    report = st.session_state.get("policy_compare")
+    if report:
+        st.dataframe(report["rows"], hide_index=True,
+                     column_config={"kl": st.column_config.NumberColumn("KL", format="%.4g"),
+                                    "tv": st.column_config.NumberColumn("TV", format="%.4g")})
+        if report["overlap"] is not None:
+            st.caption(f"Overlap of the evicted (layer, KV head, slot) entries: {report['overlap']:.1%} (Jaccard)")

@@ -1,0 +1,69 @@
+"""Sidebar: model and device, generation settings, demos, export / import, presentation mode."""
+
+from __future__ import annotations
+
+import json
+
+import streamlit as st
+
+from app import state
+from kvviz.errors import KvvizError
+from kvviz.export import export_session, import_session
+from kvviz.scenarios import load_scenarios, run_scenario, toy_example
+from kvviz.session import Sampling
+
+
+def render() -> None:
+    session = state.session()
+    lm = session.lm
+    with st.sidebar:
+        st.caption(f"**Model** {lm.name}")
+        st.caption(f"**Device** {lm.device_label}")
+        st.toggle("Presentation mode (large type)", key="large")
+        st.slider("Max new tokens", 1, 512, key="max_new_tokens")
+        with st.expander("Sampling"):
+            temperature = st.slider("Temperature (0 = greedy)", 0.0, 2.0, session.sampling.temperature, 0.05)
+            top_p = st.slider("Top-p", 0.05, 1.0, session.sampling.top_p, 0.05)
+            seed = st.number_input("Seed", 0, 2**31 - 1, session.sampling.seed)
+            if st.button("New conversation with these settings"):
+                state.new_conversation(lm, Sampling(temperature, top_p, int(seed)))
+                st.rerun()
+        if st.button("New conversation"):
+            state.new_conversation(lm, session.sampling)
+            st.rerun()
+        _scenarios(lm)
+        _export_import(lm)
+
+
+def _scenarios(lm) -> None:
+    st.subheader("Demos")
+    for scenario in load_scenarios():
+        if st.button(scenario.name, help=scenario.description, key=f"demo-{scenario.name}"):
+            if scenario.toy:
+                st.session_state.toy = (scenario, [toy_example(scenario.toy["alpha"], e) for e in scenario.toy["evict"]])
+            else:
+                with st.spinner(f"Running “{scenario.name}”…"):
+                    session, draft = run_scenario(lm, scenario)
+                st.session_state.session, st.session_state.draft, st.session_state.at = session, draft, None
+                st.session_state.notice = scenario.description
+            st.rerun()
+
+
+def _export_import(lm) -> None:
+    st.subheader("Save and share")
+    view = {"layer": st.session_state.layer, "head": st.session_state.head, "at": st.session_state.at}
+    document = export_session(state.session(), state.draft(), view)
+    st.download_button("Export session (JSON)", json.dumps(document, ensure_ascii=False, indent=1),
+                       file_name="kvviz-session.json", mime="application/json")
+    upload = st.file_uploader("Import session", type=["json"], key="import_file")
+    if upload is not None and st.button("Load it"):
+        try:
+            session, draft, view = import_session(lm, json.loads(upload.getvalue().decode("utf-8")))
+        except (KvvizError, ValueError, UnicodeDecodeError) as exc:
+            st.warning(f"{exc}")
+            return
+        st.session_state.session, st.session_state.draft = session, draft
+        for key in ("layer", "head", "at"):
+            if key in view:
+                st.session_state[key] = view[key]
+        st.rerun()

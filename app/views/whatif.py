@@ -1,0 +1,97 @@
+"""What-if, side by side: the full cache vs the edited cache at the current step."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import state
+from kvviz import figures
+from kvviz.errors import KvvizError
+from kvviz.whatif import WhatIf, what_if
+
+PROB = st.column_config.ProgressColumn("p", format="%.4f", min_value=0.0, max_value=1.0)
+
+
+def compute(topk: int, continuation: int) -> WhatIf | None:
+    """The what-if of the draft at the current step, cached per (cache version, edit, step, head, options)."""
+    session, at = state.session(), state.step_slot()
+    layer, head = st.session_state.layer, state.detail_head()
+    edit = state.draft().edit(at)
+    key = (session.version, repr(edit.to_dict()), at, layer, head, topk, continuation)
+    cached = st.session_state.get("whatif_cache")
+    if cached and cached[0] == key:
+        return cached[1]
+    result = what_if(session, edit, at=at, layer=layer, head=head, topk=topk, continuation=continuation)
+    st.session_state.whatif_cache = (key, result)
+    return result
+
+
+def render() -> None:
+    session = state.session()
+    if len(session) < 2:
+        st.info("Send a message first: the what-if re-runs a step on the cache before it.")
+        return
+    options = st.columns([1, 1, 4])
+    topk = options[0].number_input("Top-k", 1, 50, 10)
+    continuation = options[1].number_input("Continue N tokens", 0, 64, 12)
+    try:
+        result = compute(int(topk), int(continuation))
+    except KvvizError as exc:
+        st.warning(str(exc))
+        return
+    _summary(result)
+    full, edited = st.columns(2)
+    for column, side in ((full, "full"), (edited, "edited")):
+        column.markdown(f"**{side.capitalize()} cache** — next token after slot {result.at}")
+        column.dataframe(figures.topk_frame(result.next_token, side), hide_index=True,
+                         column_config={"p": PROB, "Δlogit": st.column_config.NumberColumn(format="%+.4f")})
+    texts = [s.text for s in session.transcript.slots[: result.at + 1]]
+    rho = result.heads["rho"][result.detail.layer][result.detail.head]
+    st.plotly_chart(figures.alpha_figure(result.detail, texts, rho), key="alpha")
+    st.plotly_chart(figures.head_grid_figure(result.heads), key="heads")
+    st.plotly_chart(figures.hidden_figure(result.hidden_delta), key="hidden")
+    if result.continuation:
+        _continuation(result)
+    _buttons()
+
+
+def _summary(result: WhatIf) -> None:
+    nt, memory = result.next_token, result.memory
+    cols = st.columns(5)
+    cols[0].metric("KL(full‖edited), nats", f"{nt.kl:.3g}")
+    cols[1].metric("Total variation", f"{nt.tv:.3g}")
+    cols[2].metric("Top-1", "FLIPS" if nt.top1_changed else "unchanged")
+    cols[3].metric("ρ (detail head)", f"{result.heads['rho'][result.detail.layer][result.detail.head]:.4f}")
+    saved = 1 - memory["edited_bytes"] / max(memory["full_bytes"], 1)
+    cols[4].metric("Cache bytes", f"{memory['edited_bytes']:,}", f"-{saved:.1%} vs {memory['full_bytes']:,}",
+                   delta_color="off")
+
+
+def _continuation(result: WhatIf) -> None:
+    cont = result.continuation
+    where = "no divergence" if cont.first_divergence is None else f"diverges at token {cont.first_divergence}"
+    st.markdown(f"**Greedy continuations** ({where})")
+    full, edited = st.columns(2)
+    full.caption("full cache")
+    full.code(cont.full, language=None, wrap_lines=True)
+    edited.caption("edited cache")
+    edited.code(cont.edited, language=None, wrap_lines=True)
+
+
+def _buttons() -> None:
+    session, draft = state.session(), state.draft()
+    cols = st.columns(3)
+    if cols[0].button("Commit edit to the conversation", help="Later steps run on the edited cache"):
+        try:
+            session.commit(draft.edit(len(session)))
+        except KvvizError as exc:
+            st.warning(str(exc))
+        else:
+            draft.clear()
+            st.rerun()
+    if cols[1].button("Undo last commit", disabled=not session.commits.stack):
+        session.undo()
+        st.rerun()
+    if cols[2].button("Reset edit"):
+        draft.clear()
+        st.rerun()

@@ -1,0 +1,73 @@
+"""An edit being composed by clicks: the mutable companion of the immutable :class:`~kvviz.edits.Edit`.
+
+The dashboard keeps one per browser session. A policy can seed it; clicks toggle evictions and selections; a
+bit-width picker applies to the selection. :meth:`EditDraft.edit` returns the validated Edit to run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvviz.edits import Edit, Eviction
+from kvviz.quant import Quantizer, check_bits
+
+
+@dataclass
+class EditDraft:
+    evicted: set[int] = field(default_factory=set)  # evicted everywhere, by hand
+    key_bits: dict[int, int] = field(default_factory=dict)
+    value_bits: dict[int, int] = field(default_factory=dict)
+    selected: set[int] = field(default_factory=set)
+    policy: Edit = field(default_factory=Edit)  # a policy's (possibly per-head) evictions, the starting point
+    policy_name: str = ""
+    keys: Quantizer = field(default_factory=lambda: Quantizer("channel"))
+    values: Quantizer = field(default_factory=lambda: Quantizer("token"))
+
+    def toggle_evicted(self, slot: int) -> None:
+        """Evict ``slot`` everywhere, or bring it back (also from the policy's evictions)."""
+        policy_slots = {s for e in self.policy.evictions for s in e.slots}
+        if slot in self.evicted or slot in policy_slots:
+            self.evicted.discard(slot)
+            self.policy = Edit(evictions=tuple(
+                Eviction(tuple(s for s in e.slots if s != slot), e.layers, e.heads) for e in self.policy.evictions))
+        else:
+            self.evicted.add(slot)
+
+    def toggle_selected(self, slot: int) -> None:
+        self.selected ^= {slot}
+
+    def set_bits(self, slots: set[int] | list[int], key_bits: int, value_bits: int) -> None:
+        """Store ``slots`` at the given bit-widths (16 = untouched)."""
+        check_bits(key_bits), check_bits(value_bits)
+        for slot in slots:
+            for table, bits in ((self.key_bits, key_bits), (self.value_bits, value_bits)):
+                if bits == 16:
+                    table.pop(slot, None)
+                else:
+                    table[slot] = bits
+
+    def evict_many(self, slots: list[int]) -> None:
+        self.evicted.update(slots)
+
+    def seed(self, policy_edit: Edit, name: str) -> None:
+        """Start from a policy's mask (hand evictions are cleared; bit-widths stay)."""
+        self.policy, self.policy_name, self.evicted = policy_edit, name, set()
+
+    def clear(self) -> None:
+        self.evicted, self.key_bits, self.value_bits, self.selected = set(), {}, {}, set()
+        self.policy, self.policy_name = Edit(), ""
+
+    def evicted_somewhere(self) -> set[int]:
+        """Slots evicted in at least one layer / head."""
+        return set(self.evicted) | {s for e in self.policy.evictions for s in e.slots}
+
+    def edit(self, before: int | None = None) -> Edit:
+        """The Edit for a step at slot ``before`` (slots from ``before`` on are left out: they are not cached yet)."""
+        keep = (lambda s: s < before) if before is not None else (lambda s: True)  # noqa: E731
+        evictions = tuple(Eviction(tuple(filter(keep, e.slots)), e.layers, e.heads) for e in self.policy.evictions)
+        if self.evicted:
+            evictions += (Eviction(tuple(filter(keep, self.evicted))),)
+        return Edit(evictions=tuple(e for e in evictions if e.slots),
+                    key_bits={s: b for s, b in self.key_bits.items() if keep(s)},
+                    value_bits={s: b for s, b in self.value_bits.items() if keep(s)},
+                    keys=self.keys, values=self.values)

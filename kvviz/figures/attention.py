@@ -1,0 +1,66 @@
+"""Attention figures: the layer × head overview of one step, one head's full map, and the current row."""
+
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+
+from kvviz.figures.growth import SEGMENT_COLOURS
+
+LAYOUT = dict(margin=dict(l=10, r=10, t=40, b=10), template="plotly_white")
+
+
+def overview_figure(rows: np.ndarray, kv_heads: int, at: int) -> go.Figure:
+    """``rows`` ``(L, H, B)``: each head's attention row (max-pooled to B bins) as one tiled heatmap, query heads
+    grouped by the KV head they share, with a gap column between groups."""
+    layers, heads, bins = rows.shape
+    group = heads // kv_heads
+    gap = np.full((layers, 2), np.nan)
+    tiles, ticks, labels = [], [], []
+    column = 0
+    for head in range(heads):
+        if head and head % group == 0:
+            tiles.append(gap)
+            column += gap.shape[1]
+        tiles.append(rows[:, head])
+        ticks.append(column + bins / 2)
+        labels.append(f"h{head}<br>KV{head // group}")
+        column += bins
+    image = np.concatenate(tiles, axis=1)
+    figure = go.Figure(go.Heatmap(z=image, colorscale="Viridis", zmin=0, zmax=float(np.nanmax(rows)) or 1,
+                                  hovertemplate="layer %{y}<br>weight %{z:.3f}<extra></extra>",
+                                  colorbar=dict(title="α", thickness=10)))
+    figure.update_layout(title=f"Attention of slot {at}: every layer × query head (keys left → right, max-pooled)",
+                         height=560, **LAYOUT)
+    figure.update_xaxes(tickvals=ticks, ticktext=labels, showgrid=False)
+    figure.update_yaxes(title="layer", autorange="reversed", dtick=2, showgrid=False)
+    return figure
+
+
+def head_map_figure(weights: np.ndarray, block: int, boundaries: list[tuple[int, str]], title: str) -> go.Figure:
+    """One head's causal map (queries down, keys across). ``block`` slots per pixel; ``boundaries`` are
+    ``(slot, label)`` lines, e.g. where segments or turns start."""
+    n = weights.shape[0]
+    axis = np.arange(n) * block
+    masked = np.where(np.tril(np.ones_like(weights, dtype=bool)) | (block > 1), weights, np.nan)
+    figure = go.Figure(go.Heatmap(z=masked, x=axis, y=axis, colorscale="Magma", reversescale=True, zmin=0,
+                                  hovertemplate="query %{y}<br>key %{x}<br>α %{z:.4f}<extra></extra>",
+                                  colorbar=dict(title="α", thickness=10)))
+    for slot, label in boundaries:
+        for line in (dict(x0=slot, x1=slot, y0=0, y1=n * block), dict(y0=slot, y1=slot, x0=0, x1=n * block)):
+            figure.add_shape(type="line", line=dict(color="#2f80ed", width=1, dash="dot"), **line)
+        figure.add_annotation(x=slot, y=0, text=label, showarrow=False, yshift=12, font=dict(size=10))
+    suffix = f" (max over {block}×{block} blocks)" if block > 1 else ""
+    figure.update_layout(title=title + suffix, height=520, **LAYOUT)
+    figure.update_yaxes(autorange="reversed", title="query slot", scaleanchor="x")
+    figure.update_xaxes(title="key slot")
+    return figure
+
+
+def row_figure(row: list[float], texts: list[str], segments: list[str], title: str) -> go.Figure:
+    """The current token's weights as bars over slots, coloured by segment."""
+    figure = go.Figure(go.Bar(
+        x=list(range(len(row))), y=row, marker_color=[SEGMENT_COLOURS[s] for s in segments],
+        customdata=texts, hovertemplate="slot %{x} %{customdata}<br>α %{y:.4f}<extra></extra>"))
+    figure.update_layout(title=title, height=260, bargap=0, xaxis_title="slot", yaxis_title="α", **LAYOUT)
+    return figure

@@ -1,0 +1,67 @@
+"""Ready demos (``assets/scenarios/*.json``): a conversation to run and an edit to start from, or the §15 toy numbers."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from kvviz.attention import evicted_mass, renormalized
+from kvviz.draft import EditDraft
+from kvviz.session import Session
+
+SCENARIOS = Path(__file__).resolve().parents[1] / "assets" / "scenarios"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    turns: list[str] = field(default_factory=list)
+    max_new_tokens: int = 16
+    evict_text: list[str] = field(default_factory=list)
+    evict_slots: list[int] = field(default_factory=list)
+    toy: dict | None = None
+
+
+def load_scenarios(folder: Path = SCENARIOS) -> list[Scenario]:
+    return [Scenario(**json.loads(path.read_text())) for path in sorted(folder.glob("*.json"))]
+
+
+def find_slots(session: Session, text: str) -> list[int]:
+    """Slots whose pieces cover the last occurrence of ``text`` in the cached text (empty when absent)."""
+    pieces = [s.text for s in session.transcript.slots]
+    starts, offset = [], 0
+    for piece in pieces:
+        starts.append(offset)
+        offset += len(piece)
+    found = "".join(pieces).rfind(text)
+    if found < 0:
+        return []
+    end = found + len(text)
+    return [slot for slot, (start, piece) in enumerate(zip(starts, pieces)) if start < end and start + len(piece) > found]
+
+
+def run_scenario(lm, scenario: Scenario) -> tuple[Session, EditDraft]:
+    """Run the scenario's turns (greedy) and prepare its edit as a draft."""
+    session, draft = Session(lm), EditDraft()
+    for text in scenario.turns:
+        session.add_user_turn(text)
+        session.generate(scenario.max_new_tokens)
+    slots = set(scenario.evict_slots)
+    for text in scenario.evict_text:
+        slots.update(find_slots(session, text))
+    draft.evict_many(sorted(s for s in slots if s < len(session) - 1))
+    return session, draft
+
+
+def toy_example(alpha: list[float], evict: list[int]) -> dict:
+    """§15: ``ρ`` and ``α′ = α/(1−ρ)`` (None where evicted) for weights ``alpha`` with ``evict`` removed."""
+    weights = torch.tensor(alpha, dtype=torch.float64)
+    evicted = torch.zeros(len(alpha), dtype=torch.bool)
+    evicted[evict] = True
+    renorm = renormalized(weights, evicted)
+    return {"rho": float(evicted_mass(weights, evicted)),
+            "alpha_renorm": [None if gone else float(v) for v, gone in zip(renorm, evicted.tolist())]}

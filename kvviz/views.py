@@ -1,0 +1,69 @@
+"""View data for the dashboard: what the token strip and the attention views draw, as plain lists and arrays.
+
+All tensor work for the app happens here (the app lays out; it does no math). Rows are recomputed on demand from the
+session's recorded queries and cache (see :meth:`Session.weights`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from kvviz.draft import EditDraft
+from kvviz.transcript import SEGMENTS
+
+SEGMENT_CODE = {name: i for i, name in enumerate(SEGMENTS)}
+
+
+def attention_row(session, at: int, layer: int, head: int | None) -> torch.Tensor:
+    """What slot ``at`` attended to in ``layer``: ``(at + 1,)`` for one query head, or the mean over heads (None)."""
+    weights = session.weights(layer, at, at + 1)[:, 0]  # (H, at + 1)
+    return weights.mean(0) if head is None else weights[head]
+
+
+def strip_chips(session, draft: EditDraft, at: int, layer: int, head: int | None) -> list[list]:
+    """One row per slot up to ``at``: ``[slot, text, segment code, turn, attention ∈ [0, 1] (relative to the max),
+    evicted 0/1/2 (no / everywhere / some layers or heads), key bits, value bits, selected 0/1]``."""
+    if at < 0:
+        return []
+    row = attention_row(session, at, layer, head)
+    relative = (row / row.max().clamp_min(1e-12)).tolist()
+    partial = {s for e in draft.policy.evictions if not e.everywhere for s in e.slots}
+    everywhere = draft.evicted | {s for e in draft.policy.evictions if e.everywhere for s in e.slots}
+    segments = session.transcript.segments()
+    chips = []
+    for slot in session.transcript.slots[: at + 1]:
+        evicted = 1 if slot.slot in everywhere else 2 if slot.slot in partial else 0
+        chips.append([slot.slot, slot.text, SEGMENT_CODE[segments[slot.slot]], slot.turn, round(relative[slot.slot], 4),
+                      evicted, draft.key_bits.get(slot.slot, 16), draft.value_bits.get(slot.slot, 16),
+                      int(slot.slot in draft.selected)])
+    return chips
+
+
+def pool(values: np.ndarray, size: int, axis: int) -> np.ndarray:
+    """Max over ``ceil(n / size)``-wide blocks along ``axis`` (spikes such as attention sinks stay visible)."""
+    n = values.shape[axis]
+    if n <= size:
+        return values
+    width = -(-n // size)
+    pad = [(0, 0)] * values.ndim
+    pad[axis] = (0, width * (-(-n // width)) - n)
+    padded = np.pad(values, pad)
+    shape = list(padded.shape)
+    shape[axis : axis + 1] = [shape[axis] // width, width]
+    return padded.reshape(shape).max(axis=axis + 1)
+
+
+def overview(session, at: int, bins: int = 48) -> np.ndarray:
+    """Each layer's and query head's attention row of slot ``at``, max-pooled to ``bins``: ``(L, H, ≤ bins)``."""
+    rows = np.stack([session.weights(layer, at, at + 1)[:, 0].cpu().numpy() for layer in range(session.lm.layers)])
+    return pool(rows, bins, axis=2)
+
+
+def head_map(session, layer: int, head: int, size: int = 320) -> tuple[np.ndarray, int]:
+    """The causal map of one head (queries × keys, all cached slots), max-pooled to ``≤ size`` per side.
+
+    Returns the map and the block width (slots per pixel)."""
+    weights = session.weights(layer)[head].cpu().numpy()  # (n, n)
+    pooled = pool(pool(weights, size, axis=0), size, axis=1)
+    return pooled, -(-weights.shape[0] // pooled.shape[0])
