@@ -20,12 +20,9 @@ FORMAT, VERSION = "kvviz-session", 1
 def export_session(session: Session, draft: EditDraft | None = None, view: dict | None = None) -> dict:
     """A JSON-ready document of ``session`` (plus the dashboard's draft edit and view settings)."""
     turns, slots = [], session.transcript.slots
-    for number, turn in enumerate(session.conversation()):
+    for number, (turn, (reply, shown)) in enumerate(zip(session.conversation(), session.replies())):
         prefilled = [s.id for s in slots if s.turn == number and s.kind == "prefill"]
-        decoded = [s.id for s in slots if s.turn == number and s.kind == "decode"]
-        last = number == len(session.turns) - 1
-        reply = decoded + ([session.pending] if last and session.pending is not None else [])
-        turns.append({"user": turn["user"], "prefill_ids": prefilled, "reply_ids": reply})
+        turns.append({"user": turn["user"], "prefill_ids": prefilled, "reply_ids": reply, "shown": shown})
     document: dict[str, Any] = {
         "format": FORMAT, "version": VERSION, "model": session.lm.name, "chat": bool(session.messages),
         "sampling": asdict(session.sampling), "turns": turns,
@@ -47,13 +44,13 @@ def import_session(lm, document: Any) -> tuple[Session, EditDraft, dict]:
     _require(isinstance(document, dict) and document.get("format") == FORMAT, "it is not a kvviz session file")
     _require(document.get("version") == VERSION, f"format version {document.get('version')!r} is not {VERSION}")
     try:
-        turns = [(str(t["user"]), [int(i) for i in t["prefill_ids"]], [int(i) for i in t["reply_ids"]])
-                 for t in document["turns"]]
+        turns = [(str(t["user"]), [int(i) for i in t["prefill_ids"]], [int(i) for i in t["reply_ids"]],
+                  int(t["shown"])) for t in document["turns"]]
         commits = [(int(c["at"]), Edit.from_dict(c["edit"])) for c in document.get("commits", [])]
         session = Session(lm, Sampling(**document.get("sampling", {})))
     except (KeyError, TypeError, ValueError) as exc:
         raise KvvizError(f"cannot import this session: missing or malformed field ({exc})") from exc
-    for user, prefill, reply in turns:
+    for user, prefill, reply, shown in turns:
         _apply_due(session, commits)
         if document.get("chat", True):
             delta = session.add_user_turn(user)
@@ -61,7 +58,11 @@ def import_session(lm, document: Any) -> tuple[Session, EditDraft, dict]:
         else:
             session.add_ids(prefill)
         for index, token in enumerate(reply):
-            session.force_reply([token]) if index == 0 else _step_forced(session, commits, token)
+            if index:
+                _apply_due(session, commits)
+                session.step()
+            session.force(token)
+        session.set_announced(shown)
     _apply_due(session, commits)
     _require(not commits, "a committed edit lies beyond the conversation")
     draft = EditDraft()
@@ -79,10 +80,3 @@ def import_session(lm, document: Any) -> tuple[Session, EditDraft, dict]:
 def _apply_due(session: Session, commits: list[tuple[int, Edit]]) -> None:
     while commits and commits[0][0] == len(session):
         session.commit(commits.pop(0)[1])  # cumulative edits: committing the recorded one reproduces it
-
-
-def _step_forced(session: Session, commits: list, token: int) -> None:
-    _apply_due(session, commits)
-    session.step()
-    session.force_reply([token])
-

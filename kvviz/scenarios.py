@@ -31,13 +31,13 @@ def load_scenarios(folder: Path = SCENARIOS) -> list[Scenario]:
 
 
 def find_slots(session: Session, text: str) -> list[int]:
-    """Slots whose pieces cover the last occurrence of ``text`` in the cached text (empty when absent)."""
+    """Slots whose pieces cover the first occurrence of ``text`` in the cached text (empty when absent)."""
     pieces = [s.text for s in session.transcript.slots]
     starts, offset = [], 0
     for piece in pieces:
         starts.append(offset)
         offset += len(piece)
-    found = "".join(pieces).rfind(text)
+    found = "".join(pieces).find(text)
     if found < 0:
         return []
     end = found + len(text)

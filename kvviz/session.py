@@ -58,6 +58,7 @@ class Session:
         self.messages: list[dict[str, str]] = []
         self.turns: list[dict[str, str]] = []
         self.produced: list[int] = []  # tokens chosen in the current turn; the last one is pending
+        self.past_replies: list[tuple[list[int], int]] = []  # earlier turns' (chosen tokens, how many were shown)
         self.pending: int | None = None
         self.logits: torch.Tensor | None = None  # (V,) float32 next-token logits that chose ``pending``
         self._announced = 0
@@ -118,6 +119,7 @@ class Session:
     def _begin_turn(self, user: str) -> None:
         if self.turns:
             self.turns[-1]["assistant"] = self.reply
+            self.past_replies.append((list(self.produced), self._announced))
         self.turns.append({"user": user, "assistant": ""})
         self.transcript.turn += 1
         self.produced, self.pending, self._announced = [], None, 0
@@ -197,16 +199,19 @@ class Session:
                 on_token(token)
         return self.reply
 
-    def force_reply(self, ids: Sequence[int]) -> None:
-        """Replay a recorded reply: the chosen tokens become ``ids``, each decoded on the cache in turn (the last one
-        stays pending, as after a generation). ``before_step`` hooks are not needed: callers commit between calls."""
-        for index, token in enumerate(ids):
-            if self.pending is None:
-                raise KvvizError("nothing to reply to: add a turn first")
-            self.pending = self.produced[-1] = int(token)
-            self._announced = len(self.produced)
-            if index < len(ids) - 1:
-                self.step()
+    def force(self, token: int) -> None:
+        """Replace the pending token by ``token`` (replaying a recorded reply); the next step decodes it."""
+        if self.pending is None:
+            raise KvvizError("nothing to reply to: add a turn first")
+        self.pending = self.produced[-1] = int(token)
+
+    def replies(self) -> list[tuple[list[int], int]]:
+        """Every turn's chosen tokens (the newest turn's last one is pending) and how many of them were shown."""
+        return self.past_replies + ([(list(self.produced), self._announced)] if self.turns else [])
+
+    def set_announced(self, count: int) -> None:
+        """How many chosen tokens of this turn count as shown (replay of a recorded reply)."""
+        self._announced = max(0, min(int(count), len(self.produced)))
 
     @property
     def reply(self) -> str:

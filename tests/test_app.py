@@ -1,28 +1,114 @@
-"""The Streamlit app through AppTest: it starts, chats, and shows the cache."""
+"""The Streamlit app through AppTest: the full flow, every view on an empty and on a long conversation, demos."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
 from streamlit.testing.v1 import AppTest
 
 APP = str(Path(__file__).resolve().parents[1] / "app" / "main.py")
 
 
-def test_app_starts_and_chats():
-    app = AppTest.from_file(APP, default_timeout=120).run()
+def start() -> AppTest:
+    app = AppTest.from_file(APP, default_timeout=300).run()
     assert not app.exception
-    app.chat_input[0].set_value("Say hello.").run()
-    assert not app.exception
+    return app
+
+
+def assert_clean(app: AppTest) -> None:
+    assert not app.exception, app.exception
+    assert not [e.value for e in app.error], [e.value for e in app.error]
+
+
+def metric(app: AppTest, label: str) -> str:
+    return next(m.value for m in app.metric if m.label.startswith(label))
+
+
+def test_full_flow_send_select_compare_commit_undo():
+    app = start()
+    app.chat_input[0].set_value("a = 3, b = 5. What is a + b?").run()
+    assert_clean(app)
     session = app.session_state["session"]
-    assert len(session) > 0 and session.turns[0]["user"] == "Say hello."
-    texts = [t.value for t in app.text]
-    assert "Say hello." in texts and session.reply in texts
+    assert len(session) > 0 and session.turns[0]["user"] == "a = 3, b = 5. What is a + b?"
+    assert session.reply in [t.value for t in app.text]
+    assert metric(app, "KL") == "0"  # nothing edited yet
+    draft = app.session_state["draft"]  # a selection as the strip would make it
+    for slot in (30, 31, 32):
+        draft.toggle_evicted(slot)
+    draft.set_bits(range(5, 20), 4, 2)
+    app.run()
+    assert_clean(app)
+    assert float(metric(app, "KL")) > 0
+    assert metric(app, "Cache bytes") != metric(app, "Cache (")
+    next(b for b in app.button if b.label.startswith("Commit edit")).click().run()
+    assert_clean(app)
+    assert len(app.session_state["session"].commits.stack) == 1
+    assert metric(app, "KL") == "0"  # the draft was cleared: the committed cache is now the full one
+    next(b for b in app.button if b.label.startswith("Undo")).click().run()
+    assert_clean(app)
+    assert not app.session_state["session"].commits.stack
+
+
+def test_every_view_renders_on_an_empty_conversation():
+    app = start()
+    assert_clean(app)
+    assert any("Send a message" in i.value for i in app.info)
+
+
+def test_every_view_renders_on_a_long_conversation():
+    app = start()
+    session = app.session_state["session"]
+    session.add_ids([(i * 37) % 40000 + 100 for i in range(1100)])
+    session.step()
+    app.session_state["draft"].toggle_evicted(3)
+    app.run()
+    assert_clean(app)
+    assert len(app.session_state["session"]) == 1101
+    assert float(metric(app, "KL")) >= 0
+    titles = [c.proto.spec for c in app.get("plotly_chart")]
+    assert len(titles) >= 6  # what-if (3), attention (3), growth
+
+
+def test_policy_seeds_the_strip_and_comparison_runs():
+    app = start()
+    app.chat_input[0].set_value("Tell me about attention sinks in one sentence.").run()
+    next(b for b in app.button if b.label.startswith("Put h2o")).click().run()
+    assert_clean(app)
+    draft = app.session_state["draft"]
+    assert draft.policy_name == "h2o" and draft.evicted_somewhere()
+    next(b for b in app.button if b.label == "Compare the two").click().run()
+    assert_clean(app)
+    report = app.session_state["policy_compare"]
+    assert [r["policy"] for r in report["rows"]] == ["h2o", "streaming_llm"] and 0 <= report["overlap"] <= 1
+
+
+def test_demo_scenarios_load_with_their_edits():
+    app = start()
+    next(b for b in app.button if b.label == "Evict the definitions").click().run()
+    assert_clean(app)
+    session, draft = app.session_state["session"], app.session_state["draft"]
+    evicted = sorted(draft.evicted)
+    assert evicted and "".join(session.transcript.slots[s].text for s in evicted).replace(" ", "") == "a=3b=5"
+    next(b for b in app.button if b.label == "§15 toy numbers").click().run()
+    assert_clean(app)
+    table = app.dataframe[0].value.to_dict("records")
+    assert any(row["#2"] == "0.105" and row["#3"] == "0.632" for row in table)
 
 
 def test_empty_message_is_refused_inline():
-    app = AppTest.from_file(APP, default_timeout=120).run()
+    app = start()
     app.chat_input[0].set_value("   ").run()
-    assert not app.exception
+    assert_clean(app)
     assert any("empty" in w.value for w in app.warning)
     assert len(app.session_state["session"]) == 0
+
+
+@pytest.mark.parametrize("payload", ['{"format": "other"}', '{"format": "kvviz-session", "version": 99}'])
+def test_bad_import_is_refused_and_keeps_the_session(lm, payload):
+    from kvviz.errors import KvvizError
+    from kvviz.export import import_session
+
+    with pytest.raises(KvvizError, match="cannot import"):
+        import_session(lm, json.loads(payload))

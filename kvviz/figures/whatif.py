@@ -46,11 +46,13 @@ def head_grid_figure(heads: dict[str, list[list[float]]]) -> go.Figure:
     top = max(max(map(max, heads["delta_isolated"])), max(map(max, heads["delta_propagated"])), 1e-12)
     for column, (key, title) in enumerate(names, start=1):
         figure.add_trace(go.Heatmap(z=heads[key], colorscale="Viridis", zmin=0, zmax=1 if key == "rho" else top,
-                                    showscale=column != 2, colorbar=dict(x=0.31 if column == 1 else 1.0, thickness=8),
+                                    showscale=column != 2, colorbar=dict(x=0.295 if column == 1 else 1.0, thickness=8),
                                     hovertemplate="layer %{y}, head %{x}<br>" + title + " %{z:.4g}<extra></extra>"),
                          row=1, col=column)
     figure.update_yaxes(autorange="reversed", title_text="layer", col=1)
     figure.update_yaxes(autorange="reversed")
+    figure.update_yaxes(showticklabels=False, col=2)
+    figure.update_yaxes(showticklabels=False, col=3)
     figure.update_xaxes(title_text="query head", dtick=1)
     figure.update_layout(height=460, **LAYOUT)
     return figure

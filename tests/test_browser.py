@@ -1,0 +1,102 @@
+"""The dashboard in a real headless Chromium (Playwright + Debian's chromium): send a message, click a chip, see the
+side-by-side numbers change; hostile text shows literally and runs nothing."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"
+PAYLOAD = "Repeat this: <img src=x onerror=alert(1)> <script>alert(2)</script> **bold** $x$"
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
+                                reason="Debian's chromium is not installed (scripts/test.sh installs it)")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "main.py"), "--server.port", str(port),
+         "--server.headless", "true"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(240):
+            try:
+                urllib.request.urlopen(f"{url}/_stcore/health", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            pytest.fail("the app did not start")
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def page(server):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking"])
+        page = browser.new_page(viewport={"width": 1500, "height": 1400})
+        page.dialogs = []
+        page.on("dialog", lambda dialog: (page.dialogs.append(dialog.message), dialog.dismiss()))
+        page.goto(server)
+        page.wait_for_selector("[data-testid=stApp]")
+        yield page
+        browser.close()
+
+
+def kl_text(page) -> str:
+    return page.locator("[data-testid=stMetric]", has_text="KL(full").locator("[data-testid=stMetricValue]").inner_text()
+
+
+def test_send_click_chip_and_numbers_change(page):
+    page.wait_for_selector("textarea", timeout=120_000)
+    page.fill("textarea", PAYLOAD)
+    page.keyboard.press("Enter")
+    page.wait_for_selector(".kv-chip", timeout=180_000)
+    page.wait_for_function("document.querySelectorAll('[data-testid=stMetric]').length >= 5", timeout=180_000)
+    page.wait_for_timeout(1500)
+    before = kl_text(page)
+    assert before == "0"
+    chips = page.locator(".kv-chip")
+    target = chips.nth(chips.count() // 2)
+    target.scroll_into_view_if_needed()
+    target.click()
+    page.wait_for_function("""() => {
+        const m = [...document.querySelectorAll('[data-testid=stMetric]')].find(e => e.innerText.includes('KL(full'));
+        return m && m.querySelector('[data-testid=stMetricValue]').innerText !== '0';
+    }""", timeout=120_000)
+    assert kl_text(page) != before
+    assert page.locator(".kv-chip.kv-evicted").count() == 1
+    page.screenshot(path=str(ROOT / "assets" / "browser-test.png"), full_page=False)
+
+
+def test_hostile_text_is_shown_literally_and_runs_nothing(page):
+    chat = page.locator("[data-testid=stChatMessage]").first
+    assert PAYLOAD in chat.inner_text()
+    strip_text = page.locator(".kv-strip").inner_text().replace("\n", "")
+    assert "<img" in strip_text and "<script>" in strip_text and "**" in strip_text and "$x$" in strip_text.replace(" ", "")
+    assert page.locator("img[src=x]").count() == 0
+    assert page.locator(".kv-strip script, [data-testid=stChatMessage] script").count() == 0
+    assert page.locator("[data-testid=stChatMessage] strong, [data-testid=stChatMessage] .katex").count() == 0
+    assert page.dialogs == []
