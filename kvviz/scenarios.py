@@ -44,8 +44,9 @@ def find_slots(session: Session, text: str) -> list[int]:
     return [slot for slot, (start, piece) in enumerate(zip(starts, pieces)) if start < end and start + len(piece) > found]
 
 
-def run_scenario(lm, scenario: Scenario) -> tuple[Session, EditDraft]:
-    """Run the scenario's turns (greedy) and prepare its edit as a draft."""
+def run_scenario(lm, scenario: Scenario) -> tuple[Session, EditDraft, int]:
+    """Run the scenario's turns (greedy) and prepare its edit as a draft. Also returns the step to look at: the last
+    prefilled slot, whose step chose the first token of the answer."""
     session, draft = Session(lm), EditDraft()
     for text in scenario.turns:
         session.add_user_turn(text)
@@ -53,8 +54,9 @@ def run_scenario(lm, scenario: Scenario) -> tuple[Session, EditDraft]:
     slots = set(scenario.evict_slots)
     for text in scenario.evict_text:
         slots.update(find_slots(session, text))
-    draft.evict_many(sorted(s for s in slots if s < len(session) - 1))
-    return session, draft
+    answer_step = max(s.slot for s in session.transcript.slots if s.kind == "prefill")
+    draft.evict_many(sorted(s for s in slots if s < answer_step))
+    return session, draft, answer_step
 
 
 def toy_example(alpha: list[float], evict: list[int]) -> dict:

@@ -216,14 +216,15 @@ class _Hide(Probe):
 
 
 def _continue(session, caches: tuple, hidden: tuple, logits: tuple, position: int, steps: int) -> Continuation:
-    """Greedy ``steps`` tokens from the full and from the edited step, each on its own cache."""
+    """Greedy up to ``steps`` tokens from the full and from the edited step, each on its own cache; a row stops after
+    an end-of-turn token."""
     lm = session.lm
     rows = []
     for cache, hide, first in zip(caches, hidden, logits):
         token, ids = int(first.argmax()), []
         for offset in range(1, steps + 1):
             ids.append(token)
-            if offset == steps:
+            if offset == steps or token in lm.stop_ids:
                 break
             with torch.no_grad(), probing(_Hide(hide)):
                 out = lm.model(input_ids=torch.tensor([[token]], device=lm.device),
@@ -232,6 +233,9 @@ def _continue(session, caches: tuple, hidden: tuple, logits: tuple, position: in
             token = int(out.logits[0, -1].argmax())
         rows.append(ids)
     full_ids, edited_ids = rows
-    diverged = next((i for i, (a, b) in enumerate(zip(full_ids, edited_ids)) if a != b), None)
+    pairs = list(zip(full_ids, edited_ids))
+    diverged = next((i for i, (a, b) in enumerate(pairs) if a != b), None)
+    if diverged is None and len(full_ids) != len(edited_ids):
+        diverged = len(pairs)
     decode = lambda ids: lm.tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
     return Continuation(decode(full_ids), decode(edited_ids), full_ids, edited_ids, diverged)

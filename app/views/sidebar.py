@@ -43,8 +43,8 @@ def _scenarios(lm) -> None:
                 st.session_state.toy = (scenario, [toy_example(scenario.toy["alpha"], e) for e in scenario.toy["evict"]])
             else:
                 with st.spinner(f"Running “{scenario.name}”…"):
-                    session, draft = run_scenario(lm, scenario)
-                st.session_state.session, st.session_state.draft, st.session_state.at = session, draft, None
+                    session, draft, answer_step = run_scenario(lm, scenario)
+                st.session_state.session, st.session_state.draft, st.session_state.at = session, draft, answer_step
                 st.session_state.notice = scenario.description
             st.rerun()
 

@@ -43,7 +43,7 @@ def head_map_figure(weights: np.ndarray, block: int, boundaries: list[tuple[int,
     n = weights.shape[0]
     axis = np.arange(n) * block
     masked = np.where(np.tril(np.ones_like(weights, dtype=bool)) | (block > 1), weights, np.nan)
-    figure = go.Figure(go.Heatmap(z=masked, x=axis, y=axis, colorscale="Magma", reversescale=True, zmin=0,
+    figure = go.Figure(go.Heatmap(z=masked, x=axis, y=axis, colorscale="OrRd", zmin=0,
                                   hovertemplate="query %{y}<br>key %{x}<br>α %{z:.4f}<extra></extra>",
                                   colorbar=dict(title="α", thickness=10)))
     for slot, label in boundaries:
@@ -52,8 +52,8 @@ def head_map_figure(weights: np.ndarray, block: int, boundaries: list[tuple[int,
         figure.add_annotation(x=slot, y=0, text=label, showarrow=False, yshift=12, font=dict(size=10))
     suffix = f" (max over {block}×{block} blocks)" if block > 1 else ""
     figure.update_layout(title=title + suffix, height=520, **LAYOUT)
-    figure.update_yaxes(autorange="reversed", title="query slot", scaleanchor="x")
-    figure.update_xaxes(title="key slot")
+    figure.update_yaxes(autorange="reversed", title="query slot", range=[n * block, 0])
+    figure.update_xaxes(title="key slot", range=[0, n * block])
     return figure
 
 
