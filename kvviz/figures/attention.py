@@ -52,7 +52,7 @@ def head_map_figure(weights: np.ndarray, block: int, boundaries: list[tuple[int,
         figure.add_annotation(x=slot, y=0, text=label, showarrow=False, yshift=12, font=dict(size=10))
     suffix = f" (max over {block}×{block} blocks)" if block > 1 else ""
     figure.update_layout(title=title + suffix, height=520, **LAYOUT)
-    figure.update_yaxes(autorange="reversed", title="query slot", range=[n * block, 0])
+    figure.update_yaxes(title="query slot", range=[n * block, 0])
     figure.update_xaxes(title="key slot", range=[0, n * block])
     return figure
 
