@@ -15,7 +15,8 @@ def render() -> None:
         if turn["assistant"]:
             st.chat_message("assistant").text(turn["assistant"])
     pending = session.pending_token()
-    left, right = st.columns([3, 1])
+    left, stop, right = st.columns([3, 1, 1])
+    stop.button("Stop", help="Stops generation between two decode steps (the cache stays whole)")
     with right:
         can_step = pending is not None and not session.turn_ended
         if st.button("Step one token", disabled=not can_step, help="Decode exactly one token (teaching mode)"):

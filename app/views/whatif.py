@@ -47,9 +47,13 @@ def render() -> None:
                          column_config={"p": PROB, "Δlogit": st.column_config.NumberColumn(format="%+.4f")})
     texts = [s.text for s in session.transcript.slots[: result.at + 1]]
     rho = result.heads["rho"][result.detail.layer][result.detail.head]
-    st.plotly_chart(figures.alpha_figure(result.detail, texts, rho), key="alpha")
-    st.plotly_chart(figures.head_grid_figure(result.heads), key="heads")
-    st.plotly_chart(figures.hidden_figure(result.hidden_delta), key="hidden")
+    charts = [figures.alpha_figure(result.detail, texts, rho), figures.head_grid_figure(result.heads),
+              figures.hidden_figure(result.hidden_delta)]
+    for name, chart in zip(("alpha", "heads", "hidden"), charts):
+        st.plotly_chart(chart, key=name)  # each chart's toolbar also downloads it as PNG
+    st.download_button("Download these figures (HTML, works offline)",
+                       figures.figures_html(charts, f"kvviz what-if at slot {result.at}"),
+                       file_name=f"kvviz-whatif-slot{result.at}.html", mime="text/html")
     if result.continuation:
         _continuation(result)
     _buttons()
