@@ -57,3 +57,7 @@ tabs = st.tabs(["What-if (full | edited)", "Attention", "Cache growth", "Policie
 for tab, view in zip(tabs, (whatif, attention, growth, policies)):
     with tab:
         guarded(view)
+try:
+    state.autosave(state.document())
+except OSError as exc:  # a full or read-only disk must not take the page down
+    st.caption(f"Autosave failed: {exc}")

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import uuid
+from pathlib import Path
+
 import streamlit as st
 
 from kvviz.draft import EditDraft
+from kvviz.errors import KvvizError
+from kvviz.export import export_session, import_session
+from kvviz.model import cache_root
 from kvviz.session import Sampling, Session
+
+SESSION_ID = re.compile(r"^[0-9a-f]{32}$")  # the ?s= URL parameter; nothing else ever names an autosave file
 
 MEAN = -1  # the "head" setting that means the mean over query heads
 
@@ -13,13 +24,51 @@ DEFAULTS = {"layer": 0, "head": MEAN, "at": None, "max_new_tokens": 48, "large":
 
 
 def init(lm) -> None:
-    """Create what this browser session needs, once (``if key not in st.session_state``)."""
-    if "session" not in st.session_state:
-        st.session_state.session = Session(lm)
-    if "draft" not in st.session_state:
-        st.session_state.draft = EditDraft()
+    """Create what this browser session needs, once (``if key not in st.session_state``); after a page reload the
+    autosaved session of this URL's ``?s=`` id is restored."""
     for key, value in DEFAULTS.items():
         st.session_state.setdefault(key, value)
+    if "session" in st.session_state:
+        return
+    sid = st.query_params.get("s", "")
+    if not SESSION_ID.match(sid):
+        sid = st.query_params["s"] = uuid.uuid4().hex
+    st.session_state.sid = sid
+    st.session_state.session, st.session_state.draft = Session(lm), EditDraft()
+    path = autosave_path(sid)
+    if path.is_file():
+        try:
+            session, draft, view = import_session(lm, json.loads(path.read_text()))
+        except (KvvizError, ValueError) as exc:
+            notify(f"the autosaved session could not be restored: {exc}")
+        else:
+            st.session_state.session, st.session_state.draft = session, draft
+            st.session_state.update({k: v for k, v in view.items() if k in ("layer", "head", "at")})
+
+
+def autosave_path(sid: str) -> Path:
+    """``$KVVIZ_SESSIONS/<id>.json`` (default: ``sessions/`` in kvviz's cache folder)."""
+    folder = os.environ.get("KVVIZ_SESSIONS") or cache_root() / "sessions"
+    return Path(folder) / f"{sid}.json"
+
+
+def document() -> dict:
+    """This browser session as an export document (conversation, edits, view)."""
+    view = {key: st.session_state[key] for key in ("layer", "head", "at")}
+    return export_session(session(), draft(), view)
+
+
+def autosave(doc: dict) -> None:
+    """Write ``doc`` for this URL's id when it changed (atomically: a reload never reads half a file)."""
+    text = json.dumps(doc, ensure_ascii=False)
+    if st.session_state.get("saved") == text or not st.session_state.get("sid"):
+        return
+    path = autosave_path(st.session_state.sid)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_suffix(".tmp")
+    staging.write_text(text)
+    os.replace(staging, path)
+    st.session_state.saved = text
 
 
 def session() -> Session:

@@ -113,6 +113,11 @@ class Edit:
                 raise KvvizError(f"KV head {eviction.heads[-1]} does not exist (the model has {kv_heads})")
         self.keys.check(head_dim)
         self.values.check(head_dim)
+        if at > 0 and self.evictions:
+            kept = (~self.evicted_mask(at, layers, kv_heads)).sum(-1)  # (L, KV) slots left before the step
+            if bool((kept == 0).any()):
+                layer, head = (int(i) for i in (kept == 0).nonzero()[0])
+                raise KvvizError(f"the edit evicts every cached slot of layer {layer}, KV head {head}; keep at least one")
 
     def evicted_mask(self, n: int, layers: int, kv_heads: int, device: torch.device | None = None) -> torch.Tensor:
         """Boolean ``(L, KV, n)``: True where slot ``j`` is evicted from that layer and KV head."""

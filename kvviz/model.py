@@ -68,6 +68,12 @@ class LoadedModel:
         return self.head_dim**-0.5
 
     @property
+    def bytes_per_slot(self) -> int:
+        """Bytes one cached slot costs a session: its K and V in every layer plus its recorded queries."""
+        element = torch.empty((), dtype=self.dtype).element_size()
+        return self.layers * self.head_dim * element * (2 * self.kv_heads + self.heads)
+
+    @property
     def context_window(self) -> int:
         return self.config.max_position_embeddings
 

@@ -6,6 +6,7 @@ pass is atomic: if it fails, the cache, the recorded queries and the transcript 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -46,11 +47,28 @@ class Token:
     text: str
 
 
+def _default_budget() -> int:
+    return int(float(os.environ.get("KVVIZ_MEMORY_BUDGET_MB", "4096")) * 2**20)
+
+
+def _check_unicode(text: str) -> None:
+    """Refuse text that is not valid Unicode (lone surrogates cannot be tokenized)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = text[exc.start]
+        raise KvvizError(f"the message contains U+{ord(bad):04X}, a lone surrogate that is not valid Unicode; "
+                         "remove it") from None
+
+
 class Session:
     """A turn-by-turn conversation on a shared :class:`LoadedModel`."""
 
-    def __init__(self, lm: LoadedModel, sampling: Sampling | None = None):
+    def __init__(self, lm: LoadedModel, sampling: Sampling | None = None, memory_budget: int | None = None):
+        """``memory_budget``: bytes of cache + recorded queries this session may hold (default: the
+        ``KVVIZ_MEMORY_BUDGET_MB`` environment variable, else 4096 MiB); a turn or step beyond it is refused."""
         self.lm = lm
+        self.memory_budget = memory_budget if memory_budget is not None else _default_budget()
         self.sampling = sampling or Sampling()
         self.transcript = Transcript()
         self.cache = DynamicCache(config=lm.model.config)
@@ -75,6 +93,7 @@ class Session:
         """
         if not isinstance(text, str) or not text.strip():
             raise KvvizError("the message is empty; type some text")
+        _check_unicode(text)
         messages = self.messages + self._reply_message() + [{"role": "user", "content": text}]
         delta = self._chat_delta(messages)
         self._check_room(len(delta))
@@ -115,6 +134,18 @@ class Session:
         left = self.lm.context_window - self.transcript.next_position
         if count > left:
             raise KvvizError(f"the message needs {count} tokens but only {left} are left in the context window")
+        needed = (len(self) + count) * self.lm.bytes_per_slot
+        if self.memory_budget is not None and needed > self.memory_budget:
+            raise KvvizError(f"this would hold {needed / 2**20:.0f} MiB of cache and recorded queries, over this "
+                             f"session's budget of {self.memory_budget / 2**20:.0f} MiB (KVVIZ_MEMORY_BUDGET_MB)")
+
+    def has_room(self, count: int) -> bool:
+        """Whether ``count`` more tokens fit the context window and the memory budget."""
+        try:
+            self._check_room(count)
+        except KvvizError:
+            return False
+        return True
 
     def _begin_turn(self, user: str) -> None:
         if self.turns:
@@ -135,6 +166,7 @@ class Session:
             raise KvvizError("nothing to decode yet: add a turn first")
         if self.transcript.next_position >= self.lm.context_window:
             raise KvvizError("the context window is full")
+        self._check_room(1)
         self._forward([self.pending], "decode")
         return self._token(self.pending)
 
@@ -184,7 +216,7 @@ class Session:
         """
         for _ in range(max_new_tokens):
             if self._announced == len(self.produced):  # the pending token was shown already: decode it
-                if self.turn_ended or self.transcript.next_position >= self.lm.context_window:
+                if self.turn_ended or not self.has_room(1):
                     return
                 self.step()
             if self.turn_ended:

@@ -3,6 +3,7 @@ side-by-side numbers change; hostile text shows literally and runs nothing."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -98,5 +99,33 @@ def test_hostile_text_is_shown_literally_and_runs_nothing(page):
     assert "<img" in strip_text and "<script>" in strip_text and "**" in strip_text and "$x$" in strip_text.replace(" ", "")
     assert page.locator("img[src=x]").count() == 0
     assert page.locator(".kv-strip script, [data-testid=stChatMessage] script").count() == 0
+    assert page.locator("[data-testid=stChatMessage] strong, [data-testid=stChatMessage] .katex").count() == 0
+    assert page.dialogs == []
+
+
+def test_hostile_model_output_is_shown_literally(page, lm, tmp_path):
+    """A session whose *generated* text is the payload, imported through the sidebar."""
+    from kvviz.draft import EditDraft
+    from kvviz.export import export_session
+    from kvviz.session import Session
+
+    session = Session(lm)
+    session.add_user_turn("Show me some markup.")
+    for index, token in enumerate(lm.tokenizer.encode(PAYLOAD, add_special_tokens=False) + [2]):
+        if index:
+            session.step()
+        session.force(token)
+    session.set_announced(len(session.produced) - 1)
+    path = tmp_path / "hostile.json"
+    path.write_text(json.dumps(export_session(session, EditDraft())))
+    page.locator("[data-testid=stFileUploaderDropzoneInput]").set_input_files(str(path))
+    page.get_by_role("button", name="Load it").click()
+    page.wait_for_function(
+        "[...document.querySelectorAll('[data-testid=stChatMessage]')].some(m => m.innerText.includes('Show me some'))",
+        timeout=180_000)
+    page.wait_for_timeout(1500)
+    replies = page.locator("[data-testid=stChatMessage]").all_inner_texts()
+    assert any(PAYLOAD in text for text in replies)
+    assert page.locator("img[src=x]").count() == 0
     assert page.locator("[data-testid=stChatMessage] strong, [data-testid=stChatMessage] .katex").count() == 0
     assert page.dialogs == []

@@ -8,7 +8,7 @@ import streamlit as st
 
 from app import state
 from kvviz.errors import KvvizError
-from kvviz.export import export_session, import_session
+from kvviz.export import import_session
 from kvviz.scenarios import load_scenarios, run_scenario, toy_example
 from kvviz.session import Sampling
 
@@ -51,8 +51,8 @@ def _scenarios(lm) -> None:
 
 def _export_import(lm) -> None:
     st.subheader("Save and share")
-    view = {"layer": st.session_state.layer, "head": st.session_state.head, "at": st.session_state.at}
-    document = export_session(state.session(), state.draft(), view)
+    document = state.document()
+    st.caption("Saved automatically: reloading this page restores it.")
     st.download_button("Export session (JSON)", json.dumps(document, ensure_ascii=False, indent=1),
                        file_name="kvviz-session.json", mime="application/json")
     upload = st.file_uploader("Import session", type=["json"], key="import_file")

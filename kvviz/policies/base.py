@@ -46,6 +46,8 @@ class Policy:
         keep = slots_kept(budget, at)
         if keep >= at:
             return Edit()
+        if keep == 0:
+            raise KvvizError("the budget keeps no slot; keep at least one")
         scores = self.scores(session, at, keep).float()
         layers, heads, _ = scores.shape
         order = torch.argsort(scores, dim=-1, descending=True, stable=True)  # ties: the earlier slot is kept

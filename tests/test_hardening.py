@@ -1,0 +1,125 @@
+"""Hardening: hostile and unusual input, budgets, concurrent sessions on one model, reload restores the session."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+
+from kvviz.draft import EditDraft
+from kvviz.edits import Edit
+from kvviz.errors import KvvizError
+from kvviz.policies import POLICIES
+from kvviz.session import Session
+from kvviz.views import strip_chips
+from kvviz.whatif import what_if
+
+APP = str(Path(__file__).resolve().parents[1] / "app" / "main.py")
+
+
+def snapshot(session: Session) -> tuple:
+    return (session.transcript.ids, session.cache.get_seq_length(), session.pending, session.version,
+            [dict(t) for t in session.turns])
+
+
+@pytest.mark.parametrize("text", ["emoji 😀👍🏽 and a flag 🇫🇷", "RTL שלום עולם مرحبا بالعالم",
+                                  "zero\u200bwidth\u200djoiner\ufeffbom", "combining e\u0301 and CJK 漢字"])
+def test_unusual_text_works_and_chips_stay_aligned(lm, text):
+    session = Session(lm)
+    session.add_user_turn(text)
+    session.generate(3)
+    chips = strip_chips(session, EditDraft(), len(session) - 1, 0, None)
+    assert [c[0] for c in chips] == list(range(len(session)))
+    assert [c[1] for c in chips] == [s.text for s in session.transcript.slots]
+    visible = "".join(c[1] for c in chips)
+    for word in text.split():
+        if word.isascii():
+            assert word in visible
+
+
+def test_lone_surrogate_is_refused_and_nothing_changes(lm):
+    session = Session(lm)
+    session.add_user_turn("Hello")
+    before = snapshot(session)
+    with pytest.raises(KvvizError, match="lone surrogate"):
+        session.add_user_turn("bad \ud800 text")
+    assert snapshot(session) == before
+
+
+def test_evicting_every_slot_of_a_head_is_refused(lm):
+    session = Session(lm)
+    session.add_user_turn("Hi there")
+    at = len(session) - 1
+    with pytest.raises(KvvizError, match="every cached slot of layer 4, KV head 1"):
+        what_if(session, Edit.evict(range(at), layers=[4], heads=[1]), at=at)
+    with pytest.raises(KvvizError, match="every cached slot"):
+        session.commit(Edit.evict(range(len(session))))
+    with pytest.raises(KvvizError, match="keeps no slot"):
+        POLICIES["h2o"]().edit(session, 0)
+    assert not session.commits.stack
+
+
+def test_memory_budget_refuses_and_stops_generation(lm):
+    per_slot = lm.bytes_per_slot
+    session = Session(lm, memory_budget=40 * per_slot)
+    with pytest.raises(KvvizError, match="over this session's budget"):
+        session.add_user_turn("word " * 60)
+    assert len(session) == 0
+    session.add_user_turn("Count to ten:")  # ~31 tokens with the system prompt
+    session.generate(64)
+    assert len(session) == 40 or session.turn_ended  # generation stopped at the budget, without an error
+    assert len(session) <= 40 and not session.has_room(41 - len(session))
+
+
+def test_three_concurrent_sessions_equal_sequential_ones(lm):
+    prompts = ["Name a fruit.", "What is 2 + 2?", "Say something about the sea."]
+
+    def converse(prompt: str) -> tuple[list[int], torch.Tensor]:
+        session = Session(lm)
+        session.add_user_turn(prompt)
+        session.generate(8)
+        session.add_user_turn("Thanks!")
+        session.generate(4)
+        return session.transcript.ids, session.weights(7, len(session) - 1)
+
+    sequential = [converse(p) for p in prompts]
+    results: dict[int, tuple] = {}
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, converse(prompts[i]))) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=600)
+    for i, (ids, weights) in enumerate(sequential):
+        assert results[i][0] == ids
+        assert torch.allclose(results[i][1], weights, atol=1e-6, rtol=0)
+
+
+def test_reload_restores_the_last_session(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVVIZ_SESSIONS", str(tmp_path))
+    app = AppTest.from_file(APP, default_timeout=300).run()
+    app.chat_input[0].set_value("Remember the number 42.").run()
+    app.session_state["draft"].toggle_evicted(4)
+    app.run()
+    sid = app.query_params["s"]
+    assert (tmp_path / f"{sid}.json").is_file()
+    original = app.session_state["session"]
+    reloaded = AppTest.from_file(APP, default_timeout=300)
+    reloaded.query_params["s"] = sid
+    reloaded.run()
+    assert not reloaded.exception
+    restored = reloaded.session_state["session"]
+    assert restored.transcript.ids == original.transcript.ids
+    assert torch.equal(restored.logits, original.logits)
+    assert reloaded.session_state["draft"].evicted == {4}
+
+
+def test_foreign_session_id_never_names_a_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVVIZ_SESSIONS", str(tmp_path))
+    app = AppTest.from_file(APP, default_timeout=300)
+    app.query_params["s"] = "../../etc/passwd"
+    app.run()
+    assert not app.exception
+    assert app.query_params["s"] != "../../etc/passwd" and len(app.query_params["s"]) == 32
