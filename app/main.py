@@ -31,13 +31,15 @@ def guarded(view) -> None:
     except KvvizError as exc:
         st.warning(str(exc))
     except Exception as exc:  # noqa: BLE001 — the page must stay up in front of an audience
-        st.error(f"{view.__name__.rsplit('.', 1)[-1]} view failed: {type(exc).__name__}: {exc}")
+        st.warning(f"The {view.__name__.rsplit('.', 1)[-1]} view could not be drawn ({type(exc).__name__}: {exc}); "
+                   "the session is unchanged.")
 
 
 try:
-    lm = shared_model(os.environ.get("KVVIZ_MODEL"))
+    lm = shared_model(st.session_state.get("model_path") or os.environ.get("KVVIZ_MODEL"))
 except KvvizError as exc:
-    st.error(str(exc))
+    st.session_state.pop("model_path", None)  # a bad path chosen in the page: back to the default next run
+    st.warning(str(exc))
     st.stop()
 
 state.init(lm)

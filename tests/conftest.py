@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from kvviz.model import LoadedModel, load_model, resolve_checkpoint
+
+# the app autosaves sessions; tests keep theirs out of the user's cache folder
+os.environ.setdefault("KVVIZ_SESSIONS", tempfile.mkdtemp(prefix="kvviz-test-sessions-"))
 
 
 @pytest.fixture(scope="session")

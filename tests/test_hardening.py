@@ -123,3 +123,23 @@ def test_foreign_session_id_never_names_a_file(tmp_path, monkeypatch):
     app.run()
     assert not app.exception
     assert app.query_params["s"] != "../../etc/passwd" and len(app.query_params["s"]) == 32
+
+
+def test_server_is_safe_by_default():
+    import tomllib
+
+    config = tomllib.loads((Path(APP).parents[1] / ".streamlit" / "config.toml").read_text())
+    assert config["server"]["address"] == "127.0.0.1"
+    assert config["server"]["enableXsrfProtection"] is True
+    assert config["browser"]["gatherUsageStats"] is False
+
+
+def test_group_size_that_does_not_divide_is_an_inline_warning(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVVIZ_SESSIONS", str(tmp_path))
+    app = AppTest.from_file(APP, default_timeout=300).run()
+    app.chat_input[0].set_value("Hi").run()
+    app.number_input(key="group").set_value(5).run()
+    assert not app.exception and not app.error
+    assert any("does not divide the head dimension 64" in w.value for w in app.warning)
+    app.number_input(key="group").set_value(16).run()
+    assert not any("does not divide" in w.value for w in app.warning)

@@ -8,6 +8,7 @@ import streamlit as st
 from app import state
 from app.components.strip import clicked, token_strip
 from kvviz.errors import KvvizError
+from kvviz.quant import Quantizer
 from kvviz.views import strip_chips
 
 BITS = [16, 8, 4, 3, 2]
@@ -49,6 +50,21 @@ def _travel() -> None:
     st.session_state.at = None if chosen == newest else chosen
 
 
+def _quantizer_settings(draft, head_dim: int) -> None:
+    with st.expander("Quantizer settings (default KIVI: keys per channel, values per token)"):
+        cols = st.columns(4)
+        key_axis = cols[0].selectbox("Keys", ["channel", "token"], key="key_axis")
+        value_axis = cols[1].selectbox("Values", ["token", "channel"], key="value_axis")
+        group = cols[2].number_input(f"Group size (channels; 0 = all {head_dim})", 0, head_dim, 0, key="group")
+        symmetric = cols[3].toggle("Symmetric", key="symmetric")
+        try:
+            draft.keys = Quantizer(key_axis, int(group) or None, symmetric)
+            draft.values = Quantizer(value_axis, int(group) or None, symmetric)
+            draft.keys.check(head_dim)
+        except KvvizError as exc:
+            st.warning(str(exc))
+
+
 def _picker(draft, session, at) -> None:
     cols = st.columns([1, 1, 2, 2, 2, 2])
     key_bits = cols[0].selectbox("K bits", BITS, index=2, key="pick_k")
@@ -64,6 +80,7 @@ def _picker(draft, session, at) -> None:
         draft.evict_many(this_turn)
     if cols[5].button("Clear edit"):
         draft.clear()
+    _quantizer_settings(draft, session.lm.head_dim)
     try:
         summary = draft.edit(at)
     except KvvizError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import streamlit as st
 
@@ -19,6 +20,13 @@ def render() -> None:
     with st.sidebar:
         st.caption(f"**Model** {lm.name}")
         st.caption(f"**Device** {lm.device_label}")
+        if os.environ.get("KVVIZ_ALLOW_MODEL_PATHS") == "1":  # off by default: the page cannot make the server read paths
+            path = st.text_input("Model path (checkpoint folder or .gguf on the server)")
+            if path and st.button("Load this model"):
+                st.session_state.model_path = path
+                for key in ("session", "draft"):
+                    st.session_state.pop(key, None)
+                st.rerun()
         st.toggle("Presentation mode (large type)", key="large")
         st.slider("Max new tokens", 1, 512, key="max_new_tokens")
         with st.expander("Sampling"):
