@@ -84,6 +84,13 @@ def run_prepare(args: argparse.Namespace) -> None:
     print(f"ready: {lm.name} on {lm.device_label}")
 
 
+def run_bench(args: argparse.Namespace) -> None:
+    from kvviz.bench import run, table
+
+    report = run(quick=args.quick, browser=not args.no_browser)
+    print(json.dumps(report) if args.json else table(report))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m kvviz", description="See and edit the KV cache of a real model.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -97,6 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_chat_arguments(whatif)
     cli_whatif.add_arguments(whatif)
     whatif.set_defaults(run=cli_whatif.run_whatif)
+    bench = commands.add_parser("bench", help="benchmark against plain transformers (ratios, targets, pass/fail)")
+    bench.add_argument("--json", action="store_true")
+    bench.add_argument("--quick", action="store_true", help="no 4k contexts and no browser rows")
+    bench.add_argument("--no-browser", action="store_true", help="skip the browser rows")
+    bench.set_defaults(run=run_bench)
     return parser
 
 

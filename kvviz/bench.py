@@ -1,0 +1,175 @@
+"""``python -m kvviz bench``: kvviz against plain transformers, measured side by side in one run.
+
+Every row is a ratio of medians (≥ 5 repeats after a warm-up) of kvviz's operation and a plain-transformers baseline
+measured right beside it on the same machine, so machine noise cancels as far as it can. Browser rows are absolute
+seconds (there is no baseline for a click). Targets come from the Performance issue.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from kvviz import cache as kv_cache
+from kvviz.edits import Edit
+from kvviz.model import load_model, resolve_checkpoint
+from kvviz.session import Session
+from kvviz.whatif import what_if
+
+
+@dataclass
+class Row:
+    name: str
+    ratio: float
+    target: float
+    higher_is_better: bool
+    ok: bool
+    detail: str
+
+
+def median_time(action: Callable[[], object], repeats: int, setup: Callable[[], object] | None = None) -> float:
+    """Median wall time of ``action`` over ``repeats`` runs after one warm-up; ``setup`` runs untimed before each."""
+    times = []
+    for index in range(repeats + 1):
+        state = setup() if setup else None
+        gc.collect()
+        start = time.perf_counter()
+        action() if state is None else action(state)  # type: ignore[call-arg]
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        if index:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def row(name: str, ours: float, theirs: float, target: float, higher_is_better: bool = False, unit: str = "s") -> Row:
+    ratio = ours / theirs
+    ok = ratio >= target if higher_is_better else ratio <= target
+    return Row(name, ratio, target, higher_is_better, ok, f"kvviz {ours:.4g} {unit} vs plain {theirs:.4g} {unit}")
+
+
+def token_ids(lm, count: int) -> list[int]:
+    """A deterministic prompt of ``count`` ordinary tokens (text repeated and tokenized, then cut)."""
+    text = "The key-value cache stores the keys and values of every processed token. " * (count // 10 + 1)
+    return lm.tokenizer.encode(text, add_special_tokens=False)[:count]
+
+
+class Bench:
+    def __init__(self, repeats: int):
+        self.repeats = repeats
+        self.lm = load_model()
+        folder, _ = resolve_checkpoint(None)
+        self.folder = folder
+        self.plain = AutoModelForCausalLM.from_pretrained(folder, dtype=self.lm.dtype, attn_implementation="sdpa")
+        self.plain.to(self.lm.device).eval().requires_grad_(False)
+
+    def load(self) -> Row:
+        ours = median_time(lambda: load_model(), self.repeats)
+        theirs = median_time(lambda: (AutoTokenizer.from_pretrained(self.folder), AutoModelForCausalLM.from_pretrained(
+            self.folder, dtype=self.lm.dtype, attn_implementation="sdpa").to(self.lm.device)), self.repeats)
+        return row("load", ours, theirs, 1.2)
+
+    def prefill(self, count: int) -> Row:
+        ids = token_ids(self.lm, count)
+        tensor = torch.tensor([ids], device=self.lm.device)
+
+        def plain() -> None:
+            with torch.no_grad():
+                self.plain(input_ids=tensor, cache=DynamicCache(config=self.plain.config), use_cache=True, logits_to_keep=1)
+
+        ours = median_time(lambda: Session(self.lm).add_ids(ids), self.repeats)
+        theirs = median_time(plain, self.repeats)
+        return row(f"prefill {count}", ours, theirs, 1.3)
+
+    def generate(self, count: int = 64) -> Row:
+        ids = token_ids(self.lm, 32)
+
+        def ours(session: Session) -> None:
+            for _ in range(count - 1):  # the prefill chose the first token; each step decodes one more
+                session.step()
+
+        def prefilled() -> Session:
+            session = Session(self.lm)
+            session.add_ids(ids)
+            return session
+
+        tensor = torch.tensor([ids], device=self.lm.device)
+        theirs = median_time(lambda: self.plain.generate(tensor, max_new_tokens=count, min_new_tokens=count,
+                                                         do_sample=False, pad_token_id=2), self.repeats)
+        prefill = median_time(lambda: Session(self.lm).add_ids(ids), self.repeats)
+        steps = median_time(ours, self.repeats, setup=prefilled)
+        ours_rate, theirs_rate = count / (prefill + steps), count / theirs
+        return row(f"generate {count}", ours_rate, theirs_rate, 0.85, higher_is_better=True, unit="tok/s")
+
+    def _context(self, count: int) -> Session:
+        session = Session(self.lm)
+        session.add_ids(token_ids(self.lm, count))
+        return session
+
+    def _plain_step(self, session: Session) -> float:
+        at = len(session) - 1
+        prefix = [tuple(t[:, :, :at] for t in kv_cache.layer_kv(session.cache, layer)) for layer in range(self.lm.layers)]
+        slot = session.transcript.slots[at]
+
+        def step(cache) -> None:
+            with torch.no_grad():
+                self.plain(input_ids=torch.tensor([[slot.id]], device=self.lm.device), cache=cache, use_cache=True,
+                           position_ids=torch.tensor([[slot.position]], device=self.lm.device), logits_to_keep=1)
+
+        return median_time(step, self.repeats, setup=lambda: kv_cache.build(self.plain.config, prefix))
+
+    def whatif(self, count: int, quantize: bool = False) -> Row:
+        session = self._context(count)
+        at = len(session) - 1
+        edit = Edit.quantize(range(at), 4) if quantize else Edit.evict(range(at // 2, at // 2 + 10))
+        ours = median_time(lambda: what_if(session, edit), self.repeats)
+        name = f"whatif {'quant' if quantize else 'evict'} {count}"
+        return row(name, ours, self._plain_step(session), 1.5 if quantize else 1.3)
+
+    def memory(self, count: int) -> Row:
+        usage = self._context(count).memory()
+        ratio = usage["recorded_bytes"] / usage["kv_bytes"]
+        return Row(f"memory {count}", ratio, 2.0, False, ratio <= 2.0,
+                   f"recorded {usage['recorded_bytes']:,} B vs KV cache {usage['kv_bytes']:,} B")
+
+
+def machine() -> dict:
+    return {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+            "cpus": os.cpu_count(), "threads": torch.get_num_threads(),
+            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
+
+
+def run(quick: bool = False, browser: bool = True) -> dict:
+    """All rows; ``quick`` drops the 4k contexts and the browser rows."""
+    bench = Bench(repeats=5)
+    contexts = (256, 1024) if quick else (256, 1024, 4096)
+    rows = [bench.load(), *(bench.prefill(n) for n in contexts), bench.generate(),
+            bench.whatif(1024), *([] if quick else [bench.whatif(4096)]), bench.whatif(1024, quantize=True),
+            bench.memory(1024 if quick else 4096)]
+    if browser and not quick:
+        from kvviz.bench_browser import browser_rows
+
+        rows += browser_rows(bench.lm)
+    return {"rows": [asdict(r) for r in rows], "machine": machine() | {"model": bench.lm.name,
+                                                                         "dtype": str(bench.lm.dtype)}}
+
+
+def table(report: dict) -> str:
+    """The report as a Markdown table (the README shows it)."""
+    lines = ["| row | ratio | target | ok | detail |", "|---|---|---|---|---|"]
+    for r in report["rows"]:
+        sign = "≥" if r["higher_is_better"] else "≤"
+        lines.append(f"| {r['name']} | {r['ratio']:.2f} | {sign} {r['target']} | {'yes' if r['ok'] else 'NO'} | "
+                     f"{r['detail']} |")
+    m = report["machine"]
+    lines.append(f"\nMachine: {m['platform']}, {m['cpus']} CPUs ({m['threads']} torch threads), {m['device']}, "
+                 f"torch {m['torch']}, {m['model']} in {m['dtype']}.")
+    return "\n".join(lines)
