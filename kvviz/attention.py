@@ -36,11 +36,13 @@ def scores(query: torch.Tensor, keys: torch.Tensor, scaling: float) -> torch.Ten
 
 
 def causal_weights(
-    query: torch.Tensor, keys: torch.Tensor, scaling: float, evicted: torch.Tensor | None = None
+    query: torch.Tensor, keys: torch.Tensor, scaling: float, evicted: torch.Tensor | None = None,
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Softmax weights ``(H, q, n)`` where query row ``i`` is the slot ``n - q + i`` and sees slots ``0..n-q+i``,
-    except those ``evicted`` (bool ``(KV, n)``, per KV head)."""
+    except those ``evicted`` (bool ``(KV, n)``, per KV head). ``dtype`` (e.g. float64) for the softmax."""
     s = scores(query, keys, scaling)
+    s = s if dtype is None else s.to(dtype)
     q_len, n = s.shape[-2:]
     hidden = torch.arange(n, device=s.device)[None, :] > torch.arange(q_len, device=s.device)[:, None] + (n - q_len)
     if evicted is not None:
@@ -68,12 +70,15 @@ def renormalized(alpha: torch.Tensor, evicted: torch.Tensor) -> torch.Tensor:
 def output(alpha: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """``o = Σ_j α_j v_j``: ``alpha`` ``(..., n)``, ``values`` ``(..., n, D)`` → ``(..., D)``.
 
-    GQA: ``alpha`` ``(H, n)`` with ``values`` ``(KV, n, D)`` is computed per KV group → ``(H, D)``."""
+    GQA: ``alpha`` ``(H, n)`` with ``values`` ``(KV, n, D)`` is computed per KV group → ``(H, D)``.
+    Computed in the values' precision (float64 values keep everything in float64)."""
+    values = _float(values)
+    alpha = _float(alpha).to(values.dtype)
     if alpha.dim() == 2 and values.dim() == 3 and values.shape[0] != alpha.shape[0]:
         kv = values.shape[0]
-        grouped = _float(alpha).reshape(kv, -1, alpha.shape[-1]) @ _float(values)  # (KV, G, D)
+        grouped = alpha.reshape(kv, -1, alpha.shape[-1]) @ values  # (KV, G, D)
         return grouped.reshape(alpha.shape[0], -1)
-    return (_float(alpha)[..., None, :] @ _float(values)).squeeze(-2)
+    return (alpha[..., None, :] @ values).squeeze(-2)
 
 
 def evicted_output(o: torch.Tensor, alpha: torch.Tensor, values: torch.Tensor, evicted: torch.Tensor) -> torch.Tensor:
@@ -91,5 +96,5 @@ def quantization_split(
     ``alpha``, ``alpha_hat`` ``(..., n)``; ``values``, ``values_hat`` ``(..., n, D)`` → two ``(..., D)``.
     """
     weight_term = output(_float(alpha_hat) - _float(alpha), values)
-    content_term = output(alpha_hat, _float(values_hat) - _float(values))
+    content_term = output(alpha_hat, _float(values_hat) - _float(values).to(_float(values_hat).dtype))
     return weight_term, content_term

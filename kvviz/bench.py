@@ -126,12 +126,15 @@ class Bench:
 
         return median_time(step, self.repeats, setup=lambda: kv_cache.build(self.plain.config, prefix))
 
-    def whatif(self, count: int, quantize: bool = False) -> Row:
+    def whatif(self, count: int, quantize: bool = False, cold: bool = False) -> Row:
+        """A what-if at the newest slot. Warm (the interactive path): the full run of that step is already kept by
+        the session, as after the first click. Cold: the session's memo is cleared before each run."""
         session = self._context(count)
         at = len(session) - 1
         edit = Edit.quantize(range(at), 4) if quantize else Edit.evict(range(at // 2, at // 2 + 10))
-        ours = median_time(lambda: what_if(session, edit), self.repeats)
-        name = f"whatif {'quant' if quantize else 'evict'} {count}"
+        ours = median_time(lambda _: what_if(session, edit), self.repeats,
+                           setup=(lambda: session.memo.clear() or True) if cold else (lambda: True))
+        name = f"whatif {'quant' if quantize else 'evict'} {count}{' cold' if cold else ''}"
         return row(name, ours, self._plain_step(session), 1.5 if quantize else 1.3)
 
     def memory(self, count: int) -> Row:
@@ -152,7 +155,8 @@ def run(quick: bool = False, browser: bool = True) -> dict:
     bench = Bench(repeats=5)
     contexts = (256, 1024) if quick else (256, 1024, 4096)
     rows = [bench.load(), *(bench.prefill(n) for n in contexts), bench.generate(),
-            bench.whatif(1024), *([] if quick else [bench.whatif(4096)]), bench.whatif(1024, quantize=True),
+            bench.whatif(1024), bench.whatif(1024, cold=True), *([] if quick else [bench.whatif(4096)]),
+            bench.whatif(1024, quantize=True),
             bench.memory(1024 if quick else 4096)]
     if browser and not quick:
         from kvviz.bench_browser import browser_rows

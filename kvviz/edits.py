@@ -142,11 +142,12 @@ class Edit:
     def quantized(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """New ``(KV, n, D)`` keys and values with each slot fake-quantized at its bit-width (slots sharing a
         bit-width are quantized together, which matters for per-channel scales)."""
-        return self.quantized_keys(keys), self._quantize(values, self.bits("value", values.shape[1]), self.values)
+        values_out = self._quantize(values, self.bits("value", values.shape[1]), self.values) if self.value_bits else values
+        return self.quantized_keys(keys), values_out
 
     def quantized_keys(self, keys: torch.Tensor) -> torch.Tensor:
         """New ``(KV, n, D)`` keys with each slot fake-quantized at its key bit-width."""
-        return self._quantize(keys, self.bits("key", keys.shape[1]), self.keys)
+        return self._quantize(keys, self.bits("key", keys.shape[1]), self.keys) if self.key_bits else keys
 
     @staticmethod
     def _quantize(x: torch.Tensor, bits: list[int], quantizer: Quantizer) -> torch.Tensor:

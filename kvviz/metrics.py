@@ -48,27 +48,28 @@ def total_variation(full_logits: torch.Tensor, edited_logits: torch.Tensor) -> f
     return float((p - q).abs().sum() / 2)
 
 
-def ranks(logits: torch.Tensor) -> torch.Tensor:
-    """Rank of every token (0 = most likely) ``(V,)``; ties broken by token id, as ``argmax`` does."""
-    order = torch.argsort(-logits.double(), stable=True)
-    result = torch.empty_like(order)
-    result[order] = torch.arange(order.numel(), device=order.device)
-    return result
+def ranks_of(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Rank (0 = most likely) of each token in ``ids`` under ``logits`` ``(V,)``; ties broken by token id, as
+    ``argmax`` does: the number of tokens with a larger logit, or an equal logit and a smaller id."""
+    mine = logits[ids][:, None]
+    vocab = torch.arange(logits.numel(), device=logits.device)[None, :]
+    return ((logits[None, :] > mine) | ((logits[None, :] == mine) & (vocab < ids[:, None]))).sum(1)
 
 
 def compare(full_logits: torch.Tensor, edited_logits: torch.Tensor, k: int, text: Callable[[int], str]) -> NextToken:
     """Top-``k`` of both distributions side by side. ``text`` maps a token id to its piece."""
     full_logits, edited_logits = full_logits.double().cpu(), edited_logits.double().cpu()
     p, q = torch.softmax(full_logits, -1), torch.softmax(edited_logits, -1)
-    rank_p, rank_q = ranks(full_logits), ranks(edited_logits)
 
     def table(probs: torch.Tensor, own: torch.Tensor, other: torch.Tensor) -> list[Candidate]:
-        top = torch.argsort(own)[:k]  # the ids of ranks 0..k-1
-        return [Candidate(int(i), text(int(i)), float(probs[i]), int(own[i]), int(other[i]),
-                          float(edited_logits[i] - full_logits[i])) for i in top]
+        top = torch.topk(own, k).indices  # then ordered exactly by rank (ties by id)
+        rank_own, rank_other = ranks_of(own, top), ranks_of(other, top)
+        order = torch.argsort(rank_own)
+        return [Candidate(int(top[i]), text(int(top[i])), float(probs[top[i]]), int(rank_own[i]), int(rank_other[i]),
+                          float(edited_logits[top[i]] - full_logits[top[i]])) for i in order]
 
     return NextToken(
-        full=table(p, rank_p, rank_q), edited=table(q, rank_q, rank_p),
+        full=table(p, full_logits, edited_logits), edited=table(q, edited_logits, full_logits),
         kl=kl_divergence(full_logits, edited_logits), tv=total_variation(full_logits, edited_logits),
-        top1_changed=bool(rank_p.argmin() != rank_q.argmin()),
+        top1_changed=int(full_logits.argmax()) != int(edited_logits.argmax()),
     )

@@ -83,6 +83,7 @@ class Session:
         self._generator = torch.Generator().manual_seed(self.sampling.seed)
         self.commits = CommitLog(self.cache, lm.layers, lm.kv_heads)
         self.version = 0  # bumped by every change of the cache (views key their caches on it)
+        self.memo: dict = {}  # derived data kept by views (e.g. the what-if's full run), keyed on ``version``
 
     # --- turns -----------------------------------------------------------------------------------------------
 

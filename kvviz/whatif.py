@@ -1,7 +1,8 @@
 """What-if at a step (seed §10–§16): re-run the real decode step of one slot on its cache as it stood then, once
 unedited ("full") and once with an Edit applied to a copy ("edited"), and measure the difference.
 
-The two runs are separate passes at the slot's true absolute position, so an edit that changes nothing changes no bit. Evicted
+The two runs are separate passes at the slot's true absolute position, so an edit that changes nothing changes no bit;
+the full run is kept per session until its cache changes, so trying edit after edit re-runs only the edited pass. Evicted
 slots are hidden from row 1 per (layer, KV head) by the probe; this equals removing them (tested to 1e-4). The probe
 also computes, per layer and query head, the evicted mass ρ and the *isolated* change of the attention output (the
 full-cache query with the edited cache: the closed form of §10, or the two-term split of §12 when quantizing), while
@@ -74,13 +75,15 @@ class FullStepProbe(Probe):
 
     def __init__(self, hidden: torch.Tensor | None, scaling: float):
         self.hidden, self.scaling = hidden, scaling
-        self.queries, self.own_kv, self.alpha, self.outputs = [], [], [], []
+        self.queries, self.own_kv, self.values, self.alpha, self.outputs = [], [], [], [], []
 
     def on_query(self, layer, query, key, value):
         hidden = None if self.hidden is None else self.hidden[layer]
         self.queries.append(query[0])  # (H, 1, D)
         self.own_kv.append((key[0, :, -1:], value[0, :, -1:]))  # (KV, 1, D): this step's own K/V
-        self.alpha.append(math.causal_weights(query[0].double(), key[0].double(), self.scaling, hidden)[:, 0])  # (H, n)
+        self.values.append(value[0])  # (KV, n, D): the whole cache after the update (a reference, not a copy)
+        alpha = math.causal_weights(query[0], key[0], self.scaling, hidden, dtype=torch.float64)[:, 0]  # (H, n)
+        self.alpha.append(alpha)
         return None if hidden is None else ~hidden[None]
 
     def on_output(self, layer, output):
@@ -90,9 +93,9 @@ class FullStepProbe(Probe):
 class EditedStepProbe(Probe):
     """The edited run: hides evicted slots and measures, per layer, ρ and the isolated vs propagated Δo."""
 
-    def __init__(self, full: FullStepProbe, full_prefix: list, hidden: torch.Tensor, new: torch.Tensor,
-                 quantizes: bool, detail: tuple[int, int], masked: bool):
-        self.full, self.full_prefix, self.hidden, self.new, self.masked = full, full_prefix, hidden, new, masked
+    def __init__(self, full: FullStepProbe, hidden: torch.Tensor, new: torch.Tensor, quantizes: bool,
+                 detail: tuple[int, int], masked: bool):
+        self.full, self.hidden, self.new, self.masked = full, hidden, new, masked
         self.quantizes, self.detail = quantizes, detail
         self.maps: dict[str, list[torch.Tensor]] = {name: [] for name in MEASURED + ("delta_propagated",)}
         self.detail_rows: dict[str, torch.Tensor] = {}
@@ -100,24 +103,29 @@ class EditedStepProbe(Probe):
     def on_query(self, layer, query, key, value):
         full, heads = self.full, query.shape[1]
         hidden, new = self.hidden[layer], math.expand_kv(self.new[layer][:, None, :], heads)[:, 0]  # new: (H, n)
-        prefix_keys, prefix_values = self.full_prefix[layer]
-        own_key, own_value = full.own_kv[layer]
-        # float64 throughout: ρ can be within float32 rounding of 1 for heads that sit on an attention sink
-        values = torch.cat([prefix_values, own_value], 1).double()  # (KV, n, D) full cache
-        values_hat = value[0].double()  # (KV, n, D) edited cache
+        # weights in float64 (ρ can be within float32 rounding of 1 for heads on an attention sink); value products
+        # in the cache's precision
+        values, values_hat = full.values[layer], value[0]  # (KV, n, D) full and edited cache
+        if self.quantizes:  # the two-term split is reported term by term: keep it in float64, like the weights
+            values, values_hat = values.double(), values_hat.double()
         alpha = full.alpha[layer]
-        alpha_hat = math.causal_weights(full.queries[layer].double(), key[0].double(), full.scaling, hidden)[:, 0]
-        weight, content = math.quantization_split(alpha, alpha_hat, values, values_hat)
+        alpha_hat = math.causal_weights(full.queries[layer], key[0], full.scaling, hidden, dtype=torch.float64)[:, 0]
         full_out = math.output(alpha, values)
-        isolated = weight + content  # §12 split; with eviction alone, the closed form of §10 below is the same
-        if not self.quantizes and float(math.evicted_mass(alpha, new).max()) < 1:
-            isolated = math.evicted_output(full_out, alpha, values, new) - full_out
+        if self.quantizes:
+            weight, content = math.quantization_split(alpha, alpha_hat, values, values_hat)
+            isolated = weight + content
+        else:  # the seed's closed form o′ = (o − Σ α_e v_e)/(1 − ρ); nothing changed in content
+            if float(math.evicted_mass(alpha, new).max()) < 1:
+                isolated = math.evicted_output(full_out, alpha, values, new) - full_out
+            else:
+                isolated = math.output(alpha_hat - alpha, values)
+            weight, content = isolated, torch.zeros_like(isolated)
         for name, measured in (("rho", math.evicted_mass(alpha, new)), ("delta_isolated", isolated.norm(dim=-1)),
                                ("weight_term", weight.norm(dim=-1)), ("content_term", content.norm(dim=-1))):
             self.maps[name].append(measured)
         if layer == self.detail[0]:
             head = self.detail[1]
-            used = math.causal_weights(query[0].double(), key[0].double(), full.scaling, hidden)[:, 0]
+            used = math.causal_weights(query[0], key[0], full.scaling, hidden, dtype=torch.float64)[:, 0]
             self.detail_rows = {"alpha": alpha[head], "renorm": math.renormalized(alpha, new)[head],
                                 "edited": used[head], "new": new[head], "isolated": isolated[head],
                                 "weight": weight[head], "content": content[head]}
@@ -138,6 +146,44 @@ def _validate(session, edit: Edit, at: int, layer: int, head: int, topk: int, co
     if session.transcript.slots[at].position + continuation >= lm.context_window:
         raise KvvizError("the continuation would run past the context window")
     edit.validate(at, lm.layers, lm.kv_heads, lm.head_dim)
+
+
+@dataclass
+class FullStep:
+    """The unedited run of one step, kept by the session until its cache changes: clicking through edits at the
+    same step re-runs only the edited pass."""
+
+    at: int
+    position: int
+    prefix: list
+    probe: FullStepProbe
+    logits: torch.Tensor
+    hidden_states: tuple
+    hidden: torch.Tensor | None
+    continuations: dict = field(default_factory=dict)
+
+    def continuation(self, session, steps: int) -> list[int]:
+        if steps not in self.continuations:
+            cache = kv_cache.build(session.lm.config, [
+                (torch.cat([k, own_k], 1)[None], torch.cat([v, own_v], 1)[None])
+                for (k, v), (own_k, own_v) in zip(self.prefix, self.probe.own_kv)])
+            self.continuations[steps] = _greedy(session, cache, self.hidden, self.logits, self.position, steps)
+        return self.continuations[steps]
+
+
+def _full_step(session, at: int, full: Edit, hidden: torch.Tensor | None) -> FullStep:
+    """The unedited run of slot ``at`` (memoized per session cache version, step, committed edit and mask mode)."""
+    key = (session.version, at, repr(full.to_dict()), hidden is not None)
+    memo = session.memo
+    if memo.get("full_step_key") != key:
+        slot = session.transcript.slots[at]
+        prefix = _prefix(session, at, full)
+        probe = FullStepProbe(hidden, session.lm.scaling)
+        out, _ = _run(session, prefix, slot.id, slot.position, probe)
+        memo["full_step"] = FullStep(at, slot.position, prefix, probe, out.logits[0, -1].float(), out.hidden_states,
+                                     hidden)
+        memo["full_step_key"] = key
+    return memo["full_step"]
 
 
 def _prefix(session, at: int, edit: Edit) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -171,31 +217,29 @@ def what_if(session, edit: Edit, at: int | None = None, layer: int = 0, head: in
     hidden_full, hidden_edited = full.evicted_mask(*shape), edited.evicted_mask(*shape)
     slot = session.transcript.slots[at]
 
-    full_prefix = _prefix(session, at, full)
     masked = bool(hidden_edited.any())  # both runs take the same attention kernel: masked iff anything is hidden
-    full_probe = FullStepProbe(hidden_full if masked else None, lm.scaling)
-    full_out, full_cache = _run(session, full_prefix, slot.id, slot.position, full_probe)
-    probe = EditedStepProbe(full_probe, full_prefix, hidden_edited, hidden_edited & ~hidden_full, edited.quantizes,
+    full_step = _full_step(session, at, full, hidden_full if masked else None)
+    probe = EditedStepProbe(full_step.probe, hidden_edited, hidden_edited & ~hidden_full, edited.quantizes,
                             (layer, head), masked)
     out, cache = _run(session, _prefix(session, at, edited), slot.id, slot.position, probe)
-    logits, full_logits = out.logits[0, -1].float(), full_out.logits[0, -1].float()
+    logits, full_logits = out.logits[0, -1].float(), full_step.logits
     follow = None
     if continuation:
-        hide = (hidden_full, hidden_edited) if masked else (None, None)
-        follow = _continue(session, (full_cache, cache), hide, (full_logits, logits), slot.position, continuation)
+        edited_ids = _greedy(session, cache, hidden_edited if masked else None, logits, slot.position, continuation)
+        follow = _continuation(session, full_step.continuation(session, continuation), edited_ids)
     return WhatIf(
         at=at, position=slot.position, token=slot.id, edit=edit,
         next_token=compare(full_logits, logits, topk, session.piece),
         heads={name: torch.stack(rows).tolist() for name, rows in probe.maps.items()},
         detail=_detail(probe, layer, head, at),
-        hidden_delta=[float((h - f).float().norm()) for h, f in zip(out.hidden_states, full_out.hidden_states)],
+        hidden_delta=[float((h - f).float().norm()) for h, f in zip(out.hidden_states, full_step.hidden_states)],
         memory=cache_memory(edited, hidden_edited[:, :, :at].cpu(), session.transcript.segments()[:at], lm.head_dim,
                             lm.dtype),
         continuation=follow,
     )
 
 
-def _detail(probe: WhatIfProbe, layer: int, head: int, at: int) -> Detail:
+def _detail(probe: EditedStepProbe, layer: int, head: int, at: int) -> Detail:
     rows = probe.detail_rows
     evicted = rows["new"].tolist()
     hide = lambda values: [None if gone else v for v, gone in zip(values.tolist(), evicted)]  # noqa: E731
@@ -215,27 +259,27 @@ class _Hide(Probe):
         return ~torch.nn.functional.pad(self.hidden[layer], (0, key.shape[2] - self.hidden.shape[-1]))[None]
 
 
-def _continue(session, caches: tuple, hidden: tuple, logits: tuple, position: int, steps: int) -> Continuation:
-    """Greedy up to ``steps`` tokens from the full and from the edited step, each on its own cache; a row stops after
-    an end-of-turn token."""
+def _greedy(session, cache, hidden: torch.Tensor | None, first: torch.Tensor, position: int, steps: int) -> list[int]:
+    """Up to ``steps`` greedy tokens after a step whose logits are ``first``, on ``cache`` (extended in place), with
+    ``hidden`` slots hidden; stops after an end-of-turn token."""
     lm = session.lm
-    rows = []
-    for cache, hide, first in zip(caches, hidden, logits):
-        token, ids = int(first.argmax()), []
-        for offset in range(1, steps + 1):
-            ids.append(token)
-            if offset == steps or token in lm.stop_ids:
-                break
-            with torch.no_grad(), probing(_Hide(hide)):
-                out = lm.model(input_ids=torch.tensor([[token]], device=lm.device),
-                               position_ids=torch.tensor([[position + offset]], device=lm.device),
-                               cache=cache, use_cache=True, logits_to_keep=1)
-            token = int(out.logits[0, -1].argmax())
-        rows.append(ids)
-    full_ids, edited_ids = rows
+    token, ids = int(first.argmax()), []
+    for offset in range(1, steps + 1):
+        ids.append(token)
+        if offset == steps or token in lm.stop_ids:
+            break
+        with torch.no_grad(), probing(_Hide(hidden)):
+            out = lm.model(input_ids=torch.tensor([[token]], device=lm.device),
+                           position_ids=torch.tensor([[position + offset]], device=lm.device),
+                           cache=cache, use_cache=True, logits_to_keep=1)
+        token = int(out.logits[0, -1].argmax())
+    return ids
+
+
+def _continuation(session, full_ids: list[int], edited_ids: list[int]) -> Continuation:
     pairs = list(zip(full_ids, edited_ids))
     diverged = next((i for i, (a, b) in enumerate(pairs) if a != b), None)
     if diverged is None and len(full_ids) != len(edited_ids):
         diverged = len(pairs)
-    decode = lambda ids: lm.tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
+    decode = lambda ids: session.lm.tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
     return Continuation(decode(full_ids), decode(edited_ids), full_ids, edited_ids, diverged)
