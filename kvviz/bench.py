@@ -161,7 +161,10 @@ def run(quick: bool = False, browser: bool = True) -> dict:
     if browser and not quick:
         from kvviz.bench_browser import browser_rows
 
-        rows += browser_rows(bench.lm)
+        try:
+            rows += browser_rows(bench.lm)
+        except Exception as exc:  # noqa: BLE001 — a browser problem must not lose the other rows
+            rows.append(Row("browser rows", float("nan"), 0.3, False, False, f"failed: {type(exc).__name__}: {exc}"))
     return {"rows": [asdict(r) for r in rows], "machine": machine() | {"model": bench.lm.name,
                                                                          "dtype": str(bench.lm.dtype)}}
 

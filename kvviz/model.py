@@ -183,11 +183,14 @@ def resolve_checkpoint(path: str | os.PathLike | None) -> tuple[Path, str]:
     return source, source.name
 
 
-def load_model(path: str | os.PathLike | None = None, device: str | None = None) -> LoadedModel:
+def load_model(path: str | os.PathLike | None = None, device: str | None = None,
+               device_map: str | None = None) -> LoadedModel:
     """Load a decoder-only model for kvviz (bundled SmolLM2 by default) with the recording attention installed.
 
-    Raises :class:`ModelLoadError` with a message naming the fix when files are missing or unreadable.
+    ``device_map`` (or ``KVVIZ_DEVICE_MAP``), e.g. ``"auto"``, spreads a large checkpoint over several GPUs with
+    accelerate. Raises :class:`ModelLoadError` with a message naming the fix when files are missing or unreadable.
     """
+    device_map = device_map or os.environ.get("KVVIZ_DEVICE_MAP") or None
     from kvviz.recorder import ATTENTION_NAME, register  # registration is global and idempotent
 
     register()
@@ -197,12 +200,16 @@ def load_model(path: str | os.PathLike | None = None, device: str | None = None)
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder)
         model = AutoModelForCausalLM.from_pretrained(
-            folder, dtype=dtype, use_safetensors=True, attn_implementation=ATTENTION_NAME
+            folder, dtype=dtype, use_safetensors=True, attn_implementation=ATTENTION_NAME, device_map=device_map
         )
     except Exception as exc:
         raise ModelLoadError(f"cannot load the model in {folder} ({type(exc).__name__}: {exc}); "
                              "delete that folder to convert again, or pass another model") from exc
     if getattr(model.config, "is_encoder_decoder", False):
         raise ModelLoadError(f"{name} is not a decoder-only language model")
-    model.to(torch_device).eval().requires_grad_(False)
+    if device_map is None:
+        model.to(torch_device)
+    else:  # accelerate placed the layers; inputs go where the embeddings are
+        torch_device = model.get_input_embeddings().weight.device
+    model.eval().requires_grad_(False)
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, device=torch_device)

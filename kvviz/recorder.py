@@ -66,7 +66,7 @@ def _full_mask(
     mask = mask[..., :n]
     if visible is None:
         return mask
-    per_head = visible.repeat_interleave(query.shape[1] // key.shape[1], dim=1)  # GQA: head h uses KV head h // n_rep
+    per_head = visible.to(key.device).repeat_interleave(query.shape[1] // key.shape[1], dim=1)  # GQA: h -> h // n_rep
     return mask & per_head[:, :, None, :]
 
 

@@ -15,7 +15,7 @@ from transformers import DynamicCache
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
 from kvviz import cache as kv_cache
-from kvviz.attention import causal_weights
+from kvviz.attention import causal_weights, kv_head_of
 from kvviz.commits import CommitLog
 from kvviz.edits import Edit
 from kvviz.errors import KvvizError
@@ -280,8 +280,9 @@ class Session:
         keys, values = kv_cache.layer_kv(self.cache, layer)
         return keys[0], values[0]
 
-    def weights(self, layer: int, start: int = 0, stop: int | None = None) -> torch.Tensor:
-        """Attention weights of the slots ``start..stop-1`` as queries: ``(H, stop - start, stop)`` float32.
+    def weights(self, layer: int, start: int = 0, stop: int | None = None, head: int | None = None) -> torch.Tensor:
+        """Attention weights of the slots ``start..stop-1`` as queries: ``(H, stop - start, stop)`` float32, or
+        ``(1, stop - start, stop)`` for one query ``head``.
 
         Recomputed from the recorded post-RoPE queries and the keys each slot saw when it was processed (the original
         keys with the edit committed at that time): row ``i`` sees slots ``0..start+i`` except evicted ones.
@@ -291,11 +292,16 @@ class Session:
             raise KvvizError(f"slots {start}..{stop - 1} are not all cached (the cache holds {len(self)})")
         keys, _ = self.commits.original_kv(layer, stop)
         queries = self.queries.layer(layer)
+        if head is not None:  # one query head and the KV head it reads
+            kv_head = kv_head_of(head, self.lm.heads, self.lm.kv_heads)
+            queries, keys = queries[head : head + 1], keys[kv_head : kv_head + 1]
         cuts = sorted({start, stop, *(b for b in self.commits.boundaries() if start < b < stop)})
         rows = []
         for first, end in zip(cuts, cuts[1:]):
             edit = self.commits.edit_at(first)
             evicted = edit.evicted_mask(end, self.lm.layers, self.lm.kv_heads, keys.device)[layer]
+            if head is not None:
+                evicted = evicted[kv_head : kv_head + 1]
             part = causal_weights(queries[:, first:end], edit.quantized_keys(keys[:, :end]), self.lm.scaling, evicted)
             rows.append(torch.nn.functional.pad(part, (0, stop - end)))
         return torch.cat(rows, dim=1)

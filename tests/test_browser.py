@@ -5,65 +5,24 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = "/usr/bin/chromium"
+from kvviz.browser import CHROMIUM
 PAYLOAD = "Repeat this: <img src=x onerror=alert(1)> <script>alert(2)</script> **bold** $x$"
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
                                 reason="Debian's chromium is not installed (scripts/test.sh installs it)")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def server():
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "main.py"), "--server.port", str(port),
-         "--server.headless", "true"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(240):
-            try:
-                urllib.request.urlopen(f"{url}/_stcore/health", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.5)
-        else:
-            pytest.fail("the app did not start")
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+def page():
+    from kvviz.browser import browser_page, running_app
 
-
-@pytest.fixture(scope="module")
-def page(server):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking"])
-        page = browser.new_page(viewport={"width": 1500, "height": 1400})
-        page.dialogs = []
-        page.on("dialog", lambda dialog: (page.dialogs.append(dialog.message), dialog.dismiss()))
-        page.goto(server)
-        page.wait_for_selector("[data-testid=stApp]")
+    with running_app() as url, browser_page(url) as page:
         yield page
-        browser.close()
 
 
 def kl_text(page) -> str:

@@ -33,7 +33,8 @@ def render() -> None:
         return
     options = st.columns([1, 1, 4])
     topk = options[0].number_input("Top-k", 1, 50, 10)
-    continuation = options[1].number_input("Continue N tokens", 0, 64, 12)
+    continuation = options[1].number_input("Continue N tokens", 0, 64, 0, help="Greedy continuations with both "
+                                           "caches (each token is one more decode step per click)")
     try:
         result = compute(int(topk), int(continuation))
     except KvvizError as exc:
