@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from transformers import DynamicCache, PretrainedConfig
 
@@ -39,7 +37,3 @@ def build(config: PretrainedConfig, tensors: list[KV]) -> DynamicCache:
         cache.update(keys, values, layer)
     return cache
 
-
-def derive(config: PretrainedConfig, cache: DynamicCache, edit: Callable[[int, torch.Tensor, torch.Tensor], KV]) -> DynamicCache:
-    """A new cache whose layer ``l`` is ``edit(l, keys, values)`` of ``cache``'s (``cache`` is not modified)."""
-    return build(config, [edit(layer, *layer_kv(cache, layer)) for layer in range(len(cache.layers))])

@@ -136,10 +136,6 @@ class QueryLog:
     def commit(self, count: int) -> None:
         self.length += count
 
-    def truncate(self, length: int) -> None:
-        """Forget slots from ``length`` on (used to undo a forward pass)."""
-        self.length = min(self.length, length)
-
     def layer(self, layer: int) -> torch.Tensor:
         """Queries of ``layer``: ``(H, n, D)`` (a view)."""
         return self._buffer[layer, :, : self.length]

@@ -41,7 +41,7 @@ class Sampling:
 
 @dataclass(frozen=True)
 class Token:
-    """A token chosen by the model. ``text`` is its piece; ``cached`` is False while its K/V is not in the cache."""
+    """A token chosen by the model and its text piece."""
 
     id: int
     text: str
