@@ -46,6 +46,11 @@ class CommitLog:
                 return commit.edit
         return Edit()
 
+    def step_edits(self, at: int, edit: Edit) -> tuple[Edit, Edit]:
+        """For the step of slot ``at``: the edit in force then (the "full" cache) and ``edit`` on top of it."""
+        full = self.edit_at(at).resolved(at)
+        return full, full.merged(edit.resolved(at))
+
     def boundaries(self) -> list[int]:
         return [commit.at for commit in self.stack]
 

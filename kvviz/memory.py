@@ -53,6 +53,6 @@ def step_memory(session, edit: Edit, at: int) -> dict:
     """:func:`cache_memory` of the cache before slot ``at`` with ``edit`` (validated) on top of the committed one."""
     lm = session.lm
     edit.validate(at, lm.layers, lm.kv_heads, lm.head_dim)
-    edited = session.commits.edit_at(at).resolved(at).merged(edit.resolved(at))
+    _, edited = session.commits.step_edits(at, edit)
     evicted = edited.evicted_mask(at, lm.layers, lm.kv_heads)
     return cache_memory(edited, evicted, session.transcript.segments()[:at], lm.head_dim, lm.dtype)

@@ -136,7 +136,7 @@ class Session:
         if count > left:
             raise KvvizError(f"the message needs {count} tokens but only {left} are left in the context window")
         needed = (len(self) + count) * self.lm.bytes_per_slot
-        if self.memory_budget is not None and needed > self.memory_budget:
+        if needed > self.memory_budget:
             raise KvvizError(f"this would hold {needed / 2**20:.0f} MiB of cache and recorded queries, over this "
                              f"session's budget of {self.memory_budget / 2**20:.0f} MiB (KVVIZ_MEMORY_BUDGET_MB)")
 

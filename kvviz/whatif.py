@@ -3,7 +3,7 @@ unedited ("full") and once with an Edit applied to a copy ("edited"), and measur
 
 The two runs are separate passes at the slot's true absolute position, so an edit that changes nothing changes no bit;
 the full run is kept per session until its cache changes, so trying edit after edit re-runs only the edited pass. Evicted
-slots are hidden from row 1 per (layer, KV head) by the probe; this equals removing them (tested to 1e-4). The probe
+slots are hidden from the edited run per (layer, KV head) by its probe; this equals removing them (tested). The probe
 also computes, per layer and query head, the evicted mass ρ and the *isolated* change of the attention output (the
 full-cache query with the edited cache: the closed form of §10, or the two-term split of §12 when quantizing), while
 the *propagated* change is read from the edited run itself.
@@ -211,8 +211,7 @@ def what_if(session, edit: Edit, at: int | None = None, layer: int = 0, head: in
     lm = session.lm
     at = len(session) - 1 if at is None else at
     _validate(session, edit, at, layer, head, topk, continuation)
-    full = session.commits.edit_at(at).resolved(at)
-    edited = full.merged(edit.resolved(at))
+    full, edited = session.commits.step_edits(at, edit)
     shape = (at + 1, lm.layers, lm.kv_heads, lm.device)
     hidden_full, hidden_edited = full.evicted_mask(*shape), edited.evicted_mask(*shape)
     slot = session.transcript.slots[at]
