@@ -68,17 +68,18 @@ def renormalized(alpha: torch.Tensor, evicted: torch.Tensor) -> torch.Tensor:
 
 
 def output(alpha: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """``o = Σ_j α_j v_j``: ``alpha`` ``(..., n)``, ``values`` ``(..., n, D)`` → ``(..., D)``.
+    """``o = Σ_j α_j v_j``: ``alpha`` ``(..., H, n)``, ``values`` ``(..., KV, n, D)`` → ``(..., H, D)``, leading
+    dimensions (e.g. layers) batched; ``alpha`` ``(n,)`` with ``values`` ``(n, D)`` → ``(D,)``.
 
-    GQA: ``alpha`` ``(H, n)`` with ``values`` ``(KV, n, D)`` is computed per KV group → ``(H, D)``.
-    Computed in the values' precision (float64 values keep everything in float64)."""
+    GQA (``KV < H``) is computed per KV group, so values are never copied per query head. Computed in the values'
+    precision (float64 values keep everything in float64)."""
     values = _float(values)
     alpha = _float(alpha).to(values.dtype)
-    if alpha.dim() == 2 and values.dim() == 3 and values.shape[0] != alpha.shape[0]:
-        kv = values.shape[0]
-        grouped = alpha.reshape(kv, -1, alpha.shape[-1]) @ values  # (KV, G, D)
-        return grouped.reshape(alpha.shape[0], -1)
-    return (alpha[..., None, :] @ values).squeeze(-2)
+    if alpha.dim() == 1:
+        return alpha @ values
+    *lead, heads, n = alpha.shape
+    kv, dim = values.shape[-3], values.shape[-1]
+    return (alpha.reshape(*lead, kv, heads // kv, n) @ values).reshape(*lead, heads, dim)
 
 
 def evicted_output(o: torch.Tensor, alpha: torch.Tensor, values: torch.Tensor, evicted: torch.Tensor) -> torch.Tensor:

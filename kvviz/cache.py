@@ -31,9 +31,10 @@ def nbytes(cache: DynamicCache) -> int:
 
 
 def build(config: PretrainedConfig, tensors: list[KV]) -> DynamicCache:
-    """A new ``DynamicCache`` holding the given per-layer ``(keys, values)``."""
+    """A new ``DynamicCache`` holding the given per-layer ``(keys, values)`` themselves, not copies: ``update``
+    concatenates into new tensors, so a forward pass on this cache never writes to the given ones."""
     cache = DynamicCache(config=config)
-    for layer, (keys, values) in enumerate(tensors):
-        cache.update(keys, values, layer)
+    for entry, (keys, values) in zip(cache.layers, tensors, strict=True):
+        entry.lazy_initialization(keys, values)
+        entry.keys, entry.values = keys, values
     return cache
-

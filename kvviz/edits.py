@@ -66,6 +66,7 @@ class Edit:
         if isinstance(self.full_precision_window, bool) or not isinstance(self.full_precision_window, int) \
                 or self.full_precision_window < 0:
             raise KvvizError(f"the full-precision window must be a non-negative integer, got {self.full_precision_window!r}")
+        object.__setattr__(self, "_plans", {})  # (kind, n) -> slot groups; not a field: equality and JSON ignore it
 
     # --- construction ----------------------------------------------------------------------------------------
 
@@ -142,22 +143,17 @@ class Edit:
     def quantized(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """New ``(KV, n, D)`` keys and values with each slot fake-quantized at its bit-width (slots sharing a
         bit-width are quantized together, which matters for per-channel scales)."""
-        values_out = self._quantize(values, self.bits("value", values.shape[1]), self.values) if self.value_bits else values
-        return self.quantized_keys(keys), values_out
+        return self.quantized_keys(keys), _quantize(values, self._groups("value", values.shape[1]), self.values)
 
     def quantized_keys(self, keys: torch.Tensor) -> torch.Tensor:
         """New ``(KV, n, D)`` keys with each slot fake-quantized at its key bit-width."""
-        return self._quantize(keys, self.bits("key", keys.shape[1]), self.keys) if self.key_bits else keys
+        return _quantize(keys, self._groups("key", keys.shape[1]), self.keys)
 
-    @staticmethod
-    def _quantize(x: torch.Tensor, bits: list[int], quantizer: Quantizer) -> torch.Tensor:
-        if all(b == 16 for b in bits):
-            return x
-        out = x.clone()
-        for width in sorted(set(bits) - {16}):
-            index = torch.tensor([s for s, b in enumerate(bits) if b == width], device=x.device)
-            out[:, index] = fake_quantize(x[:, index], width, quantizer)
-        return out
+    def _groups(self, kind: str, n: int) -> list[tuple[int, slice | list[int]]]:
+        """:func:`_groups` of ``kind``'s bit-widths, computed once per ``n`` (every layer uses the same groups)."""
+        if (kind, n) not in self._plans:
+            self._plans[kind, n] = _groups(self.key_bits if kind == "key" else self.value_bits, n)
+        return self._plans[kind, n]
 
     # --- JSON ------------------------------------------------------------------------------------------------
 
@@ -188,6 +184,29 @@ class Edit:
             if isinstance(exc, KvvizError):
                 raise
             raise KvvizError(f"malformed edit: {exc}") from exc
+
+
+def _groups(bits: Mapping[int, int], n: int) -> list[tuple[int, slice | list[int]]]:
+    """The slots below ``n`` stored at fewer than 16 bits, grouped by bit-width: a slice where they are contiguous
+    (no gather or scatter needed), else a list of slots. ``bits`` has sorted keys and no 16s (see ``Edit``)."""
+    by_width: dict[int, list[int]] = {}
+    for slot, width in bits.items():
+        if slot < n:
+            by_width.setdefault(width, []).append(slot)
+    return [(width, slice(slots[0], slots[-1] + 1) if slots[-1] - slots[0] + 1 == len(slots) else slots)
+            for width, slots in sorted(by_width.items())]
+
+
+def _quantize(x: torch.Tensor, groups: list[tuple[int, slice | list[int]]], quantizer: Quantizer) -> torch.Tensor:
+    """``x`` ``(KV, n, D)`` with each group of slots fake-quantized together at its width; ``x`` itself if none."""
+    if not groups:
+        return x
+    if len(groups) == 1 and groups[0][1] == slice(0, x.shape[1]):
+        return fake_quantize(x, groups[0][0], quantizer)
+    out = x.clone()
+    for width, slots in groups:
+        out[:, slots] = fake_quantize(x[:, slots], width, quantizer)
+    return out
 
 
 def _flags(size: int, chosen: Iterable[int] | None, device: torch.device | None) -> torch.Tensor:

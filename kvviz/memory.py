@@ -11,16 +11,10 @@ from kvviz.edits import Edit
 from kvviz.quant import packed_bytes
 
 
-def _edited_bytes(edit: Edit, evicted: torch.Tensor, slots: Sequence[int], head_dim: int, native: int) -> int:
-    """Packed bytes of ``slots`` over all layers and KV heads (``evicted``: bool ``(L, KV, n)``)."""
-    kept = ~evicted[:, :, list(slots)].cpu()  # (L, KV, len(slots))
-    total = 0
-    for kind, quantizer in (("key", edit.keys), ("value", edit.values)):
-        bits = torch.tensor(edit.bits(kind, evicted.shape[2]))[list(slots)]
-        for width in bits.unique().tolist():
-            counts = (kept & (bits == width)).sum(-1).flatten().tolist()  # retained slots per (layer, KV head)
-            total += sum(packed_bytes(count, width, head_dim, quantizer, native) for count in counts)
-    return total
+def _packed(counts: torch.Tensor, width: int, head_dim: int, quantizer, native: int) -> int:
+    """Sum of :func:`packed_bytes` over ``counts`` (retained slots per KV head), each distinct count computed once."""
+    values, times = torch.unique(counts, return_counts=True)
+    return sum(packed_bytes(int(c), width, head_dim, quantizer, native) * int(t) for c, t in zip(values, times))
 
 
 def cache_memory(
@@ -35,17 +29,25 @@ def cache_memory(
     layers, kv_heads, n = evicted.shape
     native = torch.empty((), dtype=dtype).element_size()
     elements_per_slot = 2 * layers * kv_heads * head_dim  # keys and values
+    names = list(dict.fromkeys(segments))
+    segment_of = torch.tensor([names.index(s) for s in segments], dtype=torch.long)  # (n,)
+    kept = ~evicted.cpu().reshape(layers * kv_heads, n)
+    edited = dict.fromkeys([None, *names], 0)  # None: all slots
+    for kind, quantizer in (("key", edit.keys), ("value", edit.values)):
+        bits = torch.tensor(edit.bits(kind, n), dtype=torch.long)
+        for width in bits.unique().tolist():
+            chosen = (kept & (bits == width)).int()  # (L·KV, n): retained slots at this width
+            per_segment = torch.zeros(layers * kv_heads, len(names), dtype=torch.int).index_add_(1, segment_of, chosen)
+            edited[None] += _packed(per_segment.sum(1), width, head_dim, quantizer, native)
+            for index, name in enumerate(names):
+                edited[name] += _packed(per_segment[:, index], width, head_dim, quantizer, native)
 
-    def summary(slots: list[int]) -> dict:
-        return {"slots": len(slots), "full_bytes": len(slots) * elements_per_slot * native,
-                "fp16_bytes": len(slots) * elements_per_slot * 2,
-                "edited_bytes": _edited_bytes(edit, evicted, slots, head_dim, native) if slots else 0}
+    def summary(name: str | None, slots: int) -> dict:
+        return {"slots": slots, "full_bytes": slots * elements_per_slot * native,
+                "fp16_bytes": slots * elements_per_slot * 2, "edited_bytes": edited[name]}
 
-    result = summary(list(range(n)))
-    result["segments"] = {
-        name: summary([slot for slot, segment in enumerate(segments) if segment == name])
-        for name in dict.fromkeys(segments)
-    }
+    result = summary(None, n)
+    result["segments"] = {name: summary(name, segments.count(name)) for name in names}
     return result
 
 

@@ -35,41 +35,40 @@ class NextToken:
                 "kl": self.kl, "tv": self.tv, "top1_changed": self.top1_changed}
 
 
-def kl_divergence(full_logits: torch.Tensor, edited_logits: torch.Tensor) -> float:
-    """``KL(p‖q) = Σ p (log p − log q)`` in float64 from logits ``(V,)``; exactly 0 for identical logits."""
-    log_p = torch.log_softmax(full_logits.double(), -1)
-    log_q = torch.log_softmax(edited_logits.double(), -1)
-    return float((log_p.exp() * (log_p - log_q)).sum().clamp_min(0))
-
-
-def total_variation(full_logits: torch.Tensor, edited_logits: torch.Tensor) -> float:
-    p = torch.softmax(full_logits.double(), -1)
-    q = torch.softmax(edited_logits.double(), -1)
-    return float((p - q).abs().sum() / 2)
+def divergences(full_logits: torch.Tensor, edited_logits: torch.Tensor) -> tuple[float, float]:
+    """``KL(p‖q) = Σ p (log p − log q)`` (nats) and ``TV = ½ Σ |p − q|`` in float64 from logits ``(V,)``; both
+    exactly 0 for identical logits."""
+    log_p, log_q = torch.log_softmax(full_logits.double(), -1), torch.log_softmax(edited_logits.double(), -1)
+    p, q = log_p.exp(), log_q.exp()
+    return float((p * (log_p - log_q)).sum().clamp_min(0)), float((p - q).abs().sum() / 2)
 
 
 def ranks_of(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """Rank (0 = most likely) of each token in ``ids`` under ``logits`` ``(V,)``; ties broken by token id, as
     ``argmax`` does: the number of tokens with a larger logit, or an equal logit and a smaller id."""
     mine = logits[ids][:, None]
-    vocab = torch.arange(logits.numel(), device=logits.device)[None, :]
-    return ((logits[None, :] > mine) | ((logits[None, :] == mine) & (vocab < ids[:, None]))).sum(1)
+    ranks = (logits[None, :] > mine).sum(1, dtype=torch.int32)  # (int32 sums of booleans are the fast ones)
+    tied = logits[None, :] == mine  # (k, V); each token ties with itself, so ties with others are rare
+    if int(tied.sum(dtype=torch.int32)) > len(ids):
+        ranks += (tied & (torch.arange(logits.numel(), device=logits.device)[None, :] < ids[:, None])).sum(1, dtype=torch.int32)
+    return ranks
 
 
 def compare(full_logits: torch.Tensor, edited_logits: torch.Tensor, k: int, text: Callable[[int], str]) -> NextToken:
-    """Top-``k`` of both distributions side by side. ``text`` maps a token id to its piece."""
-    full_logits, edited_logits = full_logits.double().cpu(), edited_logits.double().cpu()
-    p, q = torch.softmax(full_logits, -1), torch.softmax(edited_logits, -1)
+    """Top-``k`` of both distributions side by side. ``text`` maps a token id to its piece. Ranks are counted on the
+    logits as the model returned them (a float64 copy would order them the same)."""
+    full_logits, edited_logits = full_logits.cpu(), edited_logits.cpu()
+    kl, tv = divergences(full_logits, edited_logits)
+    tops = torch.cat([torch.topk(full_logits, k).indices, torch.topk(edited_logits, k).indices])  # then ordered by rank
+    ranks = {"full": ranks_of(full_logits, tops).tolist(), "edited": ranks_of(edited_logits, tops).tolist()}
+    delta = (edited_logits[tops].double() - full_logits[tops].double()).tolist()
+    ids = tops.tolist()
 
-    def table(probs: torch.Tensor, own: torch.Tensor, other: torch.Tensor) -> list[Candidate]:
-        top = torch.topk(own, k).indices  # then ordered exactly by rank (ties by id)
-        rank_own, rank_other = ranks_of(own, top), ranks_of(other, top)
-        order = torch.argsort(rank_own)
-        return [Candidate(int(top[i]), text(int(top[i])), float(probs[top[i]]), int(rank_own[i]), int(rank_other[i]),
-                          float(edited_logits[top[i]] - full_logits[top[i]])) for i in order]
+    def table(logits: torch.Tensor, own: str, other: str, rows: range) -> list[Candidate]:
+        probs = torch.softmax(logits.double(), -1)[tops[rows.start:rows.stop]].tolist()
+        return sorted((Candidate(ids[i], text(ids[i]), probs[i - rows.start], ranks[own][i], ranks[other][i], delta[i])
+                       for i in rows), key=lambda c: c.rank)
 
-    return NextToken(
-        full=table(p, full_logits, edited_logits), edited=table(q, edited_logits, full_logits),
-        kl=kl_divergence(full_logits, edited_logits), tv=total_variation(full_logits, edited_logits),
-        top1_changed=int(full_logits.argmax()) != int(edited_logits.argmax()),
-    )
+    return NextToken(full=table(full_logits, "full", "edited", range(k)),
+                     edited=table(edited_logits, "edited", "full", range(k, 2 * k)), kl=kl, tv=tv,
+                     top1_changed=int(full_logits.argmax()) != int(edited_logits.argmax()))

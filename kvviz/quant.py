@@ -68,15 +68,16 @@ def fake_quantize(x: torch.Tensor, bits: int, quantizer: Quantizer) -> torch.Ten
 
 
 def _round_trip(values: torch.Tensor, bits: int, symmetric: bool, reduce_dim: int) -> torch.Tensor:
+    """Round trip through ``bits``-bit codes; a new tensor (the arithmetic runs in place on the first result)."""
     if symmetric:
         top = 2 ** (bits - 1) - 1
         scale = values.abs().amax(reduce_dim, keepdim=True) / top
         scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-        return torch.clamp(torch.round(values / scale), -top, top) * scale
+        return (values / scale).round_().clamp_(-top, top).mul_(scale)
     low = values.amin(reduce_dim, keepdim=True)
     scale = (values.amax(reduce_dim, keepdim=True) - low) / (2**bits - 1)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    return torch.clamp(torch.round((values - low) / scale), 0, 2**bits - 1) * scale + low
+    return (values - low).div_(scale).round_().clamp_(0, 2**bits - 1).mul_(scale).add_(low)
 
 
 def error_bound(x: torch.Tensor, bits: int, quantizer: Quantizer) -> torch.Tensor:

@@ -23,7 +23,6 @@ from kvviz.memory import cache_memory
 from kvviz.metrics import NextToken, compare
 from kvviz.recorder import Probe, probing
 
-MEASURED = ("rho", "delta_isolated", "weight_term", "content_term")  # computed by the probe; propagated from outputs
 
 
 @dataclass
@@ -71,11 +70,12 @@ class WhatIf:
 
 
 class FullStepProbe(Probe):
-    """The unedited run: hides what the session's own committed edit hid, and keeps what the edited run compares to."""
+    """The unedited run: hides what the session's own committed edit hid, and keeps what the edited run compares to.
+    Per layer while the run is on; :meth:`finish` stacks α, o and the outputs over layers."""
 
     def __init__(self, hidden: torch.Tensor | None, scaling: float):
         self.hidden, self.scaling = hidden, scaling
-        self.queries, self.own_kv, self.values, self.alpha, self.outputs = [], [], [], [], []
+        self.queries, self.own_kv, self.values, self.alpha, self.attended, self.outputs = [], [], [], [], [], []
 
     def on_query(self, layer, query, key, value):
         hidden = None if self.hidden is None else self.hidden[layer]
@@ -84,55 +84,87 @@ class FullStepProbe(Probe):
         self.values.append(value[0])  # (KV, n, D): the whole cache after the update (a reference, not a copy)
         alpha = math.causal_weights(query[0], key[0], self.scaling, hidden, dtype=torch.float64)[:, 0]  # (H, n)
         self.alpha.append(alpha)
+        self.attended.append(math.output(alpha, value[0]))  # (H, D): o = Σ α v, for the closed form of §10
         return None if hidden is None else ~hidden[None]
 
     def on_output(self, layer, output):
         self.outputs.append(output[0, 0].float())  # (H, D)
 
+    def finish(self) -> None:
+        """α ``(L, H, n)`` float64, o and the attention outputs ``(L, H, D)``."""
+        self.alpha, self.attended, self.outputs = map(torch.stack, (self.alpha, self.attended, self.outputs))
+
 
 class EditedStepProbe(Probe):
-    """The edited run: hides evicted slots and measures, per layer, ρ and the isolated vs propagated Δo."""
+    """The edited run: hides evicted slots and measures, per layer and query head, ρ and the isolated Δo — the change
+    of the layer's output with the full run's query and own K/V on the edited cache — and the propagated Δo (the
+    edited run's own output). Evictions alone are measured for all layers at once from the full run (closed form,
+    §10); quantization per layer as the edited keys and values arrive (the two terms of §12)."""
 
-    def __init__(self, full: FullStepProbe, hidden: torch.Tensor, new: torch.Tensor, quantizes: bool,
+    def __init__(self, full: FullStep, hidden: torch.Tensor, new: torch.Tensor, quantizes: bool,
                  detail: tuple[int, int], masked: bool):
-        self.full, self.hidden, self.new, self.masked = full, hidden, new, masked
-        self.quantizes, self.detail = quantizes, detail
-        self.maps: dict[str, list[torch.Tensor]] = {name: [] for name in MEASURED + ("delta_propagated",)}
-        self.detail_rows: dict[str, torch.Tensor] = {}
+        self.full, self.hidden, self.masked, self.quantizes, self.detail = full, hidden, masked, quantizes, detail
+        alpha = full.probe.alpha  # (L, H, n)
+        self.new = new.repeat_interleave(alpha.shape[1] // new.shape[1], dim=1)  # (L, H, n): newly evicted
+        self.rho = math.evicted_mass(alpha, self.new)  # (L, H)
+        self.terms: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer: weight and content terms (H, D)
+        self.outputs: list[torch.Tensor] = []
+        self.used: torch.Tensor | None = None  # (H, n): the weights the edited run used at the detail layer
+
+    def _weights(self, layer: int, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        return math.causal_weights(query, keys, self.full.probe.scaling, self.hidden[layer], dtype=torch.float64)[:, 0]
 
     def on_query(self, layer, query, key, value):
-        full, heads = self.full, query.shape[1]
-        hidden, new = self.hidden[layer], math.expand_kv(self.new[layer][:, None, :], heads)[:, 0]  # new: (H, n)
-        # weights in float64 (ρ can be within float32 rounding of 1 for heads on an attention sink); value products
-        # in the cache's precision
-        values, values_hat = full.values[layer], value[0]  # (KV, n, D) full and edited cache
-        if self.quantizes:  # the two-term split is reported term by term: keep it in float64, like the weights
-            values, values_hat = values.double(), values_hat.double()
-        alpha = full.alpha[layer]
-        alpha_hat = math.causal_weights(full.queries[layer], key[0], full.scaling, hidden, dtype=torch.float64)[:, 0]
-        full_out = math.output(alpha, values)
-        if self.quantizes:
-            weight, content = math.quantization_split(alpha, alpha_hat, values, values_hat)
-            isolated = weight + content
-        else:  # the seed's closed form o′ = (o − Σ α_e v_e)/(1 − ρ); nothing changed in content
-            if float(math.evicted_mass(alpha, new).max()) < 1:
-                isolated = math.evicted_output(full_out, alpha, values, new) - full_out
-            else:
-                isolated = math.output(alpha_hat - alpha, values)
-            weight, content = isolated, torch.zeros_like(isolated)
-        for name, measured in (("rho", math.evicted_mass(alpha, new)), ("delta_isolated", isolated.norm(dim=-1)),
-                               ("weight_term", weight.norm(dim=-1)), ("content_term", content.norm(dim=-1))):
-            self.maps[name].append(measured)
+        full = self.full.probe
+        if self.quantizes:  # the edited cache, with this step's own K/V as the full run computed them
+            keys = torch.cat([key[0, :, :-1], full.own_kv[layer][0]], 1)
+            alpha_hat, values = self._weights(layer, full.queries[layer], keys), full.values[layer]
+            self.terms.append((math.output(alpha_hat - full.alpha[layer], values),
+                               math.output(alpha_hat[:, :-1], value[0, :, :-1] - values[:, :-1])))
         if layer == self.detail[0]:
-            head = self.detail[1]
-            used = math.causal_weights(query[0], key[0], full.scaling, hidden, dtype=torch.float64)[:, 0]
-            self.detail_rows = {"alpha": alpha[head], "renorm": math.renormalized(alpha, new)[head],
-                                "edited": used[head], "new": new[head], "isolated": isolated[head],
-                                "weight": weight[head], "content": content[head]}
-        return ~hidden[None] if self.masked else None
+            self.used = self._weights(layer, query[0], key[0])
+        return ~self.hidden[layer][None] if self.masked else None
 
     def on_output(self, layer, output):
-        self.maps["delta_propagated"].append((output[0, 0].float() - self.full.outputs[layer]).norm(dim=-1))
+        self.outputs.append(output[0, 0])
+
+    def _evicted(self) -> torch.Tensor:
+        """Isolated Δo ``(L, H, D)`` of evictions alone: ``o′ − o`` with ``o′ = (o − Σ α_e v_e)/(1 − ρ)`` over the
+        evicted columns only; a layer where ρ rounds to 1 (a head on an attention sink) is recomputed directly."""
+        full = self.full.probe
+        columns = self.new.flatten(0, 1).any(0).nonzero()[:, 0]
+        alpha, new = full.alpha[..., columns], self.new[..., columns]  # (L, H, e)
+        values = torch.stack([v[:, columns] for v in full.values])  # (L, KV, e, D)
+        o = full.attended
+        if not bool((self.rho >= 1).any()):
+            return math.evicted_output(o, alpha, values, new) - o
+        rows = []
+        for layer in range(len(o)):
+            if bool((self.rho[layer] >= 1).any()):
+                keys = torch.cat([self.full.prefix[layer][0], full.own_kv[layer][0]], 1)
+                delta = math.output(self._weights(layer, full.queries[layer], keys) - full.alpha[layer], full.values[layer])
+            else:
+                delta = math.evicted_output(o[layer], alpha[layer], values[layer], new[layer]) - o[layer]
+            rows.append(delta.double())
+        return torch.stack(rows)
+
+    def results(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """After the run: the per-head maps ``(L, H)`` by name, and the detail head's rows."""
+        if self.quantizes:
+            weight, content = (torch.stack(t) for t in zip(*self.terms))
+            isolated = weight + content
+        else:
+            isolated = weight = self._evicted()
+            content = torch.zeros_like(isolated)
+        propagated = torch.stack(self.outputs).float() - self.full.probe.outputs
+        maps = {"rho": self.rho, "delta_isolated": isolated.norm(dim=-1), "weight_term": weight.norm(dim=-1),
+                "content_term": content.norm(dim=-1), "delta_propagated": propagated.norm(dim=-1)}
+        layer, head = self.detail
+        alpha = self.full.probe.alpha[layer]
+        rows = {"alpha": alpha[head], "renorm": math.renormalized(alpha[head], self.new[layer, head]),
+                "edited": self.used[head], "new": self.new[layer, head], "isolated": isolated[layer, head],
+                "weight": weight[layer, head], "content": content[layer, head]}
+        return maps, rows
 
 
 def _validate(session, edit: Edit, at: int, layer: int, head: int, topk: int, continuation: int) -> None:
@@ -180,6 +212,7 @@ def _full_step(session, at: int, full: Edit, hidden: torch.Tensor | None) -> Ful
         prefix = _prefix(session, at, full)
         probe = FullStepProbe(hidden, session.lm.scaling)
         out, _ = _run(session, prefix, slot.id, slot.position, probe)
+        probe.finish()
         memo["full_step"] = FullStep(at, slot.position, prefix, probe, out.logits[0, -1].float(), out.hidden_states,
                                      hidden)
         memo["full_step_key"] = key
@@ -218,9 +251,10 @@ def what_if(session, edit: Edit, at: int | None = None, layer: int = 0, head: in
 
     masked = bool(hidden_edited.any())  # both runs take the same attention kernel: masked iff anything is hidden
     full_step = _full_step(session, at, full, hidden_full if masked else None)
-    probe = EditedStepProbe(full_step.probe, hidden_edited, hidden_edited & ~hidden_full, edited.quantizes,
+    probe = EditedStepProbe(full_step, hidden_edited, hidden_edited & ~hidden_full, edited.quantizes,
                             (layer, head), masked)
     out, cache = _run(session, _prefix(session, at, edited), slot.id, slot.position, probe)
+    maps, rows = probe.results()
     logits, full_logits = out.logits[0, -1].float(), full_step.logits
     follow = None
     if continuation:
@@ -229,8 +263,8 @@ def what_if(session, edit: Edit, at: int | None = None, layer: int = 0, head: in
     return WhatIf(
         at=at, position=slot.position, token=slot.id, edit=edit,
         next_token=compare(full_logits, logits, topk, session.piece),
-        heads={name: torch.stack(rows).tolist() for name, rows in probe.maps.items()},
-        detail=_detail(probe, layer, head, at),
+        heads={name: values.tolist() for name, values in maps.items()},
+        detail=_detail(rows, layer, head, at),
         hidden_delta=[float((h - f).float().norm()) for h, f in zip(out.hidden_states, full_step.hidden_states)],
         memory=cache_memory(edited, hidden_edited[:, :, :at].cpu(), session.transcript.segments()[:at], lm.head_dim,
                             lm.dtype),
@@ -238,8 +272,7 @@ def what_if(session, edit: Edit, at: int | None = None, layer: int = 0, head: in
     )
 
 
-def _detail(probe: EditedStepProbe, layer: int, head: int, at: int) -> Detail:
-    rows = probe.detail_rows
+def _detail(rows: dict[str, torch.Tensor], layer: int, head: int, at: int) -> Detail:
     evicted = rows["new"].tolist()
     hide = lambda values: [None if gone else v for v, gone in zip(values.tolist(), evicted)]  # noqa: E731
     return Detail(layer, head, list(range(at + 1)), rows["alpha"].tolist(), hide(rows["renorm"]),

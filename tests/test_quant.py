@@ -94,3 +94,40 @@ def test_full_precision_window_and_json_round_trip():
     resolved = edit.resolved(10)
     assert sorted(resolved.key_bits) == list(range(7)) and resolved.value_bits[0] == 2
     assert Edit.from_dict(edit.to_dict()) == edit
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), quantizer=quantizers)
+def test_cache_memory_counts_every_kv_head_and_segment(seed, quantizer):
+    """The vectorised byte count against a plain loop over (layer, KV head, segment) with packed_bytes."""
+    from kvviz.memory import cache_memory
+
+    generator = torch.Generator().manual_seed(seed)
+    layers, kv_heads, n, dim = 3, 2, 12, 16
+    if quantizer.group_size is not None and dim % quantizer.group_size:
+        return
+    evicted = torch.rand(layers, kv_heads, n, generator=generator) < 0.3
+    widths = [16, 8, 4, 3, 2]
+    bits = {s: widths[int(torch.randint(5, (1,), generator=generator))] for s in range(n)}
+    edit = Edit(key_bits=bits, value_bits={s: widths[(widths.index(b) + 1) % 5] for s, b in bits.items()},
+                keys=quantizer, values=quantizer)
+    segments = ["history"] * 5 + ["query"] * 4 + ["generated"] * 3
+
+    def reference(slots: list[int]) -> int:
+        total = 0
+        for kind in ("key", "value"):
+            table = edit.bits(kind, n)
+            for layer in range(layers):
+                for head in range(kv_heads):
+                    kept = [s for s in slots if not evicted[layer, head, s]]
+                    for width in set(widths):
+                        count = sum(table[s] == width for s in kept)
+                        total += packed_bytes(count, width, dim, quantizer, 4)
+        return total
+
+    memory = cache_memory(edit, evicted, segments, dim, torch.float32)
+    assert memory["edited_bytes"] == reference(list(range(n)))
+    for name in ("history", "query", "generated"):
+        slots = [s for s, seg in enumerate(segments) if seg == name]
+        assert memory["segments"][name]["edited_bytes"] == reference(slots)
+        assert memory["segments"][name]["full_bytes"] == len(slots) * 2 * layers * kv_heads * dim * 4
