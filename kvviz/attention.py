@@ -41,13 +41,22 @@ def causal_weights(
 ) -> torch.Tensor:
     """Softmax weights ``(H, q, n)`` where query row ``i`` is the slot ``n - q + i`` and sees slots ``0..n-q+i``,
     except those ``evicted`` (bool ``(KV, n)``, per KV head). ``dtype`` (e.g. float64) for the softmax."""
-    s = scores(query, keys, scaling)
+    return visible_softmax(scores(query, keys, scaling), evicted, dtype)
+
+
+def visible_softmax(
+    s: torch.Tensor, evicted: torch.Tensor | None = None, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """Softmax of scores ``(..., H, q, n)`` over the slots row ``i`` sees (causal: ``0..n-q+i``), except those
+    ``evicted`` (bool ``(..., KV, n)``, per KV head); leading dimensions (e.g. layers) batched."""
     s = s if dtype is None else s.to(dtype)
-    q_len, n = s.shape[-2:]
-    hidden = torch.arange(n, device=s.device)[None, :] > torch.arange(q_len, device=s.device)[:, None] + (n - q_len)
-    if evicted is not None:
-        hidden = hidden | expand_kv(evicted[:, None, :], query.shape[0])
-    return torch.softmax(s.masked_fill(hidden, float("-inf")), dim=-1)
+    *lead, heads, q_len, n = s.shape
+    if q_len > 1:  # row i must not see slots after n - q + i (a single row sees them all)
+        s = s.masked_fill(torch.ones(q_len, n, dtype=torch.bool, device=s.device).triu(n - q_len + 1), float("-inf"))
+    if evicted is not None:  # per KV group: (..., KV, G, q, n), without copying the mask per query head
+        kv = evicted.shape[-2]
+        s = s.view(*lead, kv, heads // kv, q_len, n).masked_fill(evicted[..., None, None, :], float("-inf")).view(s.shape)
+    return torch.softmax(s, dim=-1)
 
 
 def evicted_mass(alpha: torch.Tensor, evicted: torch.Tensor) -> torch.Tensor:

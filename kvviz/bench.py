@@ -13,6 +13,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 from dataclasses import asdict, dataclass
 
 import torch
@@ -35,19 +36,25 @@ class Row:
     detail: str
 
 
-def median_time(action: Callable[[], object], repeats: int, setup: Callable[[], object] | None = None) -> float:
-    """Median wall time of ``action`` over ``repeats`` runs after one warm-up; ``setup`` runs untimed before each."""
-    times = []
+def paired_medians(
+    ours: Callable[[Any], object], theirs: Callable[[Any], object], repeats: int,
+    ours_setup: Callable[[], Any] = lambda: None, theirs_setup: Callable[[], Any] = lambda: None,
+) -> tuple[float, float]:
+    """Median wall times of ``ours`` and ``theirs`` over ``repeats`` runs each after one warm-up each, run
+    alternately (ours, theirs, ours, …) so a noisy machine's drift touches both alike. Each action gets the result
+    of its setup, which runs untimed just before it."""
+    times: tuple[list[float], list[float]] = ([], [])
     for index in range(repeats + 1):
-        state = setup() if setup else None
-        gc.collect()
-        start = time.perf_counter()
-        action() if state is None else action(state)  # type: ignore[call-arg]
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        if index:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for side, (action, setup) in enumerate(((ours, ours_setup), (theirs, theirs_setup))):
+            state = setup()
+            gc.collect()
+            start = time.perf_counter()
+            action(state)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            if index:
+                times[side].append(time.perf_counter() - start)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def row(name: str, ours: float, theirs: float, target: float, higher_is_better: bool = False, unit: str = "s") -> Row:
@@ -72,49 +79,46 @@ class Bench:
         self.plain.to(self.lm.device).eval().requires_grad_(False)
 
     def load(self) -> Row:
-        ours = median_time(lambda: load_model(), self.repeats)
-        theirs = median_time(lambda: (AutoTokenizer.from_pretrained(self.folder), AutoModelForCausalLM.from_pretrained(
-            self.folder, dtype=self.lm.dtype, attn_implementation="sdpa").to(self.lm.device)), self.repeats)
-        return row("load", ours, theirs, 1.2)
+        def plain(_) -> None:
+            AutoTokenizer.from_pretrained(self.folder)
+            AutoModelForCausalLM.from_pretrained(self.folder, dtype=self.lm.dtype, attn_implementation="sdpa").to(
+                self.lm.device)
+
+        return row("load", *paired_medians(lambda _: load_model(), plain, self.repeats), 1.2)
 
     def prefill(self, count: int) -> Row:
         ids = token_ids(self.lm, count)
         tensor = torch.tensor([ids], device=self.lm.device)
 
-        def plain() -> None:
+        def plain(_) -> None:
             with torch.no_grad():
                 self.plain(input_ids=tensor, cache=DynamicCache(config=self.plain.config), use_cache=True, logits_to_keep=1)
 
-        ours = median_time(lambda: Session(self.lm).add_ids(ids), self.repeats)
-        theirs = median_time(plain, self.repeats)
-        return row(f"prefill {count}", ours, theirs, 1.3)
+        return row(f"prefill {count}", *paired_medians(lambda _: Session(self.lm).add_ids(ids), plain, self.repeats), 1.3)
 
     def generate(self, count: int = 64) -> Row:
         ids = token_ids(self.lm, 32)
+        tensor = torch.tensor([ids], device=self.lm.device)
 
-        def ours(session: Session) -> None:
-            for _ in range(count - 1):  # the prefill chose the first token; each step decodes one more
+        def ours(_) -> None:
+            session = Session(self.lm)
+            session.add_ids(ids)  # the prefill chooses the first token; each step decodes one more
+            for _ in range(count - 1):
                 session.step()
 
-        def prefilled() -> Session:
-            session = Session(self.lm)
-            session.add_ids(ids)
-            return session
+        def plain(_) -> None:
+            self.plain.generate(tensor, max_new_tokens=count, min_new_tokens=count, do_sample=False, pad_token_id=2)
 
-        tensor = torch.tensor([ids], device=self.lm.device)
-        theirs = median_time(lambda: self.plain.generate(tensor, max_new_tokens=count, min_new_tokens=count,
-                                                         do_sample=False, pad_token_id=2), self.repeats)
-        prefill = median_time(lambda: Session(self.lm).add_ids(ids), self.repeats)
-        steps = median_time(ours, self.repeats, setup=prefilled)
-        ours_rate, theirs_rate = count / (prefill + steps), count / theirs
-        return row(f"generate {count}", ours_rate, theirs_rate, 0.85, higher_is_better=True, unit="tok/s")
+        ours_time, plain_time = paired_medians(ours, plain, self.repeats)
+        return row(f"generate {count}", count / ours_time, count / plain_time, 0.85, higher_is_better=True, unit="tok/s")
 
     def _context(self, count: int) -> Session:
         session = Session(self.lm)
         session.add_ids(token_ids(self.lm, count))
         return session
 
-    def _plain_step(self, session: Session) -> float:
+    def _plain_step(self, session: Session) -> tuple[Callable[[Any], object], Callable[[], Any]]:
+        """One plain decode step of the newest slot on its cache (the action and its untimed cache setup)."""
         at = len(session) - 1
         prefix = [tuple(t[:, :, :at] for t in kv_cache.layer_kv(session.cache, layer)) for layer in range(self.lm.layers)]
         slot = session.transcript.slots[at]
@@ -124,18 +128,20 @@ class Bench:
                 self.plain(input_ids=torch.tensor([[slot.id]], device=self.lm.device), cache=cache, use_cache=True,
                            position_ids=torch.tensor([[slot.position]], device=self.lm.device), logits_to_keep=1)
 
-        return median_time(step, self.repeats, setup=lambda: kv_cache.build(self.plain.config, prefix))
+        return step, lambda: kv_cache.build(self.plain.config, prefix)
 
     def whatif(self, count: int, quantize: bool = False, cold: bool = False) -> Row:
         """A what-if at the newest slot. Warm (the interactive path): the full run of that step is already kept by
-        the session, as after the first click. Cold: the session's memo is cleared before each run."""
+        the session, as after the first click. Cold: the session's memo is cleared before each run, so it runs the
+        full and the edited pass (two decode steps by design; its target is twice the warm one's)."""
         session = self._context(count)
         at = len(session) - 1
         edit = Edit.quantize(range(at), 4) if quantize else Edit.evict(range(at // 2, at // 2 + 10))
-        ours = median_time(lambda _: what_if(session, edit), self.repeats,
-                           setup=(lambda: session.memo.clear() or True) if cold else (lambda: True))
+        step, cache = self._plain_step(session)
+        ours, plain = paired_medians(lambda _: what_if(session, edit), step, self.repeats,
+                                     ours_setup=session.memo.clear if cold else lambda: None, theirs_setup=cache)
         name = f"whatif {'quant' if quantize else 'evict'} {count}{' cold' if cold else ''}"
-        return row(name, ours, self._plain_step(session), 1.5 if quantize else 1.3)
+        return row(name, ours, plain, (1.5 if quantize else 1.3) * (2 if cold else 1))
 
     def memory(self, count: int) -> Row:
         usage = self._context(count).memory()

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 
 from kvviz.errors import KvvizError
-from kvviz.quant import Quantizer, check_bits, fake_quantize
+from kvviz.quant import Quantizer, check_bits, fake_quantize, fake_quantize_
 
 
 def _slots(values: Iterable[object], what: str) -> tuple[int, ...]:
@@ -83,6 +83,8 @@ class Edit:
 
     def merged(self, other: Edit) -> Edit:
         """This edit with ``other`` on top: evictions add up, ``other``'s bit-widths and settings win."""
+        if not (self.evictions or self.key_bits or self.value_bits):
+            return other
         return replace(other, evictions=self.evictions + other.evictions,
                        key_bits={**self.key_bits, **other.key_bits}, value_bits={**self.value_bits, **other.value_bits})
 
@@ -132,6 +134,8 @@ class Edit:
     def resolved(self, at: int) -> Edit:
         """This edit for the step at slot ``at``: the full-precision window becomes explicit 16-bit slots."""
         recent = at - self.full_precision_window
+        if not self.full_precision_window and all(next(reversed(b), -1) < at for b in (self.key_bits, self.value_bits)):
+            return self  # nothing to resolve (the bit tables are sorted by slot)
         keep = lambda bits: {s: b for s, b in bits.items() if s < recent}  # noqa: E731
         return replace(self, key_bits=keep(self.key_bits), value_bits=keep(self.value_bits), full_precision_window=0)
 
@@ -142,12 +146,33 @@ class Edit:
 
     def quantized(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """New ``(KV, n, D)`` keys and values with each slot fake-quantized at its bit-width (slots sharing a
-        bit-width are quantized together, which matters for per-channel scales)."""
-        return self.quantized_keys(keys), _quantize(values, self._groups("value", values.shape[1]), self.values)
+        bit-width are quantized together, which matters for per-channel scales); a kind without bits is returned
+        as it is."""
+        return self.quantized_keys(keys), self._quantized(values, "value")
 
     def quantized_keys(self, keys: torch.Tensor) -> torch.Tensor:
         """New ``(KV, n, D)`` keys with each slot fake-quantized at its key bit-width."""
-        return _quantize(keys, self._groups("key", keys.shape[1]), self.keys)
+        return self._quantized(keys, "key")
+
+    def quantize_(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """:meth:`quantized` in place, on tensors the caller owns (e.g. the slots of a cache built for one run)."""
+        self._quantize_(keys, "key")
+        self._quantize_(values, "value")
+
+    def _quantized(self, x: torch.Tensor, kind: str) -> torch.Tensor:
+        if not self._groups(kind, x.shape[1]):
+            return x
+        out = x.clone()
+        self._quantize_(out, kind)
+        return out
+
+    def _quantize_(self, x: torch.Tensor, kind: str) -> None:
+        quantizer = self.keys if kind == "key" else self.values
+        for width, slots in self._groups(kind, x.shape[1]):
+            if isinstance(slots, slice):
+                fake_quantize_(x[:, slots], width, quantizer)
+            else:
+                x[:, slots] = fake_quantize(x[:, slots], width, quantizer)
 
     def _groups(self, kind: str, n: int) -> list[tuple[int, slice | list[int]]]:
         """:func:`_groups` of ``kind``'s bit-widths, computed once per ``n`` (every layer uses the same groups)."""
@@ -195,18 +220,6 @@ def _groups(bits: Mapping[int, int], n: int) -> list[tuple[int, slice | list[int
             by_width.setdefault(width, []).append(slot)
     return [(width, slice(slots[0], slots[-1] + 1) if slots[-1] - slots[0] + 1 == len(slots) else slots)
             for width, slots in sorted(by_width.items())]
-
-
-def _quantize(x: torch.Tensor, groups: list[tuple[int, slice | list[int]]], quantizer: Quantizer) -> torch.Tensor:
-    """``x`` ``(KV, n, D)`` with each group of slots fake-quantized together at its width; ``x`` itself if none."""
-    if not groups:
-        return x
-    if len(groups) == 1 and groups[0][1] == slice(0, x.shape[1]):
-        return fake_quantize(x, groups[0][0], quantizer)
-    out = x.clone()
-    for width, slots in groups:
-        out[:, slots] = fake_quantize(x[:, slots], width, quantizer)
-    return out
 
 
 def _flags(size: int, chosen: Iterable[int] | None, device: torch.device | None) -> torch.Tensor:

@@ -35,14 +35,6 @@ class NextToken:
                 "kl": self.kl, "tv": self.tv, "top1_changed": self.top1_changed}
 
 
-def divergences(full_logits: torch.Tensor, edited_logits: torch.Tensor) -> tuple[float, float]:
-    """``KL(p‖q) = Σ p (log p − log q)`` (nats) and ``TV = ½ Σ |p − q|`` in float64 from logits ``(V,)``; both
-    exactly 0 for identical logits."""
-    log_p, log_q = torch.log_softmax(full_logits.double(), -1), torch.log_softmax(edited_logits.double(), -1)
-    p, q = log_p.exp(), log_q.exp()
-    return float((p * (log_p - log_q)).sum().clamp_min(0)), float((p - q).abs().sum() / 2)
-
-
 def ranks_of(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """Rank (0 = most likely) of each token in ``ids`` under ``logits`` ``(V,)``; ties broken by token id, as
     ``argmax`` does: the number of tokens with a larger logit, or an equal logit and a smaller id."""
@@ -58,17 +50,19 @@ def compare(full_logits: torch.Tensor, edited_logits: torch.Tensor, k: int, text
     """Top-``k`` of both distributions side by side. ``text`` maps a token id to its piece. Ranks are counted on the
     logits as the model returned them (a float64 copy would order them the same)."""
     full_logits, edited_logits = full_logits.cpu(), edited_logits.cpu()
-    kl, tv = divergences(full_logits, edited_logits)
+    log_p, log_q = torch.log_softmax(full_logits.double(), -1), torch.log_softmax(edited_logits.double(), -1)
+    p, q = log_p.exp(), log_q.exp()
+    kl = float((p * (log_p - log_q)).sum().clamp_min(0))  # KL(p‖q) in nats: exactly 0 for identical logits
+    tv = float((p - q).abs().sum() / 2)
     tops = torch.cat([torch.topk(full_logits, k).indices, torch.topk(edited_logits, k).indices])  # then ordered by rank
     ranks = {"full": ranks_of(full_logits, tops).tolist(), "edited": ranks_of(edited_logits, tops).tolist()}
+    probs = {"full": p[tops].tolist(), "edited": q[tops].tolist()}
     delta = (edited_logits[tops].double() - full_logits[tops].double()).tolist()
     ids = tops.tolist()
 
-    def table(logits: torch.Tensor, own: str, other: str, rows: range) -> list[Candidate]:
-        probs = torch.softmax(logits.double(), -1)[tops[rows.start:rows.stop]].tolist()
-        return sorted((Candidate(ids[i], text(ids[i]), probs[i - rows.start], ranks[own][i], ranks[other][i], delta[i])
+    def table(own: str, other: str, rows: range) -> list[Candidate]:
+        return sorted((Candidate(ids[i], text(ids[i]), probs[own][i], ranks[own][i], ranks[other][i], delta[i])
                        for i in rows), key=lambda c: c.rank)
 
-    return NextToken(full=table(full_logits, "full", "edited", range(k)),
-                     edited=table(edited_logits, "edited", "full", range(k, 2 * k)), kl=kl, tv=tv,
-                     top1_changed=int(full_logits.argmax()) != int(edited_logits.argmax()))
+    return NextToken(full=table("full", "edited", range(k)), edited=table("edited", "full", range(k, 2 * k)), kl=kl,
+                     tv=tv, top1_changed=int(full_logits.argmax()) != int(edited_logits.argmax()))

@@ -17,6 +17,7 @@ from kvviz.errors import KvvizError
 SUPPORTED_BITS = (16, 8, 4, 3, 2)
 Axis = Literal["channel", "token"]
 PARAM_BYTES = 2  # one fp16 scale or zero point
+_TINY = torch.finfo(torch.float32).tiny
 
 
 @dataclass(frozen=True)
@@ -50,34 +51,45 @@ def check_bits(bits: object) -> int:
 
 
 def fake_quantize(x: torch.Tensor, bits: int, quantizer: Quantizer) -> torch.Tensor:
-    """Quantize then dequantize ``x`` ``(KV, n, D)`` at ``bits``; returns the same shape and dtype.
+    """Quantize then dequantize ``x`` ``(KV, n, D)`` at ``bits``; returns a new tensor of the same shape and dtype
+    (``x`` itself at 16 bits).
 
     Asymmetric: ``scale = (max − min)/(2^b − 1)``, zero point ``min``. Symmetric: ``scale = max|x|/(2^(b−1) − 1)``.
     Every element's error is at most ``scale / 2`` of its group (round to nearest).
     """
-    check_bits(bits)
-    if bits == 16 or x.numel() == 0:
+    if check_bits(bits) == 16 or x.numel() == 0:
+        return x
+    values = x.float()
+    return fake_quantize_(values.clone() if values is x else values, bits, quantizer).to(x.dtype)
+
+
+def fake_quantize_(x: torch.Tensor, bits: int, quantizer: Quantizer) -> torch.Tensor:
+    """:func:`fake_quantize` in place (``x`` may be a view, e.g. some slots of a cache); returns ``x``. In place
+    saves the allocations and memory passes that dominate quantizing a long cache."""
+    if check_bits(bits) == 16 or x.numel() == 0:
         return x
     quantizer.check(x.shape[-1])
-    values = x.float()
+    if x.dtype != torch.float32:  # half precision: round trip in float32, then write back
+        return x.copy_(fake_quantize(x, bits, quantizer))
     if quantizer.axis == "token":
-        kv, n, dim = values.shape
-        grouped = values.reshape(kv, n, quantizer.groups_per_slot(dim), -1)
-        return _round_trip(grouped, bits, quantizer.symmetric, reduce_dim=-1).reshape(kv, n, dim).to(x.dtype)
-    return _round_trip(values, bits, quantizer.symmetric, reduce_dim=1).to(x.dtype)
+        kv, n, dim = x.shape
+        _round_trip_(x.view(kv, n, quantizer.groups_per_slot(dim), -1), bits, quantizer.symmetric, reduce_dim=-1)
+    else:
+        _round_trip_(x, bits, quantizer.symmetric, reduce_dim=1)
+    return x
 
 
-def _round_trip(values: torch.Tensor, bits: int, symmetric: bool, reduce_dim: int) -> torch.Tensor:
-    """Round trip through ``bits``-bit codes; a new tensor (the arithmetic runs in place on the first result)."""
+def _round_trip_(values: torch.Tensor, bits: int, symmetric: bool, reduce_dim: int) -> None:
+    """Round trip through ``bits``-bit codes, in place. No clamp is needed: ``|x − low| / scale`` and ``|x| / scale``
+    stay within the code range up to rounding, far below the half step that could change a code. A constant group
+    (scale 0) gets the smallest positive scale: its codes are 0, so it comes back exactly."""
     if symmetric:
-        top = 2 ** (bits - 1) - 1
-        scale = values.abs().amax(reduce_dim, keepdim=True) / top
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-        return (values / scale).round_().clamp_(-top, top).mul_(scale)
+        scale = (values.abs().amax(reduce_dim, keepdim=True) / (2 ** (bits - 1) - 1)).clamp_min_(_TINY)
+        values.div_(scale).round_().mul_(scale)
+        return
     low = values.amin(reduce_dim, keepdim=True)
-    scale = (values.amax(reduce_dim, keepdim=True) - low) / (2**bits - 1)
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    return (values - low).div_(scale).round_().clamp_(0, 2**bits - 1).mul_(scale).add_(low)
+    scale = ((values.amax(reduce_dim, keepdim=True) - low) / (2**bits - 1)).clamp_min_(_TINY)
+    values.sub_(low).div_(scale).round_().mul_(scale).add_(low)
 
 
 def error_bound(x: torch.Tensor, bits: int, quantizer: Quantizer) -> torch.Tensor:

@@ -58,16 +58,18 @@ def _full_mask(
     """Boolean mask ``(B, 1|H, q, n)``: the causal mask (rebuilt when transformers skipped it), AND per-KV-head
     ``visible`` ``(B, KV, n)`` when given."""
     q_len, n = query.shape[2], key.shape[2]
+    per_head = None  # (B, H, 1, n); GQA: query head h reads KV head h // n_rep
+    if visible is not None:
+        per_head = visible.to(key.device).repeat_interleave(query.shape[1] // key.shape[1], dim=1)[:, :, None, :]
+        if mask is None and q_len == 1:  # a decode step sees every cached slot: `visible` is the whole mask
+            return per_head
     if mask is None:
         rows = torch.arange(q_len, device=key.device)[:, None] + (n - q_len)
         mask = (torch.arange(n, device=key.device)[None, :] <= rows)[None, None]
     elif mask.dtype != torch.bool:
         mask = mask == 0  # additive float mask: 0 = attend
     mask = mask[..., :n]
-    if visible is None:
-        return mask
-    per_head = visible.to(key.device).repeat_interleave(query.shape[1] // key.shape[1], dim=1)  # GQA: h -> h // n_rep
-    return mask & per_head[:, :, None, :]
+    return mask if per_head is None else mask & per_head
 
 
 def kvviz_attention(

@@ -101,32 +101,47 @@ class EditedStepProbe(Probe):
     edited run's own output). Evictions alone are measured for all layers at once from the full run (closed form,
     §10); quantization per layer as the edited keys and values arrive (the two terms of §12)."""
 
-    def __init__(self, full: FullStep, hidden: torch.Tensor, new: torch.Tensor, quantizes: bool,
-                 detail: tuple[int, int], masked: bool):
-        self.full, self.hidden, self.masked, self.quantizes, self.detail = full, hidden, masked, quantizes, detail
+    def __init__(self, full: FullStep, edit: Edit, hidden: torch.Tensor, new: torch.Tensor, detail: tuple[int, int],
+                 masked: bool):
+        self.full, self.edit, self.hidden, self.masked, self.detail = full, edit, hidden, masked, detail
+        self.quantizes = edit.quantizes
         alpha = full.probe.alpha  # (L, H, n)
         self.new = new.repeat_interleave(alpha.shape[1] // new.shape[1], dim=1)  # (L, H, n): newly evicted
         self.rho = math.evicted_mass(alpha, self.new)  # (L, H)
-        self.terms: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer: weight and content terms (H, D)
+        self.scores: list[torch.Tensor] = []  # quantizing: per layer, the full query's scores on the edited cache
+        self.values: list[torch.Tensor] = []  # quantizing: per layer, the edited cache's values (KV, n, D)
         self.outputs: list[torch.Tensor] = []
         self.used: torch.Tensor | None = None  # (H, n): the weights the edited run used at the detail layer
 
-    def _weights(self, layer: int, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-        return math.causal_weights(query, keys, self.full.probe.scaling, self.hidden[layer], dtype=torch.float64)[:, 0]
-
     def on_query(self, layer, query, key, value):
         full = self.full.probe
-        if self.quantizes:  # the edited cache, with this step's own K/V as the full run computed them
-            keys = torch.cat([key[0, :, :-1], full.own_kv[layer][0]], 1)
-            alpha_hat, values = self._weights(layer, full.queries[layer], keys), full.values[layer]
-            self.terms.append((math.output(alpha_hat - full.alpha[layer], values),
-                               math.output(alpha_hat[:, :-1], value[0, :, :-1] - values[:, :-1])))
+        if self.quantizes:  # the run's cache holds the original slots: quantize them in place before attention reads
+            self.edit.quantize_(key[0, :, :-1], value[0, :, :-1])
+            # the full query's scores on the edited cache, with this step's own key as the full run computed it
+            scores = math.scores(full.queries[layer], key[0], full.scaling)  # (H, 1, n)
+            scores[..., -1:] = math.scores(full.queries[layer], full.own_kv[layer][0], full.scaling)
+            self.scores.append(scores)
+            self.values.append(value[0])
         if layer == self.detail[0]:
-            self.used = self._weights(layer, query[0], key[0])
+            self.used = math.causal_weights(query[0], key[0], full.scaling, self.hidden[layer], torch.float64)[:, 0]
         return ~self.hidden[layer][None] if self.masked else None
 
     def on_output(self, layer, output):
         self.outputs.append(output[0, 0])
+
+    def _quantized(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The two terms of §12 ``(L, H, D)``: ``Σ (α̂ − α) v`` and ``Σ α̂ (v̂ − v)`` (the step's own value is the
+        full run's, so its ``v̂ − v`` is 0)."""
+        full = self.full.probe
+        alpha_hat = math.visible_softmax(torch.stack(self.scores), self.hidden, torch.float64)[:, :, 0]  # (L, H, n)
+        delta = alpha_hat - full.alpha
+        weight = [math.output(d, v) for d, v in zip(delta, full.values)]
+        content, error = [], torch.empty_like(full.values[0])  # (KV, n, D): one buffer for every layer's ε^V
+        for a, v_hat, v in zip(alpha_hat, self.values, full.values):
+            torch.sub(v_hat, v, out=error)
+            error[:, -1] = 0  # the step's own value is the full run's
+            content.append(math.output(a, error))
+        return torch.stack(weight), torch.stack(content)
 
     def _evicted(self) -> torch.Tensor:
         """Isolated Δo ``(L, H, D)`` of evictions alone: ``o′ − o`` with ``o′ = (o − Σ α_e v_e)/(1 − ρ)`` over the
@@ -142,7 +157,8 @@ class EditedStepProbe(Probe):
         for layer in range(len(o)):
             if bool((self.rho[layer] >= 1).any()):
                 keys = torch.cat([self.full.prefix[layer][0], full.own_kv[layer][0]], 1)
-                delta = math.output(self._weights(layer, full.queries[layer], keys) - full.alpha[layer], full.values[layer])
+                alpha_hat = math.causal_weights(full.queries[layer], keys, full.scaling, self.hidden[layer], torch.float64)
+                delta = math.output(alpha_hat[:, 0] - full.alpha[layer], full.values[layer])
             else:
                 delta = math.evicted_output(o[layer], alpha[layer], values[layer], new[layer]) - o[layer]
             rows.append(delta.double())
@@ -151,7 +167,7 @@ class EditedStepProbe(Probe):
     def results(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """After the run: the per-head maps ``(L, H)`` by name, and the detail head's rows."""
         if self.quantizes:
-            weight, content = (torch.stack(t) for t in zip(*self.terms))
+            weight, content = self._quantized()
             isolated = weight + content
         else:
             isolated = weight = self._evicted()
@@ -204,23 +220,26 @@ class FullStep:
 
 
 def _full_step(session, at: int, full: Edit, hidden: torch.Tensor | None) -> FullStep:
-    """The unedited run of slot ``at`` (memoized per session cache version, step, committed edit and mask mode)."""
+    """The unedited run of slot ``at``, memoized per session cache version, step, committed edit and mask mode; the
+    two most recent are kept, so switching between an eviction (masked runs) and quantization alone stays warm."""
+    steps = session.memo.setdefault("full_steps", {})
     key = (session.version, at, repr(full.to_dict()), hidden is not None)
-    memo = session.memo
-    if memo.get("full_step_key") != key:
+    if key not in steps:
         slot = session.transcript.slots[at]
         prefix = _prefix(session, at, full)
         probe = FullStepProbe(hidden, session.lm.scaling)
         out, _ = _run(session, prefix, slot.id, slot.position, probe)
         probe.finish()
-        memo["full_step"] = FullStep(at, slot.position, prefix, probe, out.logits[0, -1].float(), out.hidden_states,
-                                     hidden)
-        memo["full_step_key"] = key
-    return memo["full_step"]
+        recent = [k for k in steps if k[0] == session.version][-1:]  # keep one more run of this cache version
+        for old in set(steps) - set(recent):
+            del steps[old]
+        steps[key] = FullStep(at, slot.position, prefix, probe, out.logits[0, -1].float(), out.hidden_states, hidden)
+    return steps[key]
 
 
-def _prefix(session, at: int, edit: Edit) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per layer, the K/V ``(KV, at, D)`` of slots ``0..at-1`` as the model computed them, with ``edit`` applied."""
+def _prefix(session, at: int, edit: Edit = Edit()) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer, the K/V ``(KV, at, D)`` of slots ``0..at-1`` as the model computed them (views), with ``edit``'s
+    quantization applied (copies)."""
     return [edit.quantized(*session.commits.original_kv(layer, at)) for layer in range(session.lm.layers)]
 
 
@@ -251,9 +270,8 @@ def what_if(session, edit: Edit, at: int | None = None, layer: int = 0, head: in
 
     masked = bool(hidden_edited.any())  # both runs take the same attention kernel: masked iff anything is hidden
     full_step = _full_step(session, at, full, hidden_full if masked else None)
-    probe = EditedStepProbe(full_step, hidden_edited, hidden_edited & ~hidden_full, edited.quantizes,
-                            (layer, head), masked)
-    out, cache = _run(session, _prefix(session, at, edited), slot.id, slot.position, probe)
+    probe = EditedStepProbe(full_step, edited, hidden_edited, hidden_edited & ~hidden_full, (layer, head), masked)
+    out, cache = _run(session, _prefix(session, at), slot.id, slot.position, probe)  # quantized in place by the probe
     maps, rows = probe.results()
     logits, full_logits = out.logits[0, -1].float(), full_step.logits
     follow = None

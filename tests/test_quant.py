@@ -131,3 +131,12 @@ def test_cache_memory_counts_every_kv_head_and_segment(seed, quantizer):
         slots = [s for s, seg in enumerate(segments) if seg == name]
         assert memory["segments"][name]["edited_bytes"] == reference(slots)
         assert memory["segments"][name]["full_bytes"] == len(slots) * 2 * layers * kv_heads * dim * 4
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("axis", ["channel", "token"])
+def test_constant_groups_come_back_exactly(axis, symmetric):
+    x = torch.full((2, 5, 8), -1.25)
+    x[1] = 0.0
+    for bits in (8, 4, 2):
+        assert torch.equal(fake_quantize(x, bits, Quantizer(axis, symmetric=symmetric)), x)
