@@ -108,40 +108,37 @@ class EditedStepProbe(Probe):
         alpha = full.probe.alpha  # (L, H, n)
         self.new = new.repeat_interleave(alpha.shape[1] // new.shape[1], dim=1)  # (L, H, n): newly evicted
         self.rho = math.evicted_mass(alpha, self.new)  # (L, H)
-        self.scores: list[torch.Tensor] = []  # quantizing: per layer, the full query's scores on the edited cache
-        self.values: list[torch.Tensor] = []  # quantizing: per layer, the edited cache's values (KV, n, D)
+        self.terms: list[tuple[torch.Tensor, torch.Tensor]] = []  # quantizing: per layer, §12's two terms (H, D)
+        self.error: torch.Tensor | None = None  # quantizing: one (KV, n, D) buffer for every layer's ε^V
         self.outputs: list[torch.Tensor] = []
         self.used: torch.Tensor | None = None  # (H, n): the weights the edited run used at the detail layer
 
     def on_query(self, layer, query, key, value):
-        full = self.full.probe
         if self.quantizes:  # the run's cache holds the original slots: quantize them in place before attention reads
             self.edit.quantize_(key[0, :, :-1], value[0, :, :-1])
-            # the full query's scores on the edited cache, with this step's own key as the full run computed it
-            scores = math.scores(full.queries[layer], key[0], full.scaling)  # (H, 1, n)
-            scores[..., -1:] = math.scores(full.queries[layer], full.own_kv[layer][0], full.scaling)
-            self.scores.append(scores)
-            self.values.append(value[0])
+            self.terms.append(self._quantization_terms(layer, key[0], value[0]))
         if layer == self.detail[0]:
-            self.used = math.causal_weights(query[0], key[0], full.scaling, self.hidden[layer], torch.float64)[:, 0]
+            self.used = math.causal_weights(query[0], key[0], self.full.probe.scaling, self.hidden[layer],
+                                            torch.float64)[:, 0]
         return ~self.hidden[layer][None] if self.masked else None
 
     def on_output(self, layer, output):
         self.outputs.append(output[0, 0])
 
-    def _quantized(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The two terms of §12 ``(L, H, D)``: ``Σ (α̂ − α) v`` and ``Σ α̂ (v̂ − v)`` (the step's own value is the
-        full run's, so its ``v̂ − v`` is 0)."""
+    def _quantization_terms(self, layer: int, keys: torch.Tensor, values_hat: torch.Tensor):
+        """§12 at ``layer``: ``Σ (α̂ − α) v`` and ``Σ α̂ (v̂ − v)`` ``(H, D)``, with α̂ the full query's weights on the
+        edited cache ``keys``/``values_hat`` ``(KV, n, D)`` (computed while they are fresh in the CPU's caches). The
+        step's own key and value are the full run's, so its ``v̂ − v`` is 0."""
         full = self.full.probe
-        alpha_hat = math.visible_softmax(torch.stack(self.scores), self.hidden, torch.float64)[:, :, 0]  # (L, H, n)
-        delta = alpha_hat - full.alpha
-        weight = [math.output(d, v) for d, v in zip(delta, full.values)]
-        content, error = [], torch.empty_like(full.values[0])  # (KV, n, D): one buffer for every layer's ε^V
-        for a, v_hat, v in zip(alpha_hat, self.values, full.values):
-            torch.sub(v_hat, v, out=error)
-            error[:, -1] = 0  # the step's own value is the full run's
-            content.append(math.output(a, error))
-        return torch.stack(weight), torch.stack(content)
+        scores = math.scores(full.queries[layer], keys, full.scaling)  # (H, 1, n)
+        scores[..., -1:] = math.scores(full.queries[layer], full.own_kv[layer][0], full.scaling)
+        alpha_hat = math.visible_softmax(scores, self.hidden[layer], torch.float64)[:, 0]
+        values = full.values[layer]
+        if self.error is None:
+            self.error = torch.empty_like(values)
+        error = torch.sub(values_hat, values, out=self.error)
+        error[:, -1] = 0
+        return math.output(alpha_hat - full.alpha[layer], values), math.output(alpha_hat, error)
 
     def _evicted(self) -> torch.Tensor:
         """Isolated Δo ``(L, H, D)`` of evictions alone: ``o′ − o`` with ``o′ = (o − Σ α_e v_e)/(1 − ρ)`` over the
@@ -167,7 +164,7 @@ class EditedStepProbe(Probe):
     def results(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """After the run: the per-head maps ``(L, H)`` by name, and the detail head's rows."""
         if self.quantizes:
-            weight, content = self._quantized()
+            weight, content = (torch.stack(terms) for terms in zip(*self.terms))
             isolated = weight + content
         else:
             isolated = weight = self._evicted()
