@@ -6,6 +6,7 @@ import json
 import os
 import re
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import streamlit as st
@@ -56,6 +57,22 @@ def document() -> dict:
     """This browser session as an export document (conversation, edits, view)."""
     view = {key: st.session_state[key] for key in ("layer", "head", "at")}
     return export_session(session(), draft(), view)
+
+
+def save() -> None:
+    """End of a run (the page's or the editor fragment's): keep the export current and autosave it."""
+    doc = document()
+    st.session_state.setdefault("export", {})["doc"] = doc  # read by the export button's deferred download
+    try:
+        autosave(doc)
+    except OSError as exc:  # a full or read-only disk must not take the page down
+        st.caption(f"Autosave failed: {exc}")
+
+
+def export_json() -> Callable[[], str]:
+    """The export document of the last run, for a deferred download (called outside any script run)."""
+    holder = st.session_state.setdefault("export", {})
+    return lambda: json.dumps(holder.get("doc", {}), ensure_ascii=False, indent=1)
 
 
 def autosave(doc: dict) -> None:

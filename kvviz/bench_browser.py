@@ -20,10 +20,10 @@ from kvviz.export import export_session
 from kvviz.session import Session
 
 KL_CHANGED = """(before) => {
-  const m = [...document.querySelectorAll('[data-testid=stMetric]')].find(e => e.innerText.includes('KL(full'));
-  return m && m.querySelector('[data-testid=stMetricValue]').innerText !== before
+  const m = [...document.querySelectorAll('[data-testid=stMetric]')].find(e => e.textContent.includes('KL(full'));
+  return m && m.querySelector('[data-testid=stMetricValue]').textContent !== before
     && !document.querySelector('[data-testid=stStatusWidget]');
-}"""
+}"""  # textContent, not innerText: polled every frame, it must not force a layout of the page being measured
 
 
 def _session_file(lm, count: int, folder: Path) -> Path:
@@ -35,7 +35,7 @@ def _session_file(lm, count: int, folder: Path) -> Path:
 
 
 def _kl(page) -> str:
-    return page.locator("[data-testid=stMetric]", has_text="KL(full").locator("[data-testid=stMetricValue]").inner_text()
+    return page.locator("[data-testid=stMetric]", has_text="KL(full").locator("[data-testid=stMetricValue]").text_content()
 
 
 def _clicks(page, count: int, repeats: int) -> list[float]:
@@ -60,6 +60,8 @@ def browser_rows(lm, counts: tuple[int, ...] = (1024, 2048), repeats: int = 5) -
         page.wait_for_selector("textarea", timeout=180_000)
         for count in counts:
             page.locator("[data-testid=stFileUploaderDropzoneInput]").set_input_files(str(files[count]))
+            page.wait_for_timeout(500)  # the upload reruns the page: click "Load it" once that run is over
+            page.wait_for_function("!document.querySelector('[data-testid=stStatusWidget]')", timeout=300_000)
             page.get_by_role("button", name="Load it").click()
             # the strip lives in a shadow root: Playwright's locators pierce it, document.querySelectorAll does not
             page.locator(".kv-chip").nth(count - 1).wait_for(state="attached", timeout=300_000)
@@ -69,7 +71,7 @@ def browser_rows(lm, counts: tuple[int, ...] = (1024, 2048), repeats: int = 5) -
                             f"click → what-if redrawn, median of {repeats}, absolute seconds"))
         draws = []
         for _ in range(repeats):
-            page.get_by_role("tab", name="What-if (full | edited)").click()
+            page.get_by_role("tab", name="Cache growth").click()
             page.wait_for_timeout(300)
             start = time.perf_counter()
             page.get_by_role("tab", name="Attention").click()

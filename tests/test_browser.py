@@ -49,6 +49,20 @@ def test_send_click_chip_and_numbers_change(page):
     assert kl_text(page) != before
     assert page.locator(".kv-chip.kv-evicted").count() == 1
     page.screenshot(path=str(ROOT / "assets" / "browser-test.png"), full_page=False)
+    slot = int(target.get_attribute("data-slot"))
+    page.wait_for_timeout(1000)  # the editor's autosave and export record are written at the end of its run
+    with page.expect_download() as download:  # the export is built when clicked: it holds the click made in the editor
+        page.get_by_role("button", name="Export session (JSON)").click()
+    evicted = json.loads(Path(download.value.path()).read_text())["draft"]["edit"]["evict"]
+    assert [e["slots"] for e in evicted] == [[slot]]
+    total = chips.count()
+    target.click()  # clicking again restores the slot: the chip is updated in place, the numbers go back to 0
+    page.wait_for_function("""() => {
+        const m = [...document.querySelectorAll('[data-testid=stMetric]')].find(e => e.innerText.includes('KL(full'));
+        return m && m.querySelector('[data-testid=stMetricValue]').innerText === '0';
+    }""", timeout=120_000)
+    assert page.locator(".kv-chip.kv-evicted").count() == 0
+    assert page.locator(".kv-chip").count() == total and int(target.get_attribute("data-slot")) == slot
 
 
 def test_hostile_text_is_shown_literally_and_runs_nothing(page):

@@ -1,5 +1,49 @@
 // The clickable cache strip. Every chip's text is set with textContent (never innerHTML): model and user text
 // can contain markup, and it must show literally. Python holds the state; a click sends {slot, shift, nonce}.
+// A click changes one or two chips: when the slots and their texts are as last drawn, chips are updated in place
+// (only those whose row changed), so a long strip is not rebuilt (and laid out again) on every click.
+const SEGMENTS = ["history", "query", "generated"];
+
+function describe(chip, row, at) {
+  const [slot, text, segment, turn, attention, evicted, keyBits, valueBits, selected] = row;
+  chip.className = "kv-chip kv-" + SEGMENTS[segment] + (evicted === 1 ? " kv-evicted" : "") +
+    (evicted === 2 ? " kv-partial" : "") + (selected ? " kv-selected" : "") + (slot === at ? " kv-current" : "");
+  chip.style.setProperty("--kv-attention", String(attention));
+  const quantized = keyBits < 16 || valueBits < 16;
+  chip.title = "slot " + slot + " · " + SEGMENTS[segment] + " · turn " + turn + " · attention " +
+    attention.toFixed(3) + " of max" + (quantized ? " · K" + keyBits + "/V" + valueBits : "");
+  chip.textContent = text.replace(/\n/g, "↵").replace(/\t/g, "⇥") || "∅";
+  if (quantized) {
+    const badge = document.createElement("sup");
+    badge.className = "kv-bits";
+    badge.textContent = keyBits === valueBits ? String(keyBits) : keyBits + "/" + valueBits;
+    chip.appendChild(badge);
+  }
+}
+
+function rebuild(root, chips, at) {
+  const fragment = document.createDocumentFragment();
+  const drawn = [];
+  let turn = null;
+  for (const row of chips) {
+    if (turn !== null && row[3] !== turn) {
+      const separator = document.createElement("span");
+      separator.className = "kv-turn";
+      separator.textContent = "turn " + row[3];
+      fragment.appendChild(separator);
+    }
+    turn = row[3];
+    const chip = document.createElement("span");
+    chip.dataset.slot = row[0];
+    chip.setAttribute("role", "listitem");
+    describe(chip, row, at);
+    fragment.appendChild(chip);
+    drawn.push({ chip, key: JSON.stringify(row) });
+  }
+  root.replaceChildren(fragment);
+  return drawn;
+}
+
 export default function (component) {
   const { data, parentElement, setTriggerValue } = component;
   let root = parentElement.querySelector(".kv-strip");
@@ -16,34 +60,21 @@ export default function (component) {
     });
   }
   const chips = (data && data.chips) || [];
-  const segments = ["history", "query", "generated"];
-  const fragment = document.createDocumentFragment();
-  let turn = null;
-  for (const [slot, text, segment, chipTurn, attention, evicted, keyBits, valueBits, selected] of chips) {
-    if (turn !== null && chipTurn !== turn) {
-      const separator = document.createElement("span");
-      separator.className = "kv-turn";
-      separator.textContent = "turn " + chipTurn;
-      fragment.appendChild(separator);
-    }
-    turn = chipTurn;
-    const chip = document.createElement("span");
-    chip.className = "kv-chip kv-" + segments[segment] + (evicted === 1 ? " kv-evicted" : "") +
-      (evicted === 2 ? " kv-partial" : "") + (selected ? " kv-selected" : "") + (slot === data.at ? " kv-current" : "");
-    chip.dataset.slot = slot;
-    chip.setAttribute("role", "listitem");
-    chip.style.setProperty("--kv-attention", String(attention));
-    chip.title = "slot " + slot + " · " + segments[segment] + " · turn " + chipTurn + " · attention " +
-      attention.toFixed(3) + " of max" + (keyBits < 16 || valueBits < 16 ? " · K" + keyBits + "/V" + valueBits : "");
-    chip.textContent = text.replace(/\n/g, "↵").replace(/\t/g, "⇥") || "∅";
-    if (keyBits < 16 || valueBits < 16) {
-      const badge = document.createElement("sup");
-      badge.className = "kv-bits";
-      badge.textContent = keyBits === valueBits ? String(keyBits) : keyBits + "/" + valueBits;
-      chip.appendChild(badge);
-    }
-    fragment.appendChild(chip);
+  const at = data ? data.at : -1;
+  const layout = JSON.stringify(chips.map((row) => [row[0], row[1], row[3]]));  // slots, texts and turns
+  if (root.kvLayout === layout && root.kvAt === at) {
+    chips.forEach((row, index) => {
+      const key = JSON.stringify(row);
+      const drawn = root.kvDrawn[index];
+      if (drawn.key !== key) {
+        describe(drawn.chip, row, at);
+        drawn.key = key;
+      }
+    });
+  } else {
+    root.kvDrawn = rebuild(root, chips, at);
+    root.kvLayout = layout;
+    root.kvAt = at;
   }
-  root.replaceChildren(fragment);
   root.classList.toggle("kv-large", Boolean(data && data.large));
 }

@@ -27,16 +27,21 @@ def _on_click() -> None:
         state.draft().toggle_evicted(slot)
 
 
-def render() -> None:
-    session, draft = state.session(), state.draft()
-    at = state.step_slot()
-    layers = session.lm.layers
+def view_settings() -> None:
+    """Layer, head and step: they change every view, so they live outside the editor fragment."""
+    session = state.session()
     view = st.columns([2, 2, 3])
-    view[0].selectbox("Layer", range(layers), key="layer")
+    view[0].selectbox("Layer", range(session.lm.layers), key="layer")
     view[1].selectbox("Head", [state.MEAN, *range(session.lm.heads)], key="head",
                       format_func=lambda h: "mean of heads" if h == state.MEAN else f"head {h} (KV {h // 3})")
     if len(session) > 1:
-        view[2].slider("Step (time travel)", 0, len(session) - 1, value=at, key="at_slider", on_change=_travel)
+        view[2].slider("Step (time travel)", 0, len(session) - 1, value=state.step_slot(), key="at_slider",
+                       on_change=_travel)
+
+
+def render() -> None:
+    session, draft = state.session(), state.draft()
+    at = state.step_slot()
     chips = strip_chips(session, draft, at, st.session_state.layer, state.head())
     st.caption("Click a chip to evict it · shift-click to select · background = attention of the current step "
                "(dashed) · band: grey history, blue query, orange generated")

@@ -6,6 +6,7 @@ import streamlit as st
 
 from app import state
 from kvviz import figures
+from kvviz.edits import Edit
 from kvviz.errors import KvvizError
 from kvviz.memory import step_memory
 
@@ -17,12 +18,12 @@ def render() -> None:
         return
     st.plotly_chart(figures.growth(session.transcript), key="growth")
     try:
-        memory = step_memory(session, state.draft().edit(len(session)), len(session))
+        memory = step_memory(session, Edit(), len(session))  # the committed edits (the draft's bytes: the what-if)
     except KvvizError as exc:
         st.warning(str(exc))
         return
     cols = st.columns(3)
     cols[0].metric(f"Cache ({session.lm.device_label})", f"{memory['full_bytes']:,} B")
     cols[1].metric("At fp16", f"{memory['fp16_bytes']:,} B")
-    cols[2].metric("With the edit, packed", f"{memory['edited_bytes']:,} B")
+    cols[2].metric("With committed edits, packed", f"{memory['edited_bytes']:,} B")
     st.dataframe([{"segment": name, **values} for name, values in memory["segments"].items()], hide_index=True)

@@ -59,10 +59,9 @@ def _scenarios(lm) -> None:
 
 def _export_import(lm) -> None:
     st.subheader("Save and share")
-    document = state.document()
     st.caption("Saved automatically: reloading this page restores it.")
-    st.download_button("Export session (JSON)", json.dumps(document, ensure_ascii=False, indent=1),
-                       file_name="kvviz-session.json", mime="application/json")
+    st.download_button("Export session (JSON)", state.export_json(), file_name="kvviz-session.json",
+                       mime="application/json", on_click="ignore")
     upload = st.file_uploader("Import session", type=["json"], key="import_file")
     if upload is not None and st.button("Load it"):
         try:

@@ -52,9 +52,9 @@ def render() -> None:
               figures.hidden_figure(result.hidden_delta)]
     for name, chart in zip(("alpha", "heads", "hidden"), charts):
         st.plotly_chart(chart, key=name)  # each chart's toolbar also downloads it as PNG
-    st.download_button("Download these figures (HTML, works offline)",
-                       figures.figures_html(charts, f"kvviz what-if at slot {result.at}"),
-                       file_name=f"kvviz-whatif-slot{result.at}.html", mime="text/html")
+    st.download_button("Download these figures (HTML, works offline)",  # built when clicked
+                       lambda: figures.figures_html(charts, f"kvviz what-if at slot {result.at}"),
+                       file_name=f"kvviz-whatif-slot{result.at}.html", mime="text/html", on_click="ignore")
     if result.continuation:
         _continuation(result)
     _buttons()
