@@ -138,7 +138,7 @@ class Bench:
         at = len(session) - 1
         edit = Edit.quantize(range(at), 4) if quantize else Edit.evict(range(at // 2, at // 2 + 10))
         step, cache = self._plain_step(session)
-        ours, plain = paired_medians(lambda _: what_if(session, edit), step, self.repeats,
+        ours, plain = paired_medians(lambda _: what_if(session, edit), step, max(self.repeats, 11),  # short: more runs
                                      ours_setup=session.memo.clear if cold else lambda: None, theirs_setup=cache)
         name = f"whatif {'quant' if quantize else 'evict'} {count}{' cold' if cold else ''}"
         return row(name, ours, plain, (1.5 if quantize else 1.3) * (2 if cold else 1))

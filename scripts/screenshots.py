@@ -36,8 +36,8 @@ def main() -> None:
         page.wait_for_selector(".kv-chip", timeout=300_000)
         page.mouse.move(1400, 20)  # no tooltip over the sidebar
         wait_idle(page, 3)
-        shoot(page, "strip", top="h1", bottom="[data-testid=stTabs]")
-        shoot(page, "whatif", top="[data-testid=stTabs]", bottom=None, height=1900)
+        shoot(page, "strip", top="h1", bottom="text=Top-k")  # the what-if follows the strip (both in the editor)
+        shoot(page, "whatif", top="text=Top-k", bottom="[data-testid=stTabs]")
         page.get_by_role("tab", name="Attention").click()
         wait_idle(page, 2)
         shoot(page, "attention", top="[data-testid=stTabs]", bottom=None, height=1500)
