@@ -234,10 +234,11 @@ def _full_step(session, at: int, full: Edit, hidden: torch.Tensor | None) -> Ful
     return steps[key]
 
 
-def _prefix(session, at: int, edit: Edit = Edit()) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _prefix(session, at: int, edit: Edit | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per layer, the K/V ``(KV, at, D)`` of slots ``0..at-1`` as the model computed them (views), with ``edit``'s
-    quantization applied (copies)."""
-    return [edit.quantized(*session.commits.original_kv(layer, at)) for layer in range(session.lm.layers)]
+    quantization applied (copies) when given."""
+    originals = [session.commits.original_kv(layer, at) for layer in range(session.lm.layers)]
+    return originals if edit is None else [edit.quantized(*kv) for kv in originals]
 
 
 def _run(session, prefix: list, token: int, position: int, probe: Probe):

@@ -194,3 +194,27 @@ def test_commit_then_undo_restores_the_cache_exactly(lm, monkeypatch):
     session.undo()
     restored = [t[:, :, : len(snapshot[0][0, 0])] for layer in range(lm.layers) for t in kv_cache.layer_kv(session.cache, layer)]
     assert all(torch.equal(a, b) for a, b in zip(snapshot, restored))
+
+
+def test_a_sink_layer_is_recomputed_directly_and_agrees_with_the_closed_form(chat, monkeypatch):
+    """Where ρ rounds to 1 the closed form would divide by 0; that layer is recomputed from scores instead. Forced
+    here on a normal layer, both must give the same isolated change."""
+    from kvviz import whatif
+
+    edit = Edit.evict([3, 4, 5, 12])
+    closed = what_if(chat, edit)
+
+    class Sink(whatif.EditedStepProbe):
+        def _evicted(self):
+            rho, self.rho = self.rho, self.rho.clone()
+            self.rho[7] = 1.0  # as if a head of layer 7 sat on an attention sink
+            try:
+                return super()._evicted()
+            finally:
+                self.rho = rho
+
+    monkeypatch.setattr(whatif, "EditedStepProbe", Sink)
+    direct = what_if(chat, edit)
+    assert direct.heads["delta_isolated"][7] == pytest.approx(closed.heads["delta_isolated"][7], rel=1e-4, abs=1e-6)
+    assert direct.heads["delta_isolated"][6] == closed.heads["delta_isolated"][6]
+    assert max(closed.heads["delta_isolated"][7]) > 1e-4
