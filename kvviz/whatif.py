@@ -266,7 +266,9 @@ def what_if(session, edit: Edit, at: int | None = None, layer: int = 0, head: in
     hidden_full, hidden_edited = full.evicted_mask(*shape), edited.evicted_mask(*shape)
     slot = session.transcript.slots[at]
 
-    masked = bool(hidden_edited.any())  # both runs take the same attention kernel: masked iff anything is hidden
+    # Both runs take the same attention kernel, so an edit that changes nothing changes no bit. Masked unless the edit
+    # only quantizes: an empty edit (the page's first view of a step) then keeps the full run that eviction clicks need.
+    masked = bool(hidden_edited.any()) or not edited.quantizes
     full_step = _full_step(session, at, full, hidden_full if masked else None)
     probe = EditedStepProbe(full_step, edited, hidden_edited, hidden_edited & ~hidden_full, (layer, head), masked)
     out, cache = _run(session, _prefix(session, at), slot.id, slot.position, probe)  # quantized in place by the probe
