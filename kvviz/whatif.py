@@ -132,7 +132,7 @@ class EditedStepProbe(Probe):
         full = self.full.probe
         scores = math.scores(full.queries[layer], keys, full.scaling)  # (H, 1, n)
         scores[..., -1:] = math.scores(full.queries[layer], full.own_kv[layer][0], full.scaling)
-        alpha_hat = math.visible_softmax(scores, self.hidden[layer], torch.float64)[:, 0]
+        alpha_hat = math.visible_softmax(scores, self.hidden[layer] if self.masked else None, torch.float64)[:, 0]
         values = full.values[layer]
         if self.error is None:
             self.error = torch.empty_like(values)
