@@ -63,7 +63,8 @@ guarded(cache.view_settings)
 
 @st.fragment
 def editor() -> None:
-    """The strip and the what-if: a click reruns only this part of the page (the edit touches nothing else)."""
+    """The strip and the what-if: a click reruns only this part of the page (the edit touches nothing else). Its
+    save is also the page's: nothing drawn after it changes the session or the draft without a rerun."""
     guarded(cache)
     guarded(whatif)
     state.save()
@@ -74,4 +75,3 @@ tabs = st.tabs(["Attention", "Cache growth", "Policies"])
 for tab, view in zip(tabs, (attention, growth, policies)):
     with tab:
         guarded(view)
-state.save()

@@ -60,7 +60,7 @@ def document() -> dict:
 
 
 def save() -> None:
-    """End of a run (the page's or the editor fragment's): keep the export current and autosave it."""
+    """End of the editor's run (a click's, or part of a page run): keep the export current and autosave it."""
     doc = document()
     st.session_state.setdefault("export", {})["doc"] = doc  # read by the export button's deferred download
     try:

@@ -16,9 +16,10 @@ def kv_head_of(head: int, heads: int, kv_heads: int) -> int:
     return head // (heads // kv_heads)
 
 
-def expand_kv(tensor: torch.Tensor, heads: int) -> torch.Tensor:
-    """``(KV, n, D)`` → ``(H, n, D)`` by repeating each KV head for its group of query heads."""
-    return tensor.repeat_interleave(heads // tensor.shape[0], dim=0)
+def expand_kv(tensor: torch.Tensor, heads: int, dim: int = 0) -> torch.Tensor:
+    """``(KV, n, D)`` → ``(H, n, D)`` by repeating each KV head for its group of query heads; the KV axis is ``dim``
+    (e.g. 1 for a per-layer mask ``(L, KV, n)``)."""
+    return tensor.repeat_interleave(heads // tensor.shape[dim], dim=dim)
 
 
 def _float(tensor: torch.Tensor) -> torch.Tensor:
@@ -99,12 +100,12 @@ def evicted_output(o: torch.Tensor, alpha: torch.Tensor, values: torch.Tensor, e
 
 
 def quantization_split(
-    alpha: torch.Tensor, alpha_hat: torch.Tensor, values: torch.Tensor, values_hat: torch.Tensor
+    alpha: torch.Tensor, alpha_hat: torch.Tensor, values: torch.Tensor, value_error: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The exact split of ``ô − o`` (§12): ``(Σ (α̂−α) v, Σ α̂ (v̂−v))`` — weight perturbation, value content.
+    """The exact split of ``ô − o`` (§12): ``(Σ (α̂−α) v, Σ α̂ ε^V)`` — weight perturbation, value content — with
+    ``ε^V = v̂ − v`` the error of the values.
 
-    ``alpha``, ``alpha_hat`` ``(..., n)``; ``values``, ``values_hat`` ``(..., n, D)`` → two ``(..., D)``.
+    ``alpha``, ``alpha_hat`` ``(..., H, n)``; ``values``, ``value_error`` ``(..., KV, n, D)`` → two ``(..., H, D)``
+    (shapes as in :func:`output`).
     """
-    weight_term = output(_float(alpha_hat) - _float(alpha), values)
-    content_term = output(alpha_hat, _float(values_hat) - _float(values).to(_float(values_hat).dtype))
-    return weight_term, content_term
+    return output(_float(alpha_hat) - _float(alpha), values), output(alpha_hat, value_error)

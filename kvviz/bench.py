@@ -13,8 +13,8 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache

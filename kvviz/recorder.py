@@ -19,6 +19,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
+from kvviz.attention import expand_kv
+
 ATTENTION_NAME = "kvviz"
 
 
@@ -60,7 +62,7 @@ def _full_mask(
     q_len, n = query.shape[2], key.shape[2]
     per_head = None  # (B, H, 1, n); GQA: query head h reads KV head h // n_rep
     if visible is not None:
-        per_head = visible.to(key.device).repeat_interleave(query.shape[1] // key.shape[1], dim=1)[:, :, None, :]
+        per_head = expand_kv(visible.to(key.device), query.shape[1], dim=1)[:, :, None, :]
         if mask is None and q_len == 1:  # a decode step sees every cached slot: `visible` is the whole mask
             return per_head
     if mask is None:

@@ -106,7 +106,7 @@ class EditedStepProbe(Probe):
         self.full, self.edit, self.hidden, self.masked, self.detail = full, edit, hidden, masked, detail
         self.quantizes = edit.quantizes
         alpha = full.probe.alpha  # (L, H, n)
-        self.new = new.repeat_interleave(alpha.shape[1] // new.shape[1], dim=1)  # (L, H, n): newly evicted
+        self.new = math.expand_kv(new, alpha.shape[1], dim=1)  # (L, H, n): newly evicted
         self.rho = math.evicted_mass(alpha, self.new)  # (L, H)
         self.terms: list[tuple[torch.Tensor, torch.Tensor]] = []  # quantizing: per layer, §12's two terms (H, D)
         self.error: torch.Tensor | None = None  # quantizing: one (KV, n, D) buffer for every layer's ε^V
@@ -138,7 +138,7 @@ class EditedStepProbe(Probe):
             self.error = torch.empty_like(values)
         error = torch.sub(values_hat, values, out=self.error)
         error[:, -1] = 0
-        return math.output(alpha_hat - full.alpha[layer], values), math.output(alpha_hat, error)
+        return math.quantization_split(full.alpha[layer], alpha_hat, values, error)
 
     def _evicted(self) -> torch.Tensor:
         """Isolated Δo ``(L, H, D)`` of evictions alone: ``o′ − o`` with ``o′ = (o − Σ α_e v_e)/(1 − ρ)`` over the

@@ -55,7 +55,7 @@ def test_quantization_terms_sum_to_the_total(seed):
     v_hat = v + 0.05 * torch.randn(v.shape, generator=generator, dtype=torch.float64)
     alpha = math.causal_weights(q, k, 0.25)[0, 0]
     alpha_hat = math.causal_weights(q, k_hat, 0.25)[0, 0]
-    weight, content = math.quantization_split(alpha, alpha_hat, v[0], v_hat[0])
+    weight, content = math.quantization_split(alpha, alpha_hat, v[0], v_hat[0] - v[0])
     total = math.output(alpha_hat, v_hat[0]) - math.output(alpha, v[0])
     assert torch.allclose(weight + content, total, atol=1e-14, rtol=0)
     assert weight.norm() > 0 and content.norm() > 0
