@@ -1,21 +1,70 @@
-"""The one adapter to transformers' ``DynamicCache`` internals: per-layer ``keys``/``values`` of shape
-``(B, KV, n, D)``, keys stored post-RoPE. Everything else in kvviz goes through these functions."""
+"""The one adapter to transformers' cache internals: per-layer ``keys``/``values`` of shape ``(B, KV, n, D)``, keys
+stored post-RoPE. Everything else in kvviz goes through these functions."""
 
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache, PretrainedConfig
+from transformers import Cache, DynamicCache, PretrainedConfig
+from transformers.cache_utils import DynamicLayer
 
 KV = tuple[torch.Tensor, torch.Tensor]
 
 
-def layer_kv(cache: DynamicCache, layer: int) -> KV:
+class RoomyLayer(DynamicLayer):
+    """A ``DynamicLayer`` with room to grow: ``keys``/``values`` ``(B, KV, n, D)`` are views of the first ``n`` slots
+    of larger buffers, and :meth:`update` writes the new slots into that room instead of concatenating everything
+    into new tensors (on CPU, a decode step's ``torch.cat`` of every layer into fresh memory costs about a quarter of
+    the step at 1k slots). Out of room — or when ``keys``/``values`` were replaced by other tensors — the buffers are
+    reallocated with a quarter more room."""
+
+    def __init__(self, keys: torch.Tensor | None = None, values: torch.Tensor | None = None, length: int = 0):
+        """Over given buffers ``(B, KV, capacity, D)`` whose first ``length`` slots are the cached ones (not copied:
+        updates write into them); empty without buffers."""
+        super().__init__()
+        self._buffers = None
+        if keys is not None:
+            self.lazy_initialization(keys, values)
+            self._buffers = keys, values
+            self.keys, self.values = keys[:, :, :length], values[:, :, :length]
+
+    def _fits(self, length: int) -> bool:
+        """Whether ``keys``/``values`` are still the leading slots of the buffers, with room for ``length`` slots."""
+        if self._buffers is None or self.keys.dim() != 4:
+            return False
+        return all(view.data_ptr() == buffer.data_ptr() and view.stride() == buffer.stride()
+                   and length <= buffer.shape[2] for view, buffer in zip((self.keys, self.values), self._buffers))
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> KV:
+        """Append ``key_states``/``value_states`` ``(B, KV, q, D)``; returns the whole keys and values."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start = self.get_seq_length()
+        stop = start + key_states.shape[2]
+        if not self._fits(stop):
+            self._buffers = tuple(_grown(old[:, :, :start], new, stop + max(stop // 4, 64))
+                                  for old, new in ((self.keys, key_states), (self.values, value_states)))
+        for buffer, new in zip(self._buffers, (key_states, value_states)):
+            buffer[:, :, start:stop] = new
+        self.keys, self.values = (buffer[:, :, :stop] for buffer in self._buffers)
+        return self.keys, self.values
+
+
+def _grown(old: torch.Tensor, new: torch.Tensor, capacity: int) -> torch.Tensor:
+    """A buffer ``(B, KV, capacity, D)`` like ``new`` holding ``old``'s slots first (``old`` may be empty)."""
+    batch, heads, _, dim = new.shape
+    buffer = new.new_empty(batch, heads, capacity, dim)
+    if old.dim() == 4:
+        buffer[:, :, : old.shape[2]] = old
+    return buffer
+
+
+def layer_kv(cache: Cache, layer: int) -> KV:
     """Keys and values of ``layer``: two ``(B, KV, n, D)`` tensors."""
     entry = cache.layers[layer]
     return entry.keys, entry.values
 
 
-def truncate(cache: DynamicCache, length: int) -> None:
+def truncate(cache: Cache, length: int) -> None:
     """Keep the first ``length`` slots of every layer (layers a failed pass already extended are cut back)."""
     for entry in cache.layers:
         if entry.is_initialized and entry.keys.shape[2] > length:
@@ -23,8 +72,8 @@ def truncate(cache: DynamicCache, length: int) -> None:
             entry.values = entry.values[:, :, :length]
 
 
-def nbytes(cache: DynamicCache) -> int:
-    """Bytes held by keys and values over all layers."""
+def nbytes(cache: Cache) -> int:
+    """Bytes held by keys and values over all layers (the cached slots; not a :class:`RoomyLayer`'s spare room)."""
     return sum(
         t.numel() * t.element_size() for e in cache.layers if e.is_initialized for t in (e.keys, e.values)
     )
@@ -38,3 +87,9 @@ def build(config: PretrainedConfig, tensors: list[KV]) -> DynamicCache:
         entry.lazy_initialization(keys, values)
         entry.keys, entry.values = keys, values
     return cache
+
+
+def over(buffers: list[KV], length: int) -> Cache:
+    """A cache over the first ``length`` slots of per-layer buffers ``(B, KV, capacity, D)``: a forward pass writes
+    its new slots into the buffers (slots ``length..``), without copying the cached ones."""
+    return Cache(layers=[RoomyLayer(keys, values, length) for keys, values in buffers])

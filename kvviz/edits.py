@@ -154,28 +154,33 @@ class Edit:
         """New ``(KV, n, D)`` keys with each slot fake-quantized at its key bit-width."""
         return self._quantized(keys, "key")
 
-    def quantize_(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """:meth:`quantized` in place, on tensors the caller owns (e.g. the slots of a cache built for one run)."""
-        self._quantize_(keys, "key")
-        self._quantize_(values, "value")
+    def quantize_(self, keys: torch.Tensor, values: torch.Tensor, source: tuple[torch.Tensor, torch.Tensor] | None = None
+                  ) -> None:
+        """:meth:`quantized` in place, on tensors the caller owns (e.g. the slots of a cache built for one run); with
+        ``source`` (keys, values of the same shapes), its quantized slots are written into them instead (one pass
+        less than a copy and a quantization)."""
+        self._quantize_(keys, "key", None if source is None else source[0])
+        self._quantize_(values, "value", None if source is None else source[1])
 
     def _quantized(self, x: torch.Tensor, kind: str) -> torch.Tensor:
-        if not self._groups(kind, x.shape[1]):
+        if not self.groups(kind, x.shape[1]):
             return x
         out = x.clone()
         self._quantize_(out, kind)
         return out
 
-    def _quantize_(self, x: torch.Tensor, kind: str) -> None:
+    def _quantize_(self, x: torch.Tensor, kind: str, source: torch.Tensor | None = None) -> None:
         quantizer = self.keys if kind == "key" else self.values
-        for width, slots in self._groups(kind, x.shape[1]):
+        source = x if source is None else source
+        for width, slots in self.groups(kind, x.shape[1]):
             if isinstance(slots, slice):
-                fake_quantize_(x[:, slots], width, quantizer)
+                fake_quantize_(x[:, slots], width, quantizer, source[:, slots])
             else:
-                x[:, slots] = fake_quantize(x[:, slots], width, quantizer)
+                x[:, slots] = fake_quantize(source[:, slots], width, quantizer)
 
-    def _groups(self, kind: str, n: int) -> list[tuple[int, slice | list[int]]]:
-        """:func:`_groups` of ``kind``'s bit-widths, computed once per ``n`` (every layer uses the same groups)."""
+    def groups(self, kind: str, n: int) -> list[tuple[int, slice | list[int]]]:
+        """The slots below ``n`` that ``kind`` (``"key"`` or ``"value"``) stores at fewer than 16 bits, as
+        ``(bit-width, slots)`` groups (see :func:`_groups`); computed once per ``n`` (every layer uses the same)."""
         if (kind, n) not in self._plans:
             self._plans[kind, n] = _groups(self.key_bits if kind == "key" else self.value_bits, n)
         return self._plans[kind, n]

@@ -3,7 +3,7 @@ evicted entries gone, quantized ones as bit-packed codes plus fp16 scales / zero
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -15,6 +15,15 @@ def _packed(counts: torch.Tensor, width: int, head_dim: int, quantizer, native: 
     """Sum of :func:`packed_bytes` over ``counts`` (retained slots per KV head), each distinct count computed once."""
     values, times = torch.unique(counts, return_counts=True)
     return sum(packed_bytes(int(c), width, head_dim, quantizer, native) * int(t) for c, t in zip(values, times))
+
+
+def _widths(table: Mapping[int, int], n: int) -> torch.Tensor:
+    """Bit-width ``(n,)`` of each slot below ``n`` from a resolved edit's table (slots not in it are 16-bit)."""
+    bits = torch.full((n,), 16, dtype=torch.long)
+    if table:
+        slots, widths = torch.tensor(list(table.items()), dtype=torch.long).T
+        bits[slots[slots < n]] = widths[slots < n]
+    return bits
 
 
 def cache_memory(
@@ -30,11 +39,12 @@ def cache_memory(
     native = torch.empty((), dtype=dtype).element_size()
     elements_per_slot = 2 * layers * kv_heads * head_dim  # keys and values
     names = list(dict.fromkeys(segments))
-    segment_of = torch.tensor([names.index(s) for s in segments], dtype=torch.long)  # (n,)
+    index = {name: i for i, name in enumerate(names)}
+    segment_of = torch.tensor([index[s] for s in segments], dtype=torch.long)  # (n,)
     kept = ~evicted.cpu().reshape(layers * kv_heads, n)
     edited = dict.fromkeys([None, *names], 0)  # None: all slots
     for kind, quantizer in (("key", edit.keys), ("value", edit.values)):
-        bits = torch.tensor(edit.bits(kind, n), dtype=torch.long)
+        bits = _widths(edit.key_bits if kind == "key" else edit.value_bits, n)
         for width in bits.unique().tolist():
             chosen = (kept & (bits == width)).int()  # (L·KV, n): retained slots at this width
             per_segment = torch.zeros(layers * kv_heads, len(names), dtype=torch.int).index_add_(1, segment_of, chosen)

@@ -37,12 +37,15 @@ class NextToken:
 
 def ranks_of(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """Rank (0 = most likely) of each token in ``ids`` under ``logits`` ``(V,)``; ties broken by token id, as
-    ``argmax`` does: the number of tokens with a larger logit, or an equal logit and a smaller id."""
-    mine = logits[ids][:, None]
-    ranks = (logits[None, :] > mine).sum(1, dtype=torch.int32)  # (int32 sums of booleans are the fast ones)
-    tied = logits[None, :] == mine  # (k, V); each token ties with itself, so ties with others are rare
-    if int(tied.sum(dtype=torch.int32)) > len(ids):
-        ranks += (tied & (torch.arange(logits.numel(), device=logits.device)[None, :] < ids[:, None])).sum(1, dtype=torch.int32)
+    ``argmax`` does: the number of tokens with a larger logit, or an equal logit and a smaller id.
+
+    Only the tokens at least as likely as the least likely of ``ids`` can count, so they are picked out first (one
+    pass over ``V``): the tokens of a top-k table rank near the top, which leaves a few candidates to compare."""
+    mine = logits[ids]
+    candidates = (logits >= mine.min()).nonzero()[:, 0]  # (C,) token ids
+    values = logits[candidates][None, :]
+    ranks = (values > mine[:, None]).sum(1, dtype=torch.int32)
+    ranks += ((values == mine[:, None]) & (candidates[None, :] < ids[:, None])).sum(1, dtype=torch.int32)
     return ranks
 
 

@@ -60,36 +60,42 @@ def fake_quantize(x: torch.Tensor, bits: int, quantizer: Quantizer) -> torch.Ten
     if check_bits(bits) == 16 or x.numel() == 0:
         return x
     values = x.float()
-    return fake_quantize_(values.clone() if values is x else values, bits, quantizer).to(x.dtype)
+    return fake_quantize_(torch.empty_like(values), bits, quantizer, source=values).to(x.dtype)
 
 
-def fake_quantize_(x: torch.Tensor, bits: int, quantizer: Quantizer) -> torch.Tensor:
-    """:func:`fake_quantize` in place (``x`` may be a view, e.g. some slots of a cache); returns ``x``. In place
-    saves the allocations and memory passes that dominate quantizing a long cache."""
+def fake_quantize_(
+    x: torch.Tensor, bits: int, quantizer: Quantizer, source: torch.Tensor | None = None
+) -> torch.Tensor:
+    """:func:`fake_quantize` in place (``x`` may be a view, e.g. some slots of a cache): ``x`` gets the round trip of
+    ``source`` (same shape; default ``x`` itself) and is returned. In place saves the allocations and memory passes
+    that dominate quantizing a long cache."""
+    source = x if source is None else source
     if check_bits(bits) == 16 or x.numel() == 0:
-        return x
+        return x.copy_(source) if source is not x else x
     quantizer.check(x.shape[-1])
-    if x.dtype != torch.float32:  # half precision: round trip in float32, then write back
-        return x.copy_(fake_quantize(x, bits, quantizer))
+    if x.dtype != torch.float32 or source.dtype != torch.float32:  # half precision: round trip in float32
+        return x.copy_(fake_quantize(source, bits, quantizer))
     if quantizer.axis == "token":
         kv, n, dim = x.shape
-        _round_trip_(x.view(kv, n, quantizer.groups_per_slot(dim), -1), bits, quantizer.symmetric, reduce_dim=-1)
+        grouped = (kv, n, quantizer.groups_per_slot(dim), -1)
+        _round_trip_(x.view(grouped), source.view(grouped), bits, quantizer.symmetric, reduce_dim=-1)
     else:
-        _round_trip_(x, bits, quantizer.symmetric, reduce_dim=1)
+        _round_trip_(x, source, bits, quantizer.symmetric, reduce_dim=1)
     return x
 
 
-def _round_trip_(values: torch.Tensor, bits: int, symmetric: bool, reduce_dim: int) -> None:
-    """Round trip through ``bits``-bit codes, in place. No clamp is needed: ``|x − low| / scale`` and ``|x| / scale``
-    stay within the code range up to rounding, far below the half step that could change a code. A constant group
-    (scale 0) gets the smallest positive scale: its codes are 0, so it comes back exactly."""
+def _round_trip_(out: torch.Tensor, values: torch.Tensor, bits: int, symmetric: bool, reduce_dim: int) -> None:
+    """``out`` ← ``values`` round-tripped through ``bits``-bit codes (``out`` may be ``values``: in place). No clamp
+    is needed: ``|x − low| / scale`` and ``|x| / scale`` stay within the code range up to rounding, far below the
+    half step that could change a code. A constant group (scale 0) gets the smallest positive scale: its codes are
+    0, so it comes back exactly."""
     if symmetric:
         scale = (values.abs().amax(reduce_dim, keepdim=True) / (2 ** (bits - 1) - 1)).clamp_min_(_TINY)
-        values.div_(scale).round_().mul_(scale)
+        torch.div(values, scale, out=out).round_().mul_(scale)
         return
     low = values.amin(reduce_dim, keepdim=True)
     scale = ((values.amax(reduce_dim, keepdim=True) - low) / (2**bits - 1)).clamp_min_(_TINY)
-    values.sub_(low).div_(scale).round_().mul_(scale).add_(low)
+    torch.sub(values, low, out=out).div_(scale).round_().mul_(scale).add_(low)
 
 
 def error_bound(x: torch.Tensor, bits: int, quantizer: Quantizer) -> torch.Tensor:

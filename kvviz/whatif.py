@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 import torch
+from transformers import Cache
 
 from kvviz import attention as math
 from kvviz import cache as kv_cache
@@ -101,9 +102,10 @@ class EditedStepProbe(Probe):
     edited run's own output). Evictions alone are measured for all layers at once from the full run (closed form,
     §10); quantization per layer as the edited keys and values arrive (the two terms of §12)."""
 
-    def __init__(self, full: FullStep, edit: Edit, hidden: torch.Tensor, new: torch.Tensor, detail: tuple[int, int],
-                 masked: bool):
-        self.full, self.edit, self.hidden, self.masked, self.detail = full, edit, hidden, masked, detail
+    def __init__(self, full: FullStep, edit: Edit, originals: list, hidden: torch.Tensor, new: torch.Tensor,
+                 detail: tuple[int, int], masked: bool):
+        self.full, self.edit, self.originals = full, edit, originals  # originals: (keys, values) (KV, at, D) per layer
+        self.hidden, self.masked, self.detail = hidden, masked, detail
         self.quantizes = edit.quantizes
         alpha = full.probe.alpha  # (L, H, n)
         self.new = math.expand_kv(new, alpha.shape[1], dim=1)  # (L, H, n): newly evicted
@@ -114,8 +116,8 @@ class EditedStepProbe(Probe):
         self.used: torch.Tensor | None = None  # (H, n): the weights the edited run used at the detail layer
 
     def on_query(self, layer, query, key, value):
-        if self.quantizes:  # the run's cache holds the original slots: quantize them in place before attention reads
-            self.edit.quantize_(key[0, :, :-1], value[0, :, :-1])
+        if self.quantizes:  # write the quantized slots into the run's cache before attention reads it
+            self.edit.quantize_(key[0, :, :-1], value[0, :, :-1], source=self.originals[layer])
             self.terms.append(self._quantization_terms(layer, key[0], value[0]))
         if layer == self.detail[0]:
             self.used = math.causal_weights(query[0], key[0], self.full.probe.scaling, self.hidden[layer],
@@ -196,7 +198,7 @@ def _validate(session, edit: Edit, at: int, layer: int, head: int, topk: int, co
 @dataclass
 class FullStep:
     """The unedited run of one step, kept by the session until its cache changes: clicking through edits at the
-    same step re-runs only the edited pass."""
+    same step re-runs only the edited pass, on a cache kept here too (:meth:`edited_cache`)."""
 
     at: int
     position: int
@@ -205,7 +207,30 @@ class FullStep:
     logits: torch.Tensor
     hidden_states: tuple
     hidden: torch.Tensor | None
+    segments: list[str]  # of slots 0..at-1
     continuations: dict = field(default_factory=dict)
+    originals: list | None = None  # per layer (keys, values) (KV, at, D) as the model computed them
+    scratch: list | None = None  # per layer (keys, values) (1, KV, at + 1, D): the edited runs' cache
+    quantized: dict = field(default_factory=lambda: {"key": [], "value": []})  # slot groups a run quantized in place
+
+    def edited_cache(self, session, edit: Edit) -> tuple[Cache, list]:
+        """A cache for an edited run with room for this step's own K/V, and the original K/V ``(KV, at, D)`` of
+        slots ``0..at-1`` per layer, from which the run writes ``edit``'s quantized slots into the cache (in place).
+
+        The cache's buffers are kept between runs: filled once; afterwards only slots that the previous run
+        quantized and this one does not are copied back, so an eviction's run copies nothing."""
+        if self.originals is None:
+            self.originals = _prefix(session, self.at)
+        groups = {kind: [slots for _, slots in edit.groups(kind, self.at)] for kind in ("key", "value")}
+        if self.scratch is None:
+            self.scratch = [tuple(_with_room(t) for t in kv) for kv in self.originals]
+        elif groups != self.quantized:
+            for index, kind in enumerate(("key", "value")):
+                for slots in self.quantized[kind]:
+                    for buffers, kv in zip(self.scratch, self.originals):
+                        buffers[index][0, :, slots] = kv[index][:, slots]
+        self.quantized = groups  # noted before the run: a run that fails midway is restored next time
+        return kv_cache.over(self.scratch, self.at), self.originals
 
     def continuation(self, session, steps: int) -> list[int]:
         if steps not in self.continuations:
@@ -214,6 +239,14 @@ class FullStep:
                 for (k, v), (own_k, own_v) in zip(self.prefix, self.probe.own_kv)])
             self.continuations[steps] = _greedy(session, cache, self.hidden, self.logits, self.position, steps)
         return self.continuations[steps]
+
+
+def _with_room(tensor: torch.Tensor) -> torch.Tensor:
+    """``(KV, n, D)`` → a new ``(1, KV, n + 1, D)`` buffer holding it, the last slot left unset."""
+    kv, n, dim = tensor.shape
+    buffer = tensor.new_empty(1, kv, n + 1, dim)
+    buffer[0, :, :n] = tensor
+    return buffer
 
 
 def _full_step(session, at: int, full: Edit, hidden: torch.Tensor | None) -> FullStep:
@@ -225,12 +258,13 @@ def _full_step(session, at: int, full: Edit, hidden: torch.Tensor | None) -> Ful
         slot = session.transcript.slots[at]
         prefix = _prefix(session, at, full)
         probe = FullStepProbe(hidden, session.lm.scaling)
-        out, _ = _run(session, prefix, slot.id, slot.position, probe)
+        out, _ = _run(session, _built(session, prefix), slot.id, slot.position, probe)
         probe.finish()
         recent = [k for k in steps if k[0] == session.version][-1:]  # keep one more run of this cache version
         for old in set(steps) - set(recent):
             del steps[old]
-        steps[key] = FullStep(at, slot.position, prefix, probe, out.logits[0, -1].float(), out.hidden_states, hidden)
+        steps[key] = FullStep(at, slot.position, prefix, probe, out.logits[0, -1].float(), out.hidden_states, hidden,
+                              session.transcript.segments()[:at])
     return steps[key]
 
 
@@ -241,10 +275,14 @@ def _prefix(session, at: int, edit: Edit | None = None) -> list[tuple[torch.Tens
     return originals if edit is None else [edit.quantized(*kv) for kv in originals]
 
 
-def _run(session, prefix: list, token: int, position: int, probe: Probe):
-    """One decode step of ``token`` at ``position`` on a new cache built from ``prefix`` (views; never mutated)."""
+def _built(session, prefix: list) -> Cache:
+    """A new cache over ``prefix`` (views; a run concatenates into new tensors, never writing to them)."""
+    return kv_cache.build(session.lm.config, [(k[None], v[None]) for k, v in prefix])
+
+
+def _run(session, cache: Cache, token: int, position: int, probe: Probe):
+    """One decode step of ``token`` at ``position`` on ``cache`` (which it extends)."""
     lm = session.lm
-    cache = kv_cache.build(lm.config, [(k[None], v[None]) for k, v in prefix])
     with torch.no_grad(), probing(probe):
         out = lm.model(input_ids=torch.tensor([[token]], device=lm.device),
                        position_ids=torch.tensor([[position]], device=lm.device),
@@ -270,8 +308,10 @@ def what_if(session, edit: Edit, at: int | None = None, layer: int = 0, head: in
     # only quantizes: an empty edit (the page's first view of a step) then keeps the full run that eviction clicks need.
     masked = bool(hidden_edited.any()) or not edited.quantizes
     full_step = _full_step(session, at, full, hidden_full if masked else None)
-    probe = EditedStepProbe(full_step, edited, hidden_edited, hidden_edited & ~hidden_full, (layer, head), masked)
-    out, cache = _run(session, _prefix(session, at), slot.id, slot.position, probe)  # quantized in place by the probe
+    cache, originals = full_step.edited_cache(session, edited)
+    probe = EditedStepProbe(full_step, edited, originals, hidden_edited, hidden_edited & ~hidden_full, (layer, head),
+                            masked)
+    out, cache = _run(session, cache, slot.id, slot.position, probe)  # quantized in place by the probe
     maps, rows = probe.results()
     logits, full_logits = out.logits[0, -1].float(), full_step.logits
     follow = None
@@ -284,8 +324,7 @@ def what_if(session, edit: Edit, at: int | None = None, layer: int = 0, head: in
         heads={name: values.tolist() for name, values in maps.items()},
         detail=_detail(rows, layer, head, at),
         hidden_delta=[float((h - f).float().norm()) for h, f in zip(out.hidden_states, full_step.hidden_states)],
-        memory=cache_memory(edited, hidden_edited[:, :, :at].cpu(), session.transcript.segments()[:at], lm.head_dim,
-                            lm.dtype),
+        memory=cache_memory(edited, hidden_edited[:, :, :at].cpu(), full_step.segments, lm.head_dim, lm.dtype),
         continuation=follow,
     )
 

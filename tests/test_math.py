@@ -7,6 +7,7 @@ import torch
 
 from kvviz import attention as math
 from kvviz.errors import KvvizError
+from kvviz.metrics import ranks_of
 
 
 def test_seed_section_15_worked_example():
@@ -75,3 +76,18 @@ def test_gqa_expansion_matches_transformers_repeat_kv():
 
     keys = torch.randn(3, 5, 4)
     assert torch.equal(math.expand_kv(keys, 9), repeat_kv(keys[None], 3)[0])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_ranks_match_a_stable_sort(seed):
+    """§11's rank changes: a token's rank is its place in the logits sorted descending, ties by token id (argmax's
+    order). Half the cases draw logits from a few values, so ties are everywhere; the ids include the least likely."""
+    generator = torch.Generator().manual_seed(seed)
+    logits = (torch.randint(0, 40, (3000,), generator=generator).float() if seed % 2
+              else torch.randn(3000, generator=generator))
+    ids = torch.cat([torch.topk(logits, 5).indices, torch.randint(0, 3000, (15,), generator=generator),
+                     logits.argmin()[None]])
+    order = torch.argsort(logits, descending=True, stable=True)
+    expected = torch.empty_like(order)
+    expected[order] = torch.arange(len(logits))
+    assert ranks_of(logits, ids).tolist() == expected[ids].tolist()
