@@ -76,14 +76,17 @@ class FullStepProbe(Probe):
 
     def __init__(self, hidden: torch.Tensor | None, scaling: float):
         self.hidden, self.scaling = hidden, scaling
-        self.queries, self.own_kv, self.values, self.alpha, self.attended, self.outputs = [], [], [], [], [], []
+        self.queries, self.own_kv, self.own_scores, self.values = [], [], [], []
+        self.alpha, self.attended, self.outputs = [], [], []
 
     def on_query(self, layer, query, key, value):
         hidden = None if self.hidden is None else self.hidden[layer]
         self.queries.append(query[0])  # (H, 1, D)
         self.own_kv.append((key[0, :, -1:], value[0, :, -1:]))  # (KV, 1, D): this step's own K/V
         self.values.append(value[0])  # (KV, n, D): the whole cache after the update (a reference, not a copy)
-        alpha = math.causal_weights(query[0], key[0], self.scaling, hidden, dtype=torch.float64)[:, 0]  # (H, n)
+        scores = math.scores(query[0], key[0], self.scaling)  # (H, 1, n)
+        self.own_scores.append(scores[..., -1:].clone())  # (H, 1, 1): this step's score with its own key
+        alpha = math.visible_softmax(scores, hidden, dtype=torch.float64)[:, 0]  # (H, n)
         self.alpha.append(alpha)
         self.attended.append(math.output(alpha, value[0]))  # (H, D): o = Σ α v, for the closed form of §10
         return None if hidden is None else ~hidden[None]
@@ -133,14 +136,13 @@ class EditedStepProbe(Probe):
         step's own key and value are the full run's, so its ``v̂ − v`` is 0."""
         full = self.full.probe
         scores = math.scores(full.queries[layer], keys, full.scaling)  # (H, 1, n)
-        scores[..., -1:] = math.scores(full.queries[layer], full.own_kv[layer][0], full.scaling)
+        scores[..., -1:] = full.own_scores[layer]
         alpha_hat = math.visible_softmax(scores, self.hidden[layer] if self.masked else None, torch.float64)[:, 0]
         values = full.values[layer]
         if self.error is None:
-            self.error = torch.empty_like(values)
-        error = torch.sub(values_hat, values, out=self.error)
-        error[:, -1] = 0
-        return math.quantization_split(full.alpha[layer], alpha_hat, values, error)
+            self.error = torch.zeros_like(values)  # the last slot stays 0
+        torch.sub(values_hat[:, :-1], values[:, :-1], out=self.error[:, :-1])
+        return math.quantization_split(full.alpha[layer], alpha_hat, values, self.error)
 
     def _evicted(self) -> torch.Tensor:
         """Isolated Δo ``(L, H, D)`` of evictions alone: ``o′ − o`` with ``o′ = (o − Σ α_e v_e)/(1 − ρ)`` over the
