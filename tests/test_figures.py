@@ -50,6 +50,9 @@ def test_whatif_figures_and_html(session):
     texts = [s.text for s in session.transcript.slots[: result.at + 1]]
     alpha = figures.alpha_figure(result.detail, texts, result.heads["rho"][1][1])
     assert list(alpha.data[0].y) == pytest.approx(result.detail.alpha_full)
+    assert list(alpha.data[2].x) == result.detail.slots and alpha.data[2].type == "bar"  # short: bars
+    assert list(alpha.data[2].y) == pytest.approx([v or 0 for v in result.detail.alpha_edited])
+    assert list(alpha.data[3].x) == [2, 3]  # the evicted slots marked
     grid = figures.head_grid_figure(result.heads)
     assert np.array(grid.data[0].z).shape == (30, 9)
     table = figures.topk_frame(result.next_token, "edited")

@@ -7,7 +7,8 @@ import plotly.graph_objects as go
 
 from kvviz.figures.growth import SEGMENT_COLOURS
 
-# No template: the app draws with its own theme (and a template costs ~15 ms a figure); exports add one.
+# No template: the app draws with its own theme (and a template costs ~15 ms a figure); exports add one. Figures are
+# one spec given to ``go.Figure`` at once (validated in one pass; see figures/whatif.py).
 LAYOUT = dict(margin=dict(l=10, r=10, t=40, b=10))
 
 
@@ -28,14 +29,12 @@ def overview_figure(rows: np.ndarray, kv_heads: int, at: int) -> go.Figure:
         labels.append(f"h{head}<br>KV{head // group}")
         column += bins
     image = np.concatenate(tiles, axis=1)
-    figure = go.Figure(go.Heatmap(z=image, colorscale="Viridis", zmin=0, zmax=float(np.nanmax(rows)) or 1,
-                                  hovertemplate="layer %{y}<br>weight %{z:.3f}<extra></extra>",
-                                  colorbar=dict(title="α", thickness=10)))
-    figure.update_layout(title=f"Attention of slot {at}: every layer × query head (keys left → right, max-pooled)",
-                         height=560, **LAYOUT)
-    figure.update_xaxes(tickvals=ticks, ticktext=labels, showgrid=False)
-    figure.update_yaxes(title="layer", autorange="reversed", dtick=2, showgrid=False)
-    return figure
+    heatmap = dict(type="heatmap", z=image, colorscale="Viridis", zmin=0, zmax=float(np.nanmax(rows)) or 1,
+                   hovertemplate="layer %{y}<br>weight %{z:.3f}<extra></extra>", colorbar=dict(title="α", thickness=10))
+    layout = dict(title=f"Attention of slot {at}: every layer × query head (keys left → right, max-pooled)",
+                  height=560, xaxis=dict(tickvals=ticks, ticktext=labels, showgrid=False),
+                  yaxis=dict(title="layer", autorange="reversed", dtick=2, showgrid=False), **LAYOUT)
+    return go.Figure(dict(data=[heatmap], layout=layout))
 
 
 def head_map_figure(weights: np.ndarray, block: int, boundaries: list[tuple[int, str]], title: str) -> go.Figure:
@@ -44,24 +43,23 @@ def head_map_figure(weights: np.ndarray, block: int, boundaries: list[tuple[int,
     n = weights.shape[0]
     axis = np.arange(n) * block
     masked = np.where(np.tril(np.ones_like(weights, dtype=bool)) | (block > 1), weights, np.nan)
-    figure = go.Figure(go.Heatmap(z=masked, x=axis, y=axis, colorscale="OrRd", zmin=0,
-                                  hovertemplate="query %{y}<br>key %{x}<br>α %{z:.4f}<extra></extra>",
-                                  colorbar=dict(title="α", thickness=10)))
-    for slot, label in boundaries:
-        for line in (dict(x0=slot, x1=slot, y0=0, y1=n * block), dict(y0=slot, y1=slot, x0=0, x1=n * block)):
-            figure.add_shape(type="line", line=dict(color="#2f80ed", width=1, dash="dot"), **line)
-        figure.add_annotation(x=slot, y=0, text=label, showarrow=False, yshift=12, font=dict(size=10))
+    heatmap = dict(type="heatmap", z=masked, x=axis, y=axis, colorscale="OrRd", zmin=0,
+                   hovertemplate="query %{y}<br>key %{x}<br>α %{z:.4f}<extra></extra>", colorbar=dict(title="α", thickness=10))
+    line = dict(type="line", line=dict(color="#2f80ed", width=1, dash="dot"))
+    shapes = [line | edge for slot, _ in boundaries
+              for edge in (dict(x0=slot, x1=slot, y0=0, y1=n * block), dict(y0=slot, y1=slot, x0=0, x1=n * block))]
+    labels = [dict(x=slot, y=0, text=label, showarrow=False, yshift=12, font=dict(size=10)) for slot, label in boundaries]
     suffix = f" (max over {block}×{block} blocks)" if block > 1 else ""
-    figure.update_layout(title=title + suffix, height=520, **LAYOUT)
-    figure.update_yaxes(title="query slot", range=[n * block, 0])
-    figure.update_xaxes(title="key slot", range=[0, n * block])
-    return figure
+    layout = dict(title=title + suffix, height=520, shapes=shapes, annotations=labels,
+                  yaxis=dict(title="query slot", range=[n * block, 0]), xaxis=dict(title="key slot", range=[0, n * block]),
+                  **LAYOUT)
+    return go.Figure(dict(data=[heatmap], layout=layout))
 
 
 def row_figure(row: list[float], texts: list[str], segments: list[str], title: str) -> go.Figure:
     """The current token's weights as bars over slots, coloured by segment."""
-    figure = go.Figure(go.Bar(  # arrays: plotly validates lists item by item
-        x=np.arange(len(row)), y=np.asarray(row), marker_color=np.array([SEGMENT_COLOURS[s] for s in segments], dtype=object),
-        customdata=np.asarray(texts, dtype=object), hovertemplate="slot %{x} %{customdata}<br>α %{y:.4f}<extra></extra>"))
-    figure.update_layout(title=title, height=260, bargap=0, xaxis_title="slot", yaxis_title="α", **LAYOUT)
-    return figure
+    bars = dict(type="bar", x=np.arange(len(row)), y=np.asarray(row),  # arrays: plotly validates lists item by item
+                marker_color=np.array([SEGMENT_COLOURS[s] for s in segments], dtype=object),
+                customdata=np.asarray(texts, dtype=object), hovertemplate="slot %{x} %{customdata}<br>α %{y:.4f}<extra></extra>")
+    layout = dict(title=title, height=260, bargap=0, xaxis_title="slot", yaxis_title="α", **LAYOUT)
+    return go.Figure(dict(data=[bars], layout=layout))
