@@ -41,7 +41,7 @@ class RoomyLayer(DynamicLayer):
         start = self.get_seq_length()
         stop = start + key_states.shape[2]
         if not self._fits(stop):
-            self._buffers = tuple(_grown(old[:, :, :start], new, stop + max(stop // 4, 64))
+            self._buffers = tuple(_grown(old, start, new, stop + max(stop // 4, 64))
                                   for old, new in ((self.keys, key_states), (self.values, value_states)))
         for buffer, new in zip(self._buffers, (key_states, value_states)):
             buffer[:, :, start:stop] = new
@@ -49,12 +49,13 @@ class RoomyLayer(DynamicLayer):
         return self.keys, self.values
 
 
-def _grown(old: torch.Tensor, new: torch.Tensor, capacity: int) -> torch.Tensor:
-    """A buffer ``(B, KV, capacity, D)`` like ``new`` holding ``old``'s slots first (``old`` may be empty)."""
+def _grown(old: torch.Tensor, length: int, new: torch.Tensor, capacity: int) -> torch.Tensor:
+    """A buffer ``(B, KV, capacity, D)`` like ``new`` holding the first ``length`` slots of ``old`` (``(B, KV, ≥ length,
+    D)``, or the 1-D empty tensor of a fresh layer)."""
     batch, heads, _, dim = new.shape
     buffer = new.new_empty(batch, heads, capacity, dim)
-    if old.dim() == 4:
-        buffer[:, :, : old.shape[2]] = old
+    if length:
+        buffer[:, :, :length] = old[:, :, :length]
     return buffer
 
 
@@ -67,7 +68,7 @@ def layer_kv(cache: Cache, layer: int) -> KV:
 def truncate(cache: Cache, length: int) -> None:
     """Keep the first ``length`` slots of every layer (layers a failed pass already extended are cut back)."""
     for entry in cache.layers:
-        if entry.is_initialized and entry.keys.shape[2] > length:
+        if entry.is_initialized and entry.keys.dim() == 4 and entry.keys.shape[2] > length:
             entry.keys = entry.keys[:, :, :length]
             entry.values = entry.values[:, :, :length]
 
@@ -86,6 +87,14 @@ def build(config: PretrainedConfig, tensors: list[KV]) -> DynamicCache:
     for entry, (keys, values) in zip(cache.layers, tensors, strict=True):
         entry.lazy_initialization(keys, values)
         entry.keys, entry.values = keys, values
+    return cache
+
+
+def roomy(config: PretrainedConfig) -> DynamicCache:
+    """An empty ``DynamicCache`` for ``config`` whose full-attention layers are :class:`RoomyLayer` (other kinds, e.g.
+    sliding-window layers, stay as transformers makes them)."""
+    cache = DynamicCache(config=config)
+    cache.layers = [RoomyLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
     return cache
 
 

@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
 from kvviz import cache as kv_cache
@@ -71,7 +70,7 @@ class Session:
         self.memory_budget = memory_budget if memory_budget is not None else _default_budget()
         self.sampling = sampling or Sampling()
         self.transcript = Transcript()
-        self.cache = DynamicCache(config=lm.model.config)
+        self.cache = kv_cache.roomy(lm.model.config)  # decode steps write into spare room, no copy of the cache
         self.queries = QueryLog(lm.layers, lm.heads, lm.head_dim, lm.dtype, lm.device)
         self.messages: list[dict[str, str]] = []
         self.turns: list[dict[str, str]] = []

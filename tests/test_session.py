@@ -197,8 +197,12 @@ def test_failed_forward_leaves_cache_and_transcript_intact(lm, monkeypatch):
     assert len(session) == length and session.transcript.ids == ids
     assert all(layer.keys.shape[2] == length for layer in session.cache.layers)
     assert session.queries.length == length
-    session.step()  # and the session goes on normally
+    session.step()  # and the session goes on normally, writing over the failed pass's slots
     assert len(session) == length + 1
+    fresh = Session(lm)
+    fresh.add_user_turn("Hello there")
+    fresh.step()
+    assert torch.equal(session.logits, fresh.logits) and session.pending == fresh.pending
 
 
 def test_stream_stops_at_end_of_turn_and_reports_pending(lm):

@@ -1,0 +1,46 @@
+"""The cache adapter's RoomyLayer on synthetic tensors: appends land in spare room, and its keys/values always equal
+what transformers' DynamicLayer (concatenation) holds after the same updates."""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+from kvviz import cache as kv_cache
+from kvviz.cache import RoomyLayer
+
+
+def _chunk(generator: torch.Generator, q: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(1, 2, q, 4, generator=generator), torch.randn(1, 2, q, 4, generator=generator)
+
+
+def test_roomy_layer_equals_concatenation_and_writes_in_place():
+    generator = torch.Generator().manual_seed(0)
+    roomy, plain = RoomyLayer(), DynamicLayer()
+    earlier = []
+    for q in (5, 1, 1, 90, 1, 1, 40):  # the prefill makes room for 69 slots: the 90-slot append grows it
+        chunk = _chunk(generator, q)
+        buffer = roomy._buffers[0] if roomy._buffers else None
+        keys, values = roomy.update(*chunk)
+        expected = plain.update(*chunk)
+        assert torch.equal(keys, expected[0]) and torch.equal(values, expected[1])
+        if buffer is not None and keys.shape[2] <= buffer.shape[2]:
+            assert keys.data_ptr() == buffer.data_ptr()  # written into the room, nothing copied
+        earlier.append((keys, keys.clone()))
+    assert all(torch.equal(view, copy) for view, copy in earlier)  # views taken before later appends are unchanged
+
+
+def test_roomy_layer_after_truncation_and_replaced_tensors():
+    generator = torch.Generator().manual_seed(1)
+    cache = kv_cache.over([tuple(torch.zeros(1, 2, 12, 4) for _ in range(2))], length=0)
+    first = _chunk(generator, 8)
+    cache.layers[0].update(*first)
+    kv_cache.truncate(cache, 5)  # a failed pass cut back: the next append overwrites slots 5..
+    second = _chunk(generator, 3)
+    keys, values = cache.layers[0].update(*second)
+    assert torch.equal(keys, torch.cat([first[0][:, :, :5], second[0]], 2))
+    layer = cache.layers[0]
+    layer.keys, layer.values = (t.clone() for t in (layer.keys, layer.values))  # no longer views of the buffers
+    third = _chunk(generator, 2)
+    keys, _ = layer.update(*third)
+    assert torch.equal(keys, torch.cat([first[0][:, :, :5], second[0], third[0]], 2))
