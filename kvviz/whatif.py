@@ -76,14 +76,15 @@ class FullStepProbe(Probe):
 
     def __init__(self, hidden: torch.Tensor | None, scaling: float):
         self.hidden, self.scaling = hidden, scaling
-        self.queries, self.own_kv, self.own_scores, self.values = [], [], [], []
+        self.queries, self.own_kv, self.own_scores, self.keys, self.values = [], [], [], [], []
         self.alpha, self.attended, self.outputs = [], [], []
 
     def on_query(self, layer, query, key, value):
         hidden = None if self.hidden is None else self.hidden[layer]
         self.queries.append(query[0])  # (H, 1, D)
         self.own_kv.append((key[0, :, -1:], value[0, :, -1:]))  # (KV, 1, D): this step's own K/V
-        self.values.append(value[0])  # (KV, n, D): the whole cache after the update (a reference, not a copy)
+        self.keys.append(key[0])  # (KV, n, D): the whole cache after the update (references, not copies)
+        self.values.append(value[0])
         scores = math.scores(query[0], key[0], self.scaling)  # (H, 1, n)
         self.own_scores.append(scores[..., -1:].clone())  # (H, 1, 1): this step's score with its own key
         alpha = math.visible_softmax(scores, hidden, dtype=torch.float64)[:, 0]  # (H, n)
@@ -157,8 +158,8 @@ class EditedStepProbe(Probe):
         rows = []
         for layer in range(len(o)):
             if bool((self.rho[layer] >= 1).any()):
-                keys = torch.cat([self.full.prefix[layer][0], full.own_kv[layer][0]], 1)
-                alpha_hat = math.causal_weights(full.queries[layer], keys, full.scaling, self.hidden[layer], torch.float64)
+                alpha_hat = math.causal_weights(full.queries[layer], full.keys[layer], full.scaling, self.hidden[layer],
+                                                torch.float64)
                 delta = math.output(alpha_hat[:, 0] - full.alpha[layer], full.values[layer])
             else:
                 delta = math.evicted_output(o[layer], alpha[layer], values[layer], new[layer]) - o[layer]
@@ -204,12 +205,12 @@ class FullStep:
 
     at: int
     position: int
-    prefix: list
     probe: FullStepProbe
     logits: torch.Tensor
     hidden_states: tuple
     hidden: torch.Tensor | None
     segments: list[str]  # of slots 0..at-1
+    unquantized: bool  # the committed edit quantizes nothing: the full run's cache holds the original K/V
     continuations: dict = field(default_factory=dict)
     originals: list | None = None  # per layer (keys, values) (KV, at, D) as the model computed them
     scratch: list | None = None  # per layer (keys, values) (1, KV, at + 1, D): the edited runs' cache
@@ -221,8 +222,9 @@ class FullStep:
 
         The cache's buffers are kept between runs: filled once; afterwards only slots that the previous run
         quantized and this one does not are copied back, so an eviction's run copies nothing."""
-        if self.originals is None:
-            self.originals = _prefix(session, self.at)
+        if self.originals is None:  # the full run's copy when it holds the originals: §12's terms then read warm data
+            self.originals = ([(k[:, :-1], v[:, :-1]) for k, v in zip(self.probe.keys, self.probe.values)]
+                              if self.unquantized else _prefix(session, self.at))
         groups = {kind: [slots for _, slots in edit.groups(kind, self.at)] for kind in ("key", "value")}
         if self.scratch is None:
             self.scratch = [tuple(_with_room(t) for t in kv) for kv in self.originals]
@@ -236,9 +238,7 @@ class FullStep:
 
     def continuation(self, session, steps: int) -> list[int]:
         if steps not in self.continuations:
-            cache = kv_cache.build(session.lm.config, [
-                (torch.cat([k, own_k], 1)[None], torch.cat([v, own_v], 1)[None])
-                for (k, v), (own_k, own_v) in zip(self.prefix, self.probe.own_kv)])
+            cache = kv_cache.build(session.lm.config, [(k[None], v[None]) for k, v in zip(self.probe.keys, self.probe.values)])
             self.continuations[steps] = _greedy(session, cache, self.hidden, self.logits, self.position, steps)
         return self.continuations[steps]
 
@@ -265,8 +265,8 @@ def _full_step(session, at: int, full: Edit, hidden: torch.Tensor | None) -> Ful
         recent = [k for k in steps if k[0] == session.version][-1:]  # keep one more run of this cache version
         for old in set(steps) - set(recent):
             del steps[old]
-        steps[key] = FullStep(at, slot.position, prefix, probe, out.logits[0, -1].float(), out.hidden_states, hidden,
-                              session.transcript.segments()[:at])
+        steps[key] = FullStep(at, slot.position, probe, out.logits[0, -1].float(), out.hidden_states, hidden,
+                              session.transcript.segments()[:at], not full.quantizes)
     return steps[key]
 
 

@@ -220,17 +220,32 @@ def test_a_sink_layer_is_recomputed_directly_and_agrees_with_the_closed_form(cha
     assert max(closed.heads["delta_isolated"][7]) > 1e-4
 
 
+def _in_a_row_equal_fresh(session: Session, edits: list[Edit]) -> None:
+    for edit in edits:
+        kept = what_if(session, edit).to_dict()
+        session.memo.clear()
+        fresh = what_if(session, edit).to_dict()
+        assert kept == fresh, edit
+        what_if(session, edits[0])  # leave the kept cache quantized by another edit before the next one
+
+
 def test_edits_in_a_row_equal_fresh_runs(chat):
     """The edited runs reuse one cache per step, quantized in place and restored where the next edit differs. Any
     order of edits must give bit for bit what a first run (nothing kept) gives: checked on a sequence that quantizes,
     narrows, evicts, widens, quantizes a scattered set and comes back to the start."""
     at = len(chat) - 1
-    edits = [Edit.quantize(range(at), 4), Edit.quantize(range(5, 20), 2), Edit.evict([3, 7]),
-             Edit.quantize(range(at), 3, 8), Edit.quantize([1, 4, 9, 30], 2).merged(Edit.evict([2])),
-             Edit.quantize(range(at), 4), Edit()]
-    for edit in edits:
-        kept = what_if(chat, edit).to_dict()
-        chat.memo.clear()
-        fresh = what_if(chat, edit).to_dict()
-        assert kept == fresh, edit
-        what_if(chat, edits[0])  # leave the kept cache quantized by another edit before the next one
+    _in_a_row_equal_fresh(chat, [
+        Edit.quantize(range(at), 4), Edit.quantize(range(5, 20), 2), Edit.evict([3, 7]), Edit.quantize(range(at), 3, 8),
+        Edit.quantize([1, 4, 9, 30], 2).merged(Edit.evict([2])), Edit.quantize(range(at), 4), Edit()])
+
+
+def test_edits_in_a_row_on_a_committed_quantization(lm):
+    """The same after a committed 4-bit edit, whose original K/V the edited runs must start from."""
+    session = Session(lm)
+    session.add_user_turn("Remember: a = 3 and b = 5. What is a + b?")
+    session.commit(Edit.quantize(range(4, 16), 4))
+    session.generate(3)
+    at = len(session) - 1
+    _in_a_row_equal_fresh(session, [Edit.quantize(range(at), 2), Edit.evict([6]), Edit(), Edit.quantize(range(10), 8)])
+    unchanged = what_if(session, Edit())  # the committed edit on the originals, as the full run has it
+    assert unchanged.next_token.kl == 0.0 and max(map(max, unchanged.heads["delta_propagated"])) == 0.0
