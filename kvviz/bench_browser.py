@@ -71,7 +71,10 @@ def browser_rows(lm, counts: tuple[int, ...] = (1024, 2048), repeats: int = 5) -
         page.wait_for_selector("textarea", timeout=180_000)
         for count in counts:
             page.locator("[data-testid=stFileUploaderDropzoneInput]").set_input_files(str(files[count]))
-            page.wait_for_timeout(500)  # the upload reruns the page: click "Load it" once that run is over
+            # the upload reruns the page: click "Load it" once the new file is listed and that run is over (the
+            # button of the previous upload is still there until then)
+            page.locator("[data-testid=stFileUploader]", has_text=files[count].name).wait_for(timeout=300_000)
+            page.wait_for_timeout(300)
             page.wait_for_function("!document.querySelector('[data-testid=stStatusWidget]')", timeout=300_000)
             page.get_by_role("button", name="Load it").click()
             # the strip lives in a shadow root: Playwright's locators pierce it, document.querySelectorAll does not
