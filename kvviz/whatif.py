@@ -18,6 +18,7 @@ from transformers import Cache
 
 from kvviz import attention as math
 from kvviz import cache as kv_cache
+from kvviz.continuation import Continuation, compared, greedy
 from kvviz.edits import Edit
 from kvviz.errors import KvvizError
 from kvviz.memory import cache_memory
@@ -39,15 +40,6 @@ class Detail:
     delta_isolated: list[float] = field(default_factory=list)  # Δo (D,) of this head, isolated
     weight_term: list[float] = field(default_factory=list)  # Σ (α̂−α) v
     content_term: list[float] = field(default_factory=list)  # Σ α̂ ε^V
-
-
-@dataclass
-class Continuation:
-    full: str
-    edited: str
-    full_ids: list[int]
-    edited_ids: list[int]
-    first_divergence: int | None
 
 
 @dataclass
@@ -239,7 +231,7 @@ class FullStep:
     def continuation(self, session, steps: int) -> list[int]:
         if steps not in self.continuations:
             cache = kv_cache.build(session.lm.config, [(k[None], v[None]) for k, v in zip(self.probe.keys, self.probe.values)])
-            self.continuations[steps] = _greedy(session, cache, self.hidden, self.logits, self.position, steps)
+            self.continuations[steps] = greedy(session, cache, self.hidden, self.logits, self.position, steps)
         return self.continuations[steps]
 
 
@@ -318,8 +310,8 @@ def what_if(session, edit: Edit, at: int | None = None, layer: int = 0, head: in
     logits, full_logits = out.logits[0, -1].float(), full_step.logits
     follow = None
     if continuation:
-        edited_ids = _greedy(session, cache, hidden_edited if masked else None, logits, slot.position, continuation)
-        follow = _continuation(session, full_step.continuation(session, continuation), edited_ids)
+        edited_ids = greedy(session, cache, hidden_edited if masked else None, logits, slot.position, continuation)
+        follow = compared(session, full_step.continuation(session, continuation), edited_ids)
     return WhatIf(
         at=at, position=slot.position, token=slot.id, edit=edit,
         next_token=compare(full_logits, logits, topk, session.piece),
@@ -336,41 +328,3 @@ def _detail(rows: dict[str, torch.Tensor], layer: int, head: int, at: int) -> De
     hide = lambda values: [None if gone else v for v, gone in zip(values.tolist(), evicted)]  # noqa: E731
     return Detail(layer, head, list(range(at + 1)), rows["alpha"].tolist(), hide(rows["renorm"]),
                   hide(rows["edited"]), rows["isolated"].tolist(), rows["weight"].tolist(), rows["content"].tolist())
-
-
-class _Hide(Probe):
-    """Hides the slots of ``hidden`` ``(L, KV, n0)``; slots appended later stay visible."""
-
-    def __init__(self, hidden: torch.Tensor | None):
-        self.hidden = hidden
-
-    def on_query(self, layer, query, key, value):
-        if self.hidden is None:
-            return None
-        return ~torch.nn.functional.pad(self.hidden[layer], (0, key.shape[2] - self.hidden.shape[-1]))[None]
-
-
-def _greedy(session, cache, hidden: torch.Tensor | None, first: torch.Tensor, position: int, steps: int) -> list[int]:
-    """Up to ``steps`` greedy tokens after a step whose logits are ``first``, on ``cache`` (extended in place), with
-    ``hidden`` slots hidden; stops after an end-of-turn token."""
-    lm = session.lm
-    token, ids = int(first.argmax()), []
-    for offset in range(1, steps + 1):
-        ids.append(token)
-        if offset == steps or token in lm.stop_ids:
-            break
-        with torch.no_grad(), probing(_Hide(hidden)):
-            out = lm.model(input_ids=torch.tensor([[token]], device=lm.device),
-                           position_ids=torch.tensor([[position + offset]], device=lm.device),
-                           cache=cache, use_cache=True, logits_to_keep=1)
-        token = int(out.logits[0, -1].argmax())
-    return ids
-
-
-def _continuation(session, full_ids: list[int], edited_ids: list[int]) -> Continuation:
-    pairs = list(zip(full_ids, edited_ids))
-    diverged = next((i for i, (a, b) in enumerate(pairs) if a != b), None)
-    if diverged is None and len(full_ids) != len(edited_ids):
-        diverged = len(pairs)
-    decode = lambda ids: session.lm.tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
-    return Continuation(decode(full_ids), decode(edited_ids), full_ids, edited_ids, diverged)
