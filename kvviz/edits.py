@@ -139,11 +139,6 @@ class Edit:
         keep = lambda bits: {s: b for s, b in bits.items() if s < recent}  # noqa: E731
         return replace(self, key_bits=keep(self.key_bits), value_bits=keep(self.value_bits), full_precision_window=0)
 
-    def bits(self, kind: str, n: int) -> list[int]:
-        """Bit-width of each of ``n`` slots for ``kind`` = ``"key"`` or ``"value"`` (call on a resolved edit)."""
-        table = self.key_bits if kind == "key" else self.value_bits
-        return [table.get(slot, 16) for slot in range(n)]
-
     def quantized(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """New ``(KV, n, D)`` keys and values with each slot fake-quantized at its bit-width (slots sharing a
         bit-width are quantized together, which matters for per-channel scales); a kind without bits is returned

@@ -68,13 +68,12 @@ class FullStepProbe(Probe):
 
     def __init__(self, hidden: torch.Tensor | None, scaling: float):
         self.hidden, self.scaling = hidden, scaling
-        self.queries, self.own_kv, self.own_scores, self.keys, self.values = [], [], [], [], []
+        self.queries, self.own_scores, self.keys, self.values = [], [], [], []
         self.alpha, self.attended, self.outputs = [], [], []
 
     def on_query(self, layer, query, key, value):
         hidden = None if self.hidden is None else self.hidden[layer]
         self.queries.append(query[0])  # (H, 1, D)
-        self.own_kv.append((key[0, :, -1:], value[0, :, -1:]))  # (KV, 1, D): this step's own K/V
         self.keys.append(key[0])  # (KV, n, D): the whole cache after the update (references, not copies)
         self.values.append(value[0])
         scores = math.scores(query[0], key[0], self.scaling)  # (H, 1, n)
@@ -219,7 +218,7 @@ class FullStep:
                               if self.unquantized else _prefix(session, self.at))
         groups = {kind: [slots for _, slots in edit.groups(kind, self.at)] for kind in ("key", "value")}
         if self.scratch is None:
-            self.scratch = [tuple(_with_room(t) for t in kv) for kv in self.originals]
+            self.scratch = [tuple(kv_cache.with_room(t[None], 1) for t in kv) for kv in self.originals]
         elif groups != self.quantized:
             for index, kind in enumerate(("key", "value")):
                 for slots in self.quantized[kind]:
@@ -233,14 +232,6 @@ class FullStep:
             cache = kv_cache.build(session.lm.config, [(k[None], v[None]) for k, v in zip(self.probe.keys, self.probe.values)])
             self.continuations[steps] = greedy(session, cache, self.hidden, self.logits, self.position, steps)
         return self.continuations[steps]
-
-
-def _with_room(tensor: torch.Tensor) -> torch.Tensor:
-    """``(KV, n, D)`` → a new ``(1, KV, n + 1, D)`` buffer holding it, the last slot left unset."""
-    kv, n, dim = tensor.shape
-    buffer = tensor.new_empty(1, kv, n + 1, dim)
-    buffer[0, :, :n] = tensor
-    return buffer
 
 
 def _full_step(session, at: int, full: Edit, hidden: torch.Tensor | None) -> FullStep:

@@ -116,7 +116,8 @@ def test_cache_memory_counts_every_kv_head_and_segment(seed, quantizer):
     def reference(slots: list[int]) -> int:
         total = 0
         for kind in ("key", "value"):
-            table = edit.bits(kind, n)
+            widths_of = edit.key_bits if kind == "key" else edit.value_bits  # 16-bit slots are not stored
+            table = [widths_of.get(slot, 16) for slot in range(n)]
             for layer in range(layers):
                 for head in range(kv_heads):
                     kept = [s for s in slots if not evicted[layer, head, s]]
