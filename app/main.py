@@ -64,7 +64,9 @@ guarded(cache.view_settings)
 @st.fragment
 def editor() -> None:
     """The strip and the what-if: a click reruns only this part of the page (the edit touches nothing else). Its
-    save is also the page's: nothing drawn after it changes the session or the draft without a rerun."""
+    save is also the page's: nothing drawn after it changes the session or the draft without a rerun. The what-if
+    is computed before anything is drawn (see ``whatif.prepare``)."""
+    guarded(whatif.prepare)
     guarded(cache)
     guarded(whatif)
     state.save()

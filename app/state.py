@@ -21,7 +21,10 @@ SESSION_ID = re.compile(r"^[0-9a-f]{32}$")  # the ?s= URL parameter; nothing els
 
 MEAN = -1  # the "head" setting that means the mean over query heads
 
-DEFAULTS = {"layer": 0, "head": MEAN, "at": None, "max_new_tokens": 48, "large": False, "notice": None}
+DEFAULTS = {"layer": 0, "head": MEAN, "at": None, "max_new_tokens": 48, "large": False, "notice": None,
+            # the editor's settings, read before its widgets are drawn (see app/main.py's editor)
+            "key_axis": "channel", "value_axis": "token", "group": 0, "symmetric": False, "pick_k": 4, "pick_v": 4,
+            "topk": 10, "continuation": 0}
 
 
 def init(lm) -> None:

@@ -112,3 +112,35 @@ def test_bad_import_is_refused_and_keeps_the_session(lm, payload):
 
     with pytest.raises(KvvizError, match="cannot import"):
         import_session(lm, json.loads(payload))
+
+
+def test_picker_buttons_edit_before_the_what_if_runs(monkeypatch):
+    """The editor computes the what-if before drawing (one burst for the browser): the picker's buttons are callbacks,
+    so their edit is in that computation — one what-if per click, showing the edit — and in the strip of that run."""
+    import app.views.whatif as view
+    from kvviz.memory import step_memory
+
+    calls = []
+    original = view.what_if
+    monkeypatch.setattr(view, "what_if", lambda *a, **k: calls.append(a[1]) or original(*a, **k))
+    app = start()
+    app.session_state["max_new_tokens"] = 4
+    for message in ("Name three colours.", "And two more?"):
+        app.chat_input[0].set_value(message).run()
+    assert_clean(app)
+    app.selectbox(key="pick_k").set_value(2).run()
+    session, draft = app.session_state["session"], app.session_state["draft"]
+    at = len(session) - 1
+    for label, check in (("Evict this turn", lambda edit: edit.evictions and not edit.key_bits),
+                         ("History → these bits", lambda edit: set(edit.key_bits.values()) == {2}),
+                         ("Clear edit", lambda edit: edit.is_empty)):
+        calls.clear()
+        next(b for b in app.button if b.label == label).click().run()
+        assert_clean(app)
+        edit = draft.edit(at)
+        assert len(calls) == 1 and calls[0] == edit and check(edit), label  # one run, with this click's edit
+        assert metric(app, "Cache bytes") == f"{step_memory(session, edit, at)['edited_bytes']:,}"
+        chips = json.loads(app.get("bidi_component")[0].proto.json)["chips"]  # the strip drawn in the same run
+        assert {c[0] for c in chips if c[5]} == {s for e in edit.evictions for s in e.slots}, label
+        assert {c[0]: c[6] for c in chips if c[6] < 16} == dict(edit.key_bits), label
+    assert metric(app, "KL") == "0"

@@ -55,37 +55,51 @@ def _travel() -> None:
     st.session_state.at = None if chosen == newest else chosen
 
 
-def _quantizer_settings(draft, head_dim: int) -> None:
+def apply_quantizers() -> str | None:
+    """Set the draft's quantizers from the settings (widget state, so this can run before the widgets are drawn: the
+    what-if is computed first); returns why they do not fit the model, or None."""
+    ss, draft, head_dim = st.session_state, state.draft(), state.session().lm.head_dim
+    try:
+        draft.keys = Quantizer(ss.key_axis, int(ss.group) or None, ss.symmetric)
+        draft.values = Quantizer(ss.value_axis, int(ss.group) or None, ss.symmetric)
+        draft.keys.check(head_dim)
+    except KvvizError as exc:
+        return str(exc)
+    return None
+
+
+def _quantizer_settings(head_dim: int) -> None:
     with st.expander("Quantizer settings (default KIVI: keys per channel, values per token)"):
         cols = st.columns(4)
-        key_axis = cols[0].selectbox("Keys", ["channel", "token"], key="key_axis")
-        value_axis = cols[1].selectbox("Values", ["token", "channel"], key="value_axis")
-        group = cols[2].number_input(f"Group size (channels; 0 = all {head_dim})", 0, head_dim, 0, key="group")
-        symmetric = cols[3].toggle("Symmetric", key="symmetric")
-        try:
-            draft.keys = Quantizer(key_axis, int(group) or None, symmetric)
-            draft.values = Quantizer(value_axis, int(group) or None, symmetric)
-            draft.keys.check(head_dim)
-        except KvvizError as exc:
-            st.warning(str(exc))
+        cols[0].selectbox("Keys", ["channel", "token"], key="key_axis")
+        cols[1].selectbox("Values", ["token", "channel"], key="value_axis")
+        cols[2].number_input(f"Group size (channels; 0 = all {head_dim})", 0, head_dim, key="group")
+        cols[3].toggle("Symmetric", key="symmetric")
+        problem = apply_quantizers()
+        if problem:
+            st.warning(problem)
+
+
+def _set_bits(slots: list[int], selection: bool = False) -> None:
+    """Button callback (runs before the rerun, so the strip and the what-if both show the change)."""
+    draft = state.draft()
+    draft.set_bits(slots, st.session_state.pick_k, st.session_state.pick_v)
+    if selection:
+        draft.selected = set()
 
 
 def _picker(draft, session, at) -> None:
     cols = st.columns([1, 1, 2, 2, 2, 2])
-    key_bits = cols[0].selectbox("K bits", BITS, index=2, key="pick_k")
-    value_bits = cols[1].selectbox("V bits", BITS, index=2, key="pick_v")
-    if cols[2].button(f"Apply to {len(draft.selected)} selected", disabled=not draft.selected):
-        draft.set_bits(draft.selected, key_bits, value_bits)
-        draft.selected = set()
+    cols[0].selectbox("K bits", BITS, key="pick_k")
+    cols[1].selectbox("V bits", BITS, key="pick_v")
+    cols[2].button(f"Apply to {len(draft.selected)} selected", disabled=not draft.selected, on_click=_set_bits,
+                   args=(sorted(draft.selected), True))
     history = [s.slot for s in session.transcript.slots[:at] if session.transcript.segment(s) == "history"]
-    if cols[3].button("History → these bits", disabled=not history):
-        draft.set_bits(history, key_bits, value_bits)
+    cols[3].button("History → these bits", disabled=not history, on_click=_set_bits, args=(history,))
     this_turn = [s.slot for s in session.transcript.slots[:at] if s.turn == session.transcript.turn]
-    if cols[4].button("Evict this turn", disabled=not this_turn):
-        draft.evict_many(this_turn)
-    if cols[5].button("Clear edit"):
-        draft.clear()
-    _quantizer_settings(draft, session.lm.head_dim)
+    cols[4].button("Evict this turn", disabled=not this_turn, on_click=lambda: state.draft().evict_many(this_turn))
+    cols[5].button("Clear edit", on_click=lambda: state.draft().clear())
+    _quantizer_settings(session.lm.head_dim)
     try:
         summary = draft.edit(at)
     except KvvizError as exc:

@@ -5,25 +5,48 @@ from __future__ import annotations
 import streamlit as st
 
 from app import state
+from app.views.cache import apply_quantizers
 from kvviz import figures
 from kvviz.errors import KvvizError
 from kvviz.whatif import WhatIf, what_if
 
+# The what-if's charts are redrawn on every click: Streamlit remounts a Plotly chart whose figure changed, and with
+# its theme applied the browser spent ~0.3 s more per click on them (2k slots, 2 cores). The figures set their own
+# margins instead (kvviz.figures.whatif.axis).
+CHARTS = ("alpha", "heads", "hidden")
 PROB = st.column_config.ProgressColumn("p", format="%.4f", min_value=0.0, max_value=1.0)
 
 
-def compute(topk: int, continuation: int) -> WhatIf | None:
-    """The what-if of the draft at the current step, cached per (cache version, edit, step, head, options)."""
+def compute() -> WhatIf:
+    """The what-if of the draft at the current step, cached per (cache version, edit, step, head, options); so is a
+    refusal (:class:`KvvizError`, raised again from the cache)."""
     session, at = state.session(), state.step_slot()
+    topk, continuation = int(st.session_state.topk), int(st.session_state.continuation)
     layer, head = st.session_state.layer, state.detail_head()
     edit = state.draft().edit(at)
     key = (session.version, repr(edit.to_dict()), at, layer, head, topk, continuation)
     cached = st.session_state.get("whatif_cache")
-    if cached and cached[0] == key:
-        return cached[1]
-    result = what_if(session, edit, at=at, layer=layer, head=head, topk=topk, continuation=continuation)
-    st.session_state.whatif_cache = (key, result)
-    return result
+    if not cached or cached[0] != key:
+        try:
+            cached = (key, what_if(session, edit, at=at, layer=layer, head=head, topk=topk, continuation=continuation))
+        except KvvizError as exc:
+            cached = (key, exc)
+        st.session_state.whatif_cache = cached
+    if isinstance(cached[1], KvvizError):
+        raise cached[1]
+    return cached[1]
+
+
+def prepare() -> None:
+    """Compute the what-if before anything of the editor is drawn. The page then receives the strip and the results
+    in one burst after it: each element sent while the step runs makes the browser re-render the page, and on a
+    small machine that drawing competes with the step for the same cores (measured at 2k slots: ~0.2 s of browser
+    work during the step). A failure is shown where the results go, by :func:`render`."""
+    if len(state.session()) >= 2 and apply_quantizers() is None:
+        try:
+            compute()
+        except KvvizError:
+            pass
 
 
 def render() -> None:
@@ -32,11 +55,11 @@ def render() -> None:
         st.info("Send a message first: the what-if re-runs a step on the cache before it.")
         return
     options = st.columns([1, 1, 4])
-    topk = options[0].number_input("Top-k", 1, 50, 10)
-    continuation = options[1].number_input("Continue N tokens", 0, 64, 0, help="Greedy continuations with both "
-                                           "caches (each token is one more decode step per click)")
+    options[0].number_input("Top-k", 1, 50, key="topk")
+    options[1].number_input("Continue N tokens", 0, 64, key="continuation", help="Greedy continuations with both "
+                            "caches (each token is one more decode step per click)")
     try:
-        result = compute(int(topk), int(continuation))
+        result = compute()
     except KvvizError as exc:
         st.warning(str(exc))
         return
@@ -50,8 +73,8 @@ def render() -> None:
     rho = result.heads["rho"][result.detail.layer][result.detail.head]
     charts = [figures.alpha_figure(result.detail, texts, rho), figures.head_grid_figure(result.heads),
               figures.hidden_figure(result.hidden_delta)]
-    for name, chart in zip(("alpha", "heads", "hidden"), charts):
-        st.plotly_chart(chart, key=name)  # each chart's toolbar also downloads it as PNG
+    for name, chart in zip(CHARTS, charts):
+        st.plotly_chart(chart, key=name, theme=None)  # its toolbar also downloads it as PNG; theme: see CHARTS
     st.download_button("Download these figures (HTML, works offline)",  # built when clicked
                        lambda: figures.figures_html(charts, f"kvviz what-if at slot {result.at}"),
                        file_name=f"kvviz-whatif-slot{result.at}.html", mime="text/html", on_click="ignore")

@@ -23,6 +23,11 @@ def visible(text: str) -> str:
 # is one spec handed to ``go.Figure`` at once: validated in one pass (adding traces and updating the layout one by
 # one cost 3-4x as much, ~20 ms a figure on a click's path).
 LAYOUT = dict(margin=dict(l=10, r=10, t=50, b=10))
+
+
+def axis(title: str | None, **settings) -> dict:
+    """An axis whose margin grows to fit its labels (the page draws these figures without Streamlit's theme)."""
+    return dict(title=title, automargin=True, **settings)
 BAR_LIMIT = 256  # above this many slots α is drawn as step lines: thousands of SVG bars take seconds to redraw
 
 
@@ -42,7 +47,7 @@ def alpha_figure(detail: Detail, texts: list[str], rho: float) -> go.Figure:
         data.append(dict(type="scatter", x=evicted, y=[detail.alpha_full[s] for s in evicted], mode="markers",
                          name="evicted", marker=dict(symbol="x", size=9, color="#eb5757")))
     layout = dict(title=f"Layer {detail.layer}, head {detail.head}: evicted mass ρ = {rho:.4f}", barmode="group",
-                  height=320, xaxis_title="slot", yaxis_title="weight", legend_orientation="h", **LAYOUT)
+                  height=320, xaxis=axis("slot"), yaxis=axis("weight"), legend_orientation="h", **LAYOUT)
     return go.Figure(dict(data=data, layout=layout))
 
 
@@ -59,9 +64,9 @@ def head_grid_figure(heads: dict[str, list[list[float]]]) -> go.Figure:
                          zmax=1 if key == "rho" else top, xaxis="x" + suffix, yaxis="y" + suffix, showscale=index != 1,
                          colorbar=dict(x=left + width + 0.002 if index == 0 else 1.0, thickness=8),
                          hovertemplate="layer %{y}, head %{x}<br>" + title + " %{z:.4g}<extra></extra>"))
-        layout["xaxis" + suffix] = dict(domain=[left, left + width], anchor="y" + suffix, title="query head", dtick=1)
-        layout["yaxis" + suffix] = dict(anchor="x" + suffix, autorange="reversed", showticklabels=index == 0,
-                                        title="layer" if index == 0 else None)
+        layout["xaxis" + suffix] = axis("query head", domain=[left, left + width], anchor="y" + suffix, dtick=1)
+        layout["yaxis" + suffix] = axis("layer" if index == 0 else None, anchor="x" + suffix, autorange="reversed",
+                                        showticklabels=index == 0)
         titles.append(dict(text=title, x=left + width / 2, y=1.0, xref="paper", yref="paper", xanchor="center",
                            yanchor="bottom", showarrow=False))
     return go.Figure(dict(data=data, layout=layout | dict(annotations=titles)))
@@ -71,8 +76,8 @@ def hidden_figure(hidden_delta: list[float]) -> go.Figure:
     """‖h̃ − h‖ after the embeddings (0) and after each layer: how the edit propagates (§11)."""
     data = [dict(type="scatter", x=np.arange(len(hidden_delta)), y=np.asarray(hidden_delta), mode="lines+markers",
                  hovertemplate="after layer %{x}<br>‖Δh‖ %{y:.4g}<extra></extra>")]
-    layout = dict(title="Hidden-state change by layer", height=260, xaxis_title="layer (0 = embeddings)",
-                  yaxis_title="‖h̃ − h‖", **LAYOUT)
+    layout = dict(title="Hidden-state change by layer", height=260, xaxis=axis("layer (0 = embeddings)"),
+                  yaxis=axis("‖h̃ − h‖"), **LAYOUT)
     return go.Figure(dict(data=data, layout=layout))
 
 
