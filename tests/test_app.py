@@ -67,8 +67,12 @@ def test_every_view_renders_on_a_long_conversation():
     assert_clean(app)
     assert len(app.session_state["session"]) == 1101
     assert float(metric(app, "KL")) >= 0
-    titles = [c.proto.spec for c in app.get("plotly_chart")]
-    assert len(titles) >= 6  # what-if (3), attention (3), growth
+    assert len(app.get("plotly_chart")) == 4  # attention (3), growth
+    import pyarrow as pa
+
+    charts = app.get("vega_lite_chart")  # the what-if's; α's one table holds 3 series of every cached slot
+    rows = pa.ipc.open_stream(charts[0].proto.datasets[0].data.data).read_all().num_rows
+    assert len(charts) == 3 and rows == 3 * 1101
 
 
 def test_policy_seeds_the_strip_and_comparison_runs():

@@ -10,7 +10,7 @@ from kvviz.draft import EditDraft
 from kvviz.edits import Edit
 from kvviz.session import Session
 from kvviz.views import attention_row, head_map, overview, pool, strip_chips
-from kvviz.whatif import what_if
+from kvviz.whatif import Detail, what_if
 
 
 @pytest.fixture(scope="module")
@@ -45,18 +45,32 @@ def test_strip_and_attention_views(session):
     assert figures.overview_figure(rows, 3, at).data[0].z.shape[1] == 9 * rows.shape[2] + 2 * 2
 
 
-def test_whatif_figures_and_html(session):
+def test_whatif_charts_and_html(session):
     result = what_if(session, Edit.evict([2, 3]), layer=1, head=1)
     texts = [s.text for s in session.transcript.slots[: result.at + 1]]
-    alpha = figures.alpha_figure(result.detail, texts, result.heads["rho"][1][1])
-    assert list(alpha.data[0].y) == pytest.approx(result.detail.alpha_full)
-    assert list(alpha.data[2].x) == result.detail.slots and alpha.data[2].type == "bar"  # short: bars
-    assert list(alpha.data[2].y) == pytest.approx([v or 0 for v in result.detail.alpha_edited])
-    assert list(alpha.data[3].x) == [2, 3]  # the evicted slots marked
-    grid = figures.head_grid_figure(result.heads)
-    assert np.array(grid.data[0].z).shape == (30, 9)
+    alpha = figures.alpha_chart(result.detail, texts)
+    spec, n = alpha.to_dict(), len(result.detail.slots)
+    [rows] = spec["datasets"].values()  # one table for all the layers of the chart
+    series = {name: [r for r in rows if r["series"] == name] for name in dict.fromkeys(r["series"] for r in rows)}
+    assert list(series) == ["α full", "α′ = α/(1−ρ)", "α used by the edited run"] and len(rows) == 3 * n
+    assert [r["weight"] for r in series["α full"]] == pytest.approx(result.detail.alpha_full)
+    assert [r["weight"] for r in series["α used by the edited run"]] == pytest.approx(
+        [v or 0 for v in result.detail.alpha_edited])
+    assert [r["slot"] for r in series["α full"]] == result.detail.slots
+    assert sorted({r["slot"] for r in rows if r["evicted"]}) == [2, 3]  # the evicted slots, crossed
+    assert spec["layer"][0]["mark"]["type"] == "bar"  # short: grouped bars
+    long = Detail(0, 0, list(range(300)), [1 / 300] * 300, [None] * 10 + [1 / 290] * 290, [None] * 10 + [1 / 290] * 290)
+    marks = [layer["mark"]["type"] for layer in figures.alpha_chart(long, ["t"] * 300).to_dict()["layer"]]
+    assert marks == ["line", "point", "point"]  # long: step lines, hover targets, crosses
+    grid = figures.head_grid_chart(result.heads).to_dict()
+    values = next(iter(grid["datasets"].values()))
+    assert len(values) == 3 * 30 * 9 and {v["map"] for v in values} == set(figures.whatif.MAPS.values())
+    rho = [v["value"] for v in values if v["map"] == "evicted mass ρ"]
+    assert rho == pytest.approx([x for row in result.heads["rho"] for x in row])
+    hidden = figures.hidden_chart(result.hidden_delta)
+    assert list(hidden.data["delta"]) == pytest.approx(result.hidden_delta)
     table = figures.topk_frame(result.next_token, "edited")
     assert list(table["p"]) == [c.prob for c in result.next_token.edited]
-    page = figures.figures_html([alpha, grid], "t <b>")
-    assert page.count("plotly") > 2 and "t &lt;b&gt;" in page
+    page = figures.figures_html([alpha, figures.head_grid_chart(result.heads), hidden], "t <b>")
+    assert "t &lt;b&gt;" in page and "vegaEmbed" in page and "cdn.jsdelivr" not in page  # inlined: opens offline
     assert figures.growth(session.transcript).data[0].y[-1] == session.transcript.growth[-1].history

@@ -10,10 +10,6 @@ from kvviz import figures
 from kvviz.errors import KvvizError
 from kvviz.whatif import WhatIf, what_if
 
-# The what-if's charts are redrawn on every click: Streamlit remounts a Plotly chart whose figure changed, and with
-# its theme applied the browser spent ~0.3 s more per click on them (2k slots, 2 cores). The figures set their own
-# margins instead (kvviz.figures.whatif.axis).
-CHARTS = ("alpha", "heads", "hidden")
 PROB = st.column_config.ProgressColumn("p", format="%.4f", min_value=0.0, max_value=1.0)
 
 
@@ -70,13 +66,12 @@ def render() -> None:
         column.dataframe(figures.topk_frame(result.next_token, side), hide_index=True,
                          column_config={"p": PROB, "Δlogit": st.column_config.NumberColumn(format="%+.4f")})
     texts = [s.text for s in session.transcript.slots[: result.at + 1]]
-    rho = result.heads["rho"][result.detail.layer][result.detail.head]
-    charts = [figures.alpha_figure(result.detail, texts, rho), figures.head_grid_figure(result.heads),
-              figures.hidden_figure(result.hidden_delta)]
-    for name, chart in zip(CHARTS, charts):
-        st.plotly_chart(chart, key=name, theme=None)  # its toolbar also downloads it as PNG; theme: see CHARTS
+    charts = {"alpha": figures.alpha_chart(result.detail, texts), "heads": figures.head_grid_chart(result.heads),
+              "hidden": figures.hidden_chart(result.hidden_delta)}
+    for name, chart in charts.items():
+        st.altair_chart(chart, key=name)  # keyed: a click swaps the data of the chart in place (kvviz.figures.whatif)
     st.download_button("Download these figures (HTML, works offline)",  # built when clicked
-                       lambda: figures.figures_html(charts, f"kvviz what-if at slot {result.at}"),
+                       lambda: figures.figures_html(list(charts.values()), f"kvviz what-if at slot {result.at}"),
                        file_name=f"kvviz-whatif-slot{result.at}.html", mime="text/html", on_click="ignore")
     if result.continuation:
         _continuation(result)

@@ -1,9 +1,9 @@
-"""Data → figures (plotly) and tables (pandas). Pure functions of library objects, testable without a browser."""
+"""Data → figures (plotly; the what-if's charts Vega-Lite via Altair) and tables (pandas). Pure functions of library objects, testable without a browser."""
 
 from kvviz.figures.attention import head_map_figure, overview_figure, row_figure
 from kvviz.figures.export import figures_html
 from kvviz.figures.growth import SEGMENT_COLOURS, growth
-from kvviz.figures.whatif import alpha_figure, head_grid_figure, hidden_figure, topk_frame
+from kvviz.figures.whatif import alpha_chart, head_grid_chart, hidden_chart, topk_frame
 
-__all__ = ["SEGMENT_COLOURS", "alpha_figure", "figures_html", "growth", "head_grid_figure", "head_map_figure", "hidden_figure",
+__all__ = ["SEGMENT_COLOURS", "alpha_chart", "figures_html", "growth", "head_grid_chart", "head_map_figure", "hidden_chart",
            "overview_figure", "row_figure", "topk_frame"]

@@ -1,15 +1,14 @@
-"""Figures for slides: one self-contained HTML file (plotly.js inlined, so it opens offline on a projector laptop)."""
+"""Charts for slides: one self-contained HTML file (Vega's JavaScript inlined, so it opens offline on a projector
+laptop)."""
 
 from __future__ import annotations
 
 import html
 
-import plotly.graph_objects as go
+import altair as alt
 
 
-def figures_html(figures: list[go.Figure], title: str) -> str:
-    """An HTML page with ``figures`` one below the other (white theme); the first one carries plotly.js."""
-    parts = [go.Figure(figure).update_layout(template="plotly_white").to_html(full_html=False, include_plotlyjs=index == 0)
-             for index, figure in enumerate(figures)]
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head>"
-            f"<body><h2>{html.escape(title)}</h2>{''.join(parts)}</body></html>")
+def figures_html(charts: list[alt.TopLevelMixin], title: str) -> str:
+    """An HTML page with ``charts`` one below the other (vl-convert inlines vega, vega-lite and vega-embed)."""
+    page = alt.vconcat(*charts).resolve_scale(color="independent").to_html(inline=True)
+    return page.replace("<body>", f"<body>\n<h2>{html.escape(title)}</h2>", 1)
