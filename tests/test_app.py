@@ -71,7 +71,7 @@ def test_every_view_renders_on_a_long_conversation():
     import pyarrow as pa
 
     charts = app.get("vega_lite_chart")  # the what-if's; α's one table holds 3 series of every cached slot
-    rows = pa.ipc.open_stream(charts[0].proto.datasets[0].data.data).read_all().num_rows
+    rows = pa.ipc.open_stream(charts[0].proto.data.data).read_all().num_rows
     assert len(charts) == 3 and rows == 3 * 1101
 
 

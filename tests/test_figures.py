@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import altair as alt
 import numpy as np
 import pytest
 
@@ -45,30 +46,36 @@ def test_strip_and_attention_views(session):
     assert figures.overview_figure(rows, 3, at).data[0].z.shape[1] == 9 * rows.shape[2] + 2 * 2
 
 
+def valid(chart) -> dict:
+    """The chart's standalone spec, checked against the Vega-Lite schema (Altair's copy)."""
+    spec = chart.to_dict()
+    alt.TopLevelSpec.from_dict(spec)  # raises on anything the schema does not allow
+    return spec
+
+
 def test_whatif_charts_and_html(session):
     result = what_if(session, Edit.evict([2, 3]), layer=1, head=1)
     texts = [s.text for s in session.transcript.slots[: result.at + 1]]
     alpha = figures.alpha_chart(result.detail, texts)
-    spec, n = alpha.to_dict(), len(result.detail.slots)
-    [rows] = spec["datasets"].values()  # one table for all the layers of the chart
-    series = {name: [r for r in rows if r["series"] == name] for name in dict.fromkeys(r["series"] for r in rows)}
+    spec, rows, n = valid(alpha), alpha.data, len(result.detail.slots)
+    series = {name: part for name, part in rows.groupby("series", sort=False)}
     assert list(series) == ["α full", "α′ = α/(1−ρ)", "α used by the edited run"] and len(rows) == 3 * n
-    assert [r["weight"] for r in series["α full"]] == pytest.approx(result.detail.alpha_full)
-    assert [r["weight"] for r in series["α used by the edited run"]] == pytest.approx(
+    assert list(series["α full"]["weight"]) == pytest.approx(result.detail.alpha_full)
+    assert list(series["α used by the edited run"]["weight"]) == pytest.approx(
         [v or 0 for v in result.detail.alpha_edited])
-    assert [r["slot"] for r in series["α full"]] == result.detail.slots
-    assert sorted({r["slot"] for r in rows if r["evicted"]}) == [2, 3]  # the evicted slots, crossed
-    assert spec["layer"][0]["mark"]["type"] == "bar"  # short: grouped bars
+    assert list(series["α full"]["slot"]) == result.detail.slots
+    assert sorted(set(rows.loc[rows["evicted"], "slot"])) == [2, 3]  # the evicted slots, crossed
+    assert spec["layer"][0]["mark"] == "bar"  # short: grouped bars
     long = Detail(0, 0, list(range(300)), [1 / 300] * 300, [None] * 10 + [1 / 290] * 290, [None] * 10 + [1 / 290] * 290)
-    marks = [layer["mark"]["type"] for layer in figures.alpha_chart(long, ["t"] * 300).to_dict()["layer"]]
+    marks = [layer["mark"]["type"] for layer in valid(figures.alpha_chart(long, ["t"] * 300))["layer"]]
     assert marks == ["line", "point", "point"]  # long: step lines, hover targets, crosses
-    grid = figures.head_grid_chart(result.heads).to_dict()
-    values = next(iter(grid["datasets"].values()))
-    assert len(values) == 3 * 30 * 9 and {v["map"] for v in values} == set(figures.whatif.MAPS.values())
-    rho = [v["value"] for v in values if v["map"] == "evicted mass ρ"]
-    assert rho == pytest.approx([x for row in result.heads["rho"] for x in row])
+    grid = figures.head_grid_chart(result.heads)
+    valid(grid)
+    assert len(grid.data) == 3 * 30 * 9 and set(grid.data["map"]) == set(figures.whatif.MAPS.values())
+    rho = grid.data[grid.data["map"] == "evicted mass ρ"]["value"]
+    assert list(rho) == pytest.approx([x for row in result.heads["rho"] for x in row])
     hidden = figures.hidden_chart(result.hidden_delta)
-    assert list(hidden.data["delta"]) == pytest.approx(result.hidden_delta)
+    assert list(valid(hidden)["data"]["values"][i]["delta"] for i in range(31)) == pytest.approx(result.hidden_delta)
     table = figures.topk_frame(result.next_token, "edited")
     assert list(table["p"]) == [c.prob for c in result.next_token.edited]
     page = figures.figures_html([alpha, figures.head_grid_chart(result.heads), hidden], "t <b>")

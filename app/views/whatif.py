@@ -69,7 +69,7 @@ def render() -> None:
     charts = {"alpha": figures.alpha_chart(result.detail, texts), "heads": figures.head_grid_chart(result.heads),
               "hidden": figures.hidden_chart(result.hidden_delta)}
     for name, chart in charts.items():
-        st.altair_chart(chart, key=name)  # keyed: a click swaps the data of the chart in place (kvviz.figures.whatif)
+        st.vega_lite_chart(chart.data, chart.spec, key=name)  # keyed: a click swaps its data in place
     st.download_button("Download these figures (HTML, works offline)",  # built when clicked
                        lambda: figures.figures_html(list(charts.values()), f"kvviz what-if at slot {result.at}"),
                        file_name=f"kvviz-whatif-slot{result.at}.html", mime="text/html", on_click="ignore")

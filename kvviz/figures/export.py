@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import html
 
-import altair as alt
+import vl_convert
+
+from kvviz.figures.whatif import Chart
 
 
-def figures_html(charts: list[alt.TopLevelMixin], title: str) -> str:
-    """An HTML page with ``charts`` one below the other (vl-convert inlines vega, vega-lite and vega-embed)."""
-    page = alt.vconcat(*charts).resolve_scale(color="independent").to_html(inline=True)
+def figures_html(charts: list[Chart], title: str) -> str:
+    """An HTML page with ``charts`` one below the other (vl-convert bundles vega, vega-lite and vega-embed)."""
+    spec = {"$schema": "https://vega.github.io/schema/vega-lite/v5.json", "vconcat": [c.to_dict() for c in charts],
+            "resolve": {"scale": {"color": "independent"}}}
+    page = vl_convert.vegalite_to_html(spec, bundle=True)
     return page.replace("<body>", f"<body>\n<h2>{html.escape(title)}</h2>", 1)
