@@ -24,7 +24,8 @@ def visible(text: str) -> str:
 # Vega-Lite specs, not plotly figures: a click on the strip redraws all three charts. Streamlit keeps a keyed Vega-Lite
 # chart and swaps its data in place while the spec is unchanged (the specs hold no per-click values), whereas it
 # remounts a plotly chart whose figure changed; measured at 1k slots on 2 cores, the browser's last long task of a
-# click ended ~0.3 s sooner. Written as plain dicts: Altair validates as it builds, ~0.2 s for these three at 1k.
+# click ended at ~0.55–0.75 s instead of ~0.9 s. Plain dicts: Altair validates as it builds (~0.18 s for these three
+# at 1k); the tests check the specs against the Vega-Lite schema.
 SERIES = {"full": ("α full", "#7f8c9a"), "renorm": ("α′ = α/(1−ρ)", "#2f80ed"),
           "edited": ("α used by the edited run", "#f2994a")}
 BAR_LIMIT = 128  # up to this many slots α is drawn as grouped bars, above as step lines (one bar would be < 3 px)
