@@ -12,7 +12,6 @@ from kvviz.figures.whatif import Chart
 
 def figures_html(charts: list[Chart], title: str) -> str:
     """An HTML page with ``charts`` one below the other (vl-convert bundles vega, vega-lite and vega-embed)."""
-    spec = {"$schema": "https://vega.github.io/schema/vega-lite/v5.json", "vconcat": [c.to_dict() for c in charts],
-            "resolve": {"scale": {"color": "independent"}}}
-    page = vl_convert.vegalite_to_html(spec, bundle=True)
-    return page.replace("<body>", f"<body>\n<h2>{html.escape(title)}</h2>", 1)
+    spec = {"vconcat": [c.to_dict() for c in charts], "resolve": {"scale": {"color": "independent"}}}
+    head, body, rest = vl_convert.vegalite_to_html(spec, bundle=True).rpartition("<body>")  # the last: the inlined
+    return f"{head}{body}\n<h2>{html.escape(title)}</h2>{rest}"  # JavaScript in the head has "<body>" in its strings
