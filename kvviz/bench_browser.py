@@ -32,9 +32,9 @@ KL_CHANGED = """(before) => {  // the what-if's numbers are drawn together; KL s
 }"""  # textContent, not innerText: polled every frame, it must not force a layout of the page being measured
 RAN = f"() => {RUN_OVER} && (performance.now() - window.kvvizPressed) / 1000"  # polled once the new KL is shown
 QUIET_MS = 300  # settled: no long task (> 50 ms, the browser's own definition) for this long
-SETTLED = """(quiet) => window.kvvizQuiet !== undefined && performance.now() - window.kvvizQuiet > quiet
-  && RUN_OVER && window.kvvizQuiet""".replace("RUN_OVER", RUN_OVER)
-PRESSES = """() => { if (!window.kvvizPressed) {
+SETTLED = f"""(quiet) => window.kvvizQuiet !== undefined && performance.now() - window.kvvizQuiet > quiet
+  && {RUN_OVER} && window.kvvizQuiet"""
+WATCH = """() => { if (!window.kvvizPressed) {  // once: note each pointerdown and the end of each long task
   document.addEventListener('pointerdown', () => { window.kvvizPressed = performance.now(); }, true);
   window.kvvizQuiet = performance.now();  // when the last long task ended
   new PerformanceObserver(list => list.getEntries().forEach(task => {
@@ -58,13 +58,13 @@ def _kl(page) -> str:
 def _settled(page) -> float:
     """Wait until the page is settled (see :data:`SETTLED`); returns ``performance.now()`` (ms) of the end of its
     last long task."""
-    page.evaluate(PRESSES)
+    page.evaluate(WATCH)
     return page.wait_for_function(SETTLED, arg=QUIET_MS, timeout=300_000).json_value()
 
 
 def _clicks(page, count: int, repeats: int) -> dict[str, list[float]]:
     """Seconds from pressing a chip to the what-if's numbers redrawn (on the page's clock, and as seen from
-    Playwright) and to the page idle again (its charts drawn)."""
+    Playwright), to Streamlit marking the run over, and to the end of the click's last long task (charts drawn)."""
     times = {"numbers": [], "playwright": [], "run": [], "idle": []}
     for index in range(repeats + 1):
         chip = page.locator(".kv-chip").nth(count // 2 - 20 * index)

@@ -11,6 +11,7 @@ import pandas as pd
 from kvviz.metrics import NextToken
 from kvviz.whatif import Detail
 
+
 def visible(text: str) -> str:
     """Whitespace made visible for tables: newline ↵, tab ⇥, space ␣ at the ends."""
     text = text.replace("\n", "↵").replace("\t", "⇥")
