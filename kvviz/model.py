@@ -106,10 +106,17 @@ def bundled_gguf() -> Path:
     return path
 
 
-def pick_device(requested: str | None = None) -> tuple[torch.device, torch.dtype]:
-    """CUDA (bf16, or fp16 where bf16 is unsupported) when available, else CPU fp32."""
+def pick_device(requested: str | None = None, dtype: str | torch.dtype | None = None) -> tuple[torch.device, torch.dtype]:
+    """CUDA (bf16, or fp16 where bf16 is unsupported) when available, else CPU fp32. ``dtype`` (or ``KVVIZ_DTYPE``,
+    e.g. ``float32``) overrides the dtype, for instance to check a GPU against fp32 references."""
     name = requested or os.environ.get("KVVIZ_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
+    dtype = dtype or os.environ.get("KVVIZ_DTYPE") or None
+    if dtype is not None:
+        chosen = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+        if not isinstance(chosen, torch.dtype) or not chosen.is_floating_point:
+            raise ModelLoadError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
+        return device, chosen
     if device.type == "cuda":
         return device, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return device, torch.float32
@@ -184,7 +191,7 @@ def resolve_checkpoint(path: str | os.PathLike | None) -> tuple[Path, str]:
 
 
 def load_model(path: str | os.PathLike | None = None, device: str | None = None,
-               device_map: str | None = None) -> LoadedModel:
+               device_map: str | None = None, dtype: str | torch.dtype | None = None) -> LoadedModel:
     """Load a decoder-only model for kvviz (bundled SmolLM2 by default) with the recording attention installed.
 
     ``device_map`` (or ``KVVIZ_DEVICE_MAP``), e.g. ``"auto"``, spreads a large checkpoint over several GPUs with
@@ -195,7 +202,7 @@ def load_model(path: str | os.PathLike | None = None, device: str | None = None,
 
     register()
     folder, name = resolve_checkpoint(path)
-    torch_device, dtype = pick_device(device)
+    torch_device, dtype = pick_device(device, dtype)
     hf_logging.disable_progress_bar()  # a warm load takes about a second: no bar needed
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder)

@@ -13,6 +13,8 @@ from kvviz.model import LoadedModel, load_model, resolve_checkpoint
 
 # the app autosaves sessions; tests keep theirs out of the user's cache folder
 os.environ.setdefault("KVVIZ_SESSIONS", tempfile.mkdtemp(prefix="kvviz-test-sessions-"))
+# the suite's references and tolerances are CPU fp32's, also on a machine with a GPU (tests/test_cuda.py covers CUDA)
+os.environ.setdefault("KVVIZ_DEVICE", "cpu")
 
 
 @pytest.fixture(scope="session")

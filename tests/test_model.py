@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from kvviz.errors import ModelLoadError
-from kvviz.model import bundled_gguf, converted_dir, load_model
+from kvviz.model import bundled_gguf, converted_dir, load_model, pick_device
 
 
 def test_bundled_model_shape_and_device(lm):
@@ -14,6 +15,17 @@ def test_bundled_model_shape_and_device(lm):
     assert lm.device_label == "cpu · float32"
     assert 2 in lm.stop_ids  # <|im_end|>
     assert (converted_dir(bundled_gguf()) / "model.safetensors").is_file()
+
+
+def test_dtype_can_be_chosen_and_a_wrong_one_is_refused(monkeypatch):
+    monkeypatch.delenv("KVVIZ_DTYPE", raising=False)
+    assert pick_device("cpu") == (torch.device("cpu"), torch.float32)
+    assert pick_device("cpu", torch.bfloat16) == (torch.device("cpu"), torch.bfloat16)
+    monkeypatch.setenv("KVVIZ_DTYPE", "float16")
+    assert pick_device("cpu") == (torch.device("cpu"), torch.float16)
+    for wrong in ("int8", "float48", "bool"):
+        with pytest.raises(ModelLoadError, match="unknown dtype"):
+            pick_device("cpu", wrong)
 
 
 @pytest.mark.parametrize(
