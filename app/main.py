@@ -65,9 +65,13 @@ guarded(cache.view_settings)
 def editor() -> None:
     """The strip and the what-if: a click reruns only this part of the page (the edit touches nothing else). Its
     save is also the page's: nothing drawn after it changes the session or the draft without a rerun. The what-if
-    is computed before anything is drawn (see ``whatif.prepare``)."""
+    is computed before anything is drawn (see ``whatif.prepare``), and its numbers are sent before the strip that
+    stands above them (see ``whatif.summary``)."""
     guarded(whatif.prepare)
-    guarded(cache)
+    strip = st.container()
+    guarded(whatif.summary)
+    with strip:
+        guarded(cache)
     guarded(whatif)
     state.save()
 

@@ -36,8 +36,9 @@ def main() -> None:
         page.wait_for_selector(".kv-chip", timeout=300_000)
         page.mouse.move(1400, 20)  # no tooltip over the sidebar
         wait_idle(page, 3)
-        shoot(page, "strip", top="h1", bottom="text=Top-k")  # the what-if follows the strip (both in the editor)
-        shoot(page, "whatif", top="text=Top-k", bottom="[data-testid=stTabs]")
+        metrics = "[data-testid=stMetric]"  # the what-if's numbers follow the strip (both in the editor)
+        shoot(page, "strip", top="h1", bottom=metrics)
+        shoot(page, "whatif", top=metrics, bottom="[data-testid=stTabs]")
         page.get_by_role("tab", name="Attention").click()
         wait_idle(page, 2)
         shoot(page, "attention", top="[data-testid=stTabs]", bottom=None, height=1500)

@@ -45,10 +45,24 @@ def prepare() -> None:
             pass
 
 
+def summary() -> None:
+    """The headline numbers (or why there are none). The editor sends them before the strip drawn above them: the
+    page then shows a click's numbers after ~12 messages instead of ~45 (the strip, its picker and the options)."""
+    if len(state.session()) < 2:
+        st.info("Send a message first: the what-if re-runs a step on the cache before it.")
+        return
+    try:
+        result = compute()
+    except KvvizError as exc:
+        st.warning(str(exc))
+        return
+    _summary(result)
+
+
 def render() -> None:
+    """Everything below the headline numbers (see :func:`summary`)."""
     session = state.session()
     if len(session) < 2:
-        st.info("Send a message first: the what-if re-runs a step on the cache before it.")
         return
     options = st.columns([1, 1, 4])
     options[0].number_input("Top-k", 1, 50, key="topk")
@@ -56,10 +70,8 @@ def render() -> None:
                             "caches (each token is one more decode step per click)")
     try:
         result = compute()
-    except KvvizError as exc:
-        st.warning(str(exc))
-        return
-    _summary(result)
+    except KvvizError:
+        return  # summary() said why
     full, edited = st.columns(2)
     for column, side in ((full, "full"), (edited, "edited")):
         column.markdown(f"**{side.capitalize()} cache** — next token after slot {result.at}")
@@ -80,14 +92,14 @@ def render() -> None:
 
 def _summary(result: WhatIf) -> None:
     nt, memory = result.next_token, result.memory
-    cols = st.columns(5)
-    cols[0].metric("KL(full‖edited), nats", f"{nt.kl:.3g}")
-    cols[1].metric("Total variation", f"{nt.tv:.3g}")
-    cols[2].metric("Top-1", "FLIPS" if nt.top1_changed else "unchanged")
-    cols[3].metric("ρ (detail head)", f"{result.heads['rho'][result.detail.layer][result.detail.head]:.4f}")
+    row = st.container(horizontal=True)  # one block, not six as st.columns(5): the numbers reach the page sooner
+    row.metric("KL(full‖edited), nats", f"{nt.kl:.3g}")
+    row.metric("Total variation", f"{nt.tv:.3g}")
+    row.metric("Top-1", "FLIPS" if nt.top1_changed else "unchanged")
+    row.metric("ρ (detail head)", f"{result.heads['rho'][result.detail.layer][result.detail.head]:.4f}")
     saved = 1 - memory["edited_bytes"] / max(memory["full_bytes"], 1)
-    cols[4].metric("Cache bytes", f"{memory['edited_bytes']:,}", f"-{saved:.1%} vs {memory['full_bytes']:,}",
-                   delta_color="off")
+    row.metric("Cache bytes", f"{memory['edited_bytes']:,}", f"-{saved:.1%} vs {memory['full_bytes']:,}",
+               delta_color="off")
 
 
 def _continuation(result: WhatIf) -> None:
