@@ -9,7 +9,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from kvviz import cache as kv_cache
+from kvviz.edits import Edit
 from kvviz.model import LoadedModel, load_model, resolve_checkpoint
+from kvviz.session import Session
 
 # the app autosaves sessions; tests keep theirs out of the user's cache folder
 os.environ.setdefault("KVVIZ_SESSIONS", tempfile.mkdtemp(prefix="kvviz-test-sessions-"))
@@ -35,3 +38,38 @@ def full_forward(model, ids: list[int], **kwargs):
     """One forward over ``ids`` without any cache."""
     with torch.no_grad():
         return model(input_ids=torch.tensor([ids]), use_cache=False, **kwargs)
+
+
+def removed_step(session: Session, at: int, evicted: list[int], renumber: bool = False) -> torch.Tensor:
+    """Reference: the float32 logits ``(V,)`` of slot ``at``'s step on a cache from which ``evicted`` slots were
+    physically removed, at the slot's true position (or, with ``renumber``, at the count of slots kept)."""
+    keep = [s for s in range(at) if s not in evicted]
+    tensors = [tuple(t[:, :, keep] for t in kv_cache.layer_kv(session.cache, layer)) for layer in range(session.lm.layers)]
+    slot, device = session.transcript.slots[at], session.lm.device
+    position = len(keep) if renumber else slot.position
+    with torch.no_grad():
+        out = session.lm.model(input_ids=torch.tensor([[slot.id]], device=device),
+                               position_ids=torch.tensor([[position]], device=device),
+                               cache=kv_cache.build(session.lm.config, tensors), use_cache=True)
+    return out.logits[0, -1].float()
+
+
+def committed_eviction_gaps(lm: LoadedModel, steps: int) -> tuple[Session, list[float]]:
+    """One turn, an eviction of slots 20..29 committed, then ``steps`` decode steps; per step, the max |Δ logit| of the
+    session against the same steps on a cache with those slots physically removed (true positions)."""
+    session = Session(lm)
+    session.add_user_turn("The secret word is mango. Repeat the secret word twice.")
+    evicted, before = list(range(20, 30)), len(session)
+    kept = [s for s in range(before) if s not in evicted]
+    reference = kv_cache.build(lm.config, [tuple(t[:, :, kept] for t in kv_cache.layer_kv(session.cache, layer))
+                                           for layer in range(lm.layers)])
+    session.commit(Edit.evict(evicted))
+    gaps = []
+    for _ in range(steps):
+        token, position = session.pending, session.transcript.next_position
+        session.step()
+        with torch.no_grad():
+            out = lm.model(input_ids=torch.tensor([[token]], device=lm.device),
+                           position_ids=torch.tensor([[position]], device=lm.device), cache=reference, use_cache=True)
+        gaps.append((out.logits[0, -1].float() - session.logits.float().to(lm.device)).abs().max().item())
+    return session, gaps

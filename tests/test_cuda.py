@@ -17,12 +17,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from kvviz import cache as kv_cache
 from kvviz.edits import Edit
 from kvviz.model import LoadedModel, load_model, resolve_checkpoint
 from kvviz.policies import POLICIES
 from kvviz.session import Session
 from kvviz.whatif import what_if
+from tests.conftest import committed_eviction_gaps, removed_step
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -106,22 +106,10 @@ def test_recorded_weights_match_eager_output_attentions(gpu, tol, eager_gpu, cha
         assert torch.allclose(ours.sum(-1), torch.ones(gpu.heads, n, device=gpu.device), atol=tol.weight)
 
 
-def removed_step(session: Session, at: int, evicted: list[int]) -> torch.Tensor:
-    """Reference: the step of slot ``at`` on a cache with ``evicted`` physically removed, at its true position."""
-    keep = [s for s in range(at) if s not in evicted]
-    tensors = [tuple(t[:, :, keep] for t in kv_cache.layer_kv(session.cache, layer)) for layer in range(session.lm.layers)]
-    slot, device = session.transcript.slots[at], session.lm.device
-    with torch.no_grad():
-        out = session.lm.model(input_ids=torch.tensor([[slot.id]], device=device),
-                               position_ids=torch.tensor([[slot.position]], device=device),
-                               cache=kv_cache.build(session.lm.config, tensors), use_cache=True)
-    return out.logits[0, -1].double().softmax(-1).cpu()
-
-
 @pytest.mark.parametrize("evicted", [[5, 6, 7], list(range(20, 32))])
 def test_evicting_equals_removing_on_cuda(gpu, tol, chat, evicted):
     at = len(chat) - 1
-    reference = removed_step(chat, at, evicted)
+    reference = removed_step(chat, at, evicted).double().softmax(-1).cpu()
     result = what_if(chat, Edit.evict(evicted), at=at, topk=20, continuation=4)
     gaps = [abs(c.prob - float(reference[c.id])) for c in result.next_token.edited]
     assert max(gaps) <= tol.prob, f"max |Δ p| = {max(gaps):.6f}"
@@ -153,21 +141,8 @@ def test_every_policy_runs_on_cuda(chat):
 
 
 def test_committed_eviction_decodes_like_a_removed_cache(gpu, tol):
-    session = Session(gpu)
-    session.add_user_turn("The secret word is mango. Repeat the secret word twice.")
-    evicted, before = list(range(20, 30)), len(session)
-    removed = [tuple(t[:, :, [s for s in range(before) if s not in evicted]] for t in kv_cache.layer_kv(session.cache, l))
-               for l in range(gpu.layers)]
-    session.commit(Edit.evict(evicted))
-    reference = kv_cache.build(gpu.config, removed)
-    for _ in range(4):
-        token, position = session.pending, session.transcript.next_position
-        session.step()
-        with torch.no_grad():
-            out = gpu.model(input_ids=torch.tensor([[token]], device=gpu.device),
-                            position_ids=torch.tensor([[position]], device=gpu.device), cache=reference, use_cache=True)
-        gap = (out.logits[0, -1].float() - session.logits.float().to(gpu.device)).abs().max().item()
-        assert gap <= tol.logit, f"max |Δ logit| = {gap:.5f}"
+    _, gaps = committed_eviction_gaps(gpu, 4)
+    assert max(gaps) <= tol.logit, f"max |Δ logit| per step = {gaps}"
 
 
 def test_device_map_auto_places_the_model_and_computes_the_same(gpu, tol, chat):

@@ -12,6 +12,7 @@ from kvviz.errors import KvvizError
 from kvviz.policies import POLICIES
 from kvviz.session import Session
 from kvviz.whatif import what_if
+from tests.conftest import committed_eviction_gaps, removed_step
 
 LOGIT_TOL = 1e-4
 
@@ -22,19 +23,6 @@ def chat(lm) -> Session:
     session.add_user_turn("Remember: a = 3 and b = 5. Answer in one word. What is a + b?")
     session.generate(12)
     return session
-
-
-def removed_step(session: Session, at: int, evicted: list[int], renumber: bool = False) -> torch.Tensor:
-    """Reference: the step of slot ``at`` on a cache from which ``evicted`` slots were physically removed."""
-    keep = [s for s in range(at) if s not in evicted]
-    tensors = [tuple(t[:, :, keep] for t in kv_cache.layer_kv(session.cache, layer)) for layer in range(session.lm.layers)]
-    cache = kv_cache.build(session.lm.config, tensors)
-    slot = session.transcript.slots[at]
-    position = len(keep) if renumber else slot.position
-    with torch.no_grad():
-        out = session.lm.model(input_ids=torch.tensor([[slot.id]]), position_ids=torch.tensor([[position]]),
-                               cache=cache, use_cache=True)
-    return out.logits[0, -1].float()
 
 
 def logits_of(result) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,21 +69,8 @@ def test_positions_are_not_renumbered_after_eviction(chat):
 
 
 def test_committed_eviction_runs_eight_greedy_steps_like_a_removed_cache(lm):
-    session = Session(lm)
-    session.add_user_turn("The secret word is mango. Repeat the secret word twice.")
-    evicted = list(range(20, 30))
-    before = len(session)
-    removed = [tuple(t[:, :, [s for s in range(before) if s not in evicted]] for t in kv_cache.layer_kv(session.cache, l))
-               for l in range(lm.layers)]
-    session.commit(Edit.evict(evicted))
-    reference = kv_cache.build(lm.config, removed)
-    for _ in range(8):
-        token, position = session.pending, session.transcript.next_position
-        session.step()
-        with torch.no_grad():
-            out = lm.model(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[position]]), cache=reference,
-                           use_cache=True)
-        assert (out.logits[0, -1] - session.logits).abs().max().item() <= LOGIT_TOL
+    session, gaps = committed_eviction_gaps(lm, 8)
+    assert max(gaps) <= LOGIT_TOL, gaps
     assert [s.position for s in session.transcript.slots] == list(range(len(session)))
 
 
