@@ -46,8 +46,8 @@ def prepare() -> None:
 
 
 def summary() -> None:
-    """The headline numbers (or why there are none). The editor sends them before the strip drawn above them: the
-    page then shows a click's numbers after ~12 messages instead of ~45 (the strip, its picker and the options)."""
+    """The headline numbers (or why there are none). The editor sends them before the strip drawn above them: a
+    click's numbers then follow a handful of messages instead of ~45 (the strip, its picker and the options)."""
     if len(state.session()) < 2:
         st.info("Send a message first: the what-if re-runs a step on the cache before it.")
         return
