@@ -99,7 +99,8 @@ class EditedStepProbe(Probe):
 
     def __init__(self, full: FullStep, edit: Edit, originals: list, hidden: torch.Tensor, new: torch.Tensor,
                  detail: tuple[int, int], masked: bool):
-        self.full, self.edit, self.originals = full, edit, originals  # originals: (keys, values) (KV, at, D) per layer
+        # originals: (keys, values) (KV, at, D) per layer to quantize from; None: the cache holds them quantized
+        self.full, self.edit, self.originals = full, edit, originals
         self.hidden, self.masked, self.detail = hidden, masked, detail
         self.quantizes = edit.quantizes
         alpha = full.probe.alpha  # (L, H, n)
@@ -111,8 +112,9 @@ class EditedStepProbe(Probe):
         self.used: torch.Tensor | None = None  # (H, n): the weights the edited run used at the detail layer
 
     def on_query(self, layer, query, key, value):
-        if self.quantizes:  # write the quantized slots into the run's cache before attention reads it
-            self.edit.quantize_(key[0, :, :-1], value[0, :, :-1], source=self.originals[layer])
+        if self.quantizes:
+            if self.originals is not None:  # quantize into the run's cache before attention reads it
+                self.edit.quantize_(key[0, :, :-1], value[0, :, :-1], source=self.originals[layer])
             self.terms.append(self._quantization_terms(layer, key[0], value[0]))
         if layer == self.detail[0]:
             self.used = math.causal_weights(query[0], key[0], self.full.probe.scaling, self.hidden[layer],
@@ -206,13 +208,20 @@ class FullStep:
     originals: list | None = None  # per layer (keys, values) (KV, at, D) as the model computed them
     scratch: list | None = None  # per layer (keys, values) (1, KV, at + 1, D): the edited runs' cache
     quantized: dict = field(default_factory=lambda: {"key": [], "value": []})  # slot groups a run quantized in place
+    holds: tuple | None = None  # the quantization (see :meth:`plan`) the buffers hold, from a run that finished
 
-    def edited_cache(self, session, edit: Edit) -> tuple[Cache, list]:
+    def plan(self, edit: Edit) -> tuple:
+        """What ``edit`` writes into the cache: per kind, its quantizer and its ``(bit-width, slots)`` groups."""
+        return tuple((edit.keys if kind == "key" else edit.values, edit.groups(kind, self.at)) for kind in ("key", "value"))
+
+    def edited_cache(self, session, edit: Edit) -> tuple[Cache, list | None]:
         """A cache for an edited run with room for this step's own K/V, and the original K/V ``(KV, at, D)`` of
-        slots ``0..at-1`` per layer, from which the run writes ``edit``'s quantized slots into the cache (in place).
+        slots ``0..at-1`` per layer, from which the run writes ``edit``'s quantized slots into the cache (in place)
+        — or None when the cache holds them already (the last run quantized the same slots the same way).
 
         The cache's buffers are kept between runs: filled once; afterwards only slots that the previous run
-        quantized and this one does not are copied back, so an eviction's run copies nothing."""
+        quantized and this one does not are copied back, so an eviction's run copies nothing, and one on a
+        quantization kept from the previous click quantizes nothing. After the run, :meth:`ran`."""
         if self.originals is None:  # the full run's copy when it holds the originals: §12's terms then read warm data
             self.originals = ([(k[:, :-1], v[:, :-1]) for k, v in zip(self.probe.keys, self.probe.values)]
                               if self.unquantized else _prefix(session, self.at))
@@ -224,8 +233,13 @@ class FullStep:
                 for slots in self.quantized[kind]:
                     for buffers, kv in zip(self.scratch, self.originals):
                         buffers[index][0, :, slots] = kv[index][:, slots]
-        self.quantized = groups  # noted before the run: a run that fails midway is restored next time
-        return kv_cache.over(self.scratch, self.at), self.originals
+        held, self.holds = self.holds == self.plan(edit), None  # noted before the run: one that fails midway
+        self.quantized = groups  # is restored and quantized again next time
+        return kv_cache.over(self.scratch, self.at), None if held else self.originals
+
+    def ran(self, edit: Edit) -> None:
+        """The edited run of ``edit`` finished: its quantized slots are in the kept buffers."""
+        self.holds = self.plan(edit)
 
     def continuation(self, session, steps: int) -> list[int]:
         if steps not in self.continuations:
@@ -297,6 +311,7 @@ def what_if(session, edit: Edit, at: int | None = None, layer: int = 0, head: in
     probe = EditedStepProbe(full_step, edited, originals, hidden_edited, hidden_edited & ~hidden_full, (layer, head),
                             masked)
     out, cache = _run(session, cache, slot.id, slot.position, probe)  # quantized in place by the probe
+    full_step.ran(edited)
     maps, rows = probe.results()
     logits, full_logits = out.logits[0, -1].float(), full_step.logits
     follow = None

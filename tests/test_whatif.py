@@ -10,6 +10,7 @@ from kvviz import cache as kv_cache
 from kvviz.edits import Edit
 from kvviz.errors import KvvizError
 from kvviz.policies import POLICIES
+from kvviz.quant import Quantizer
 from kvviz.session import Session
 from kvviz.whatif import what_if
 from tests.conftest import committed_eviction_gaps, removed_step
@@ -212,6 +213,39 @@ def test_edits_in_a_row_equal_fresh_runs(chat):
     _in_a_row_equal_fresh(chat, [
         Edit.quantize(range(at), 4), Edit.quantize(range(5, 20), 2), Edit.evict([3, 7]), Edit.quantize(range(at), 3, 8),
         Edit.quantize([1, 4, 9, 30], 2).merged(Edit.evict([2])), Edit.quantize(range(at), 4), Edit()])
+
+
+def test_a_kept_quantization_is_reused_only_when_it_is_the_same(chat, monkeypatch):
+    """Clicks on a quantized history (e.g. evicting chip after chip) reuse the cache the last run quantized, and
+    give bit for bit what a first run gives; a change of slots, bit-width or quantizer quantizes again."""
+    at = len(chat) - 1
+    token_keys = Quantizer("token", 16)
+
+    def edit(slots, bits, evicted=(), **settings):
+        return Edit.evict(list(evicted)).merged(Edit.quantize(slots, bits, **settings))
+
+    steps = [  # (edit, whether its run must quantize)
+        (edit(range(at), 4), True), (edit(range(at), 4), False),
+        (edit(range(at), 4, [3, 7]), True),  # masked runs keep a cache of their own
+        (edit(range(at), 4, [3, 8]), False),
+        (edit(range(at), 3, [3, 8]), True),  # same slots, another bit-width
+        (edit(range(at), 3, [3, 8], keys=token_keys), True),  # another quantizer
+        (edit(range(1, at), 3, [3, 8], keys=token_keys), True),  # other slots
+        (edit(range(1, at), 3, [3], keys=token_keys), False),
+        (edit(range(at), 4), False),  # the unmasked run's cache still holds it
+    ]
+    fresh = []
+    for change, _ in steps:
+        chat.memo.clear()
+        fresh.append(what_if(chat, change).to_dict())
+    chat.memo.clear()
+    calls = []
+    real = Edit.quantize_
+    monkeypatch.setattr(Edit, "quantize_", lambda self, *args, **kwargs: (calls.append(1), real(self, *args, **kwargs)))
+    for (change, quantizes), expected in zip(steps, fresh):
+        calls.clear()
+        assert what_if(chat, change).to_dict() == expected, change
+        assert bool(calls) == quantizes, change
 
 
 def test_edits_in_a_row_on_a_committed_quantization(lm):
