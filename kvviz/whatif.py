@@ -229,8 +229,10 @@ class FullStep:
         if self.scratch is None:
             self.scratch = [tuple(kv_cache.with_room(t[None], 1) for t in kv) for kv in self.originals]
         elif groups != self.quantized:
-            for index, kind in enumerate(("key", "value")):
-                for slots in self.quantized[kind]:
+            for index, kind in enumerate(("key", "value")):  # this run quantizes its own slots from the originals
+                stale = _slots(self.quantized[kind], self.at) - _slots(groups[kind], self.at)
+                if stale:
+                    slots = torch.tensor(sorted(stale), device=self.originals[0][index].device)
                     for buffers, kv in zip(self.scratch, self.originals):
                         buffers[index][0, :, slots] = kv[index][:, slots]
         held, self.holds = self.holds == self.plan(edit), None  # noted before the run: one that fails midway
@@ -246,6 +248,11 @@ class FullStep:
             cache = kv_cache.build(session.lm.config, [(k[None], v[None]) for k, v in zip(self.probe.keys, self.probe.values)])
             self.continuations[steps] = greedy(session, cache, self.hidden, self.logits, self.position, steps)
         return self.continuations[steps]
+
+
+def _slots(groups: list, n: int) -> set[int]:
+    """The slots of ``groups`` (slices or lists of slots below ``n``) as one set."""
+    return {slot for slots in groups for slot in (range(n)[slots] if isinstance(slots, slice) else slots)}
 
 
 def _full_step(session, at: int, full: Edit, hidden: torch.Tensor | None) -> FullStep:
