@@ -8,9 +8,11 @@ import os
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import expect
+
+from kvviz.browser import CHROMIUM
 
 ROOT = Path(__file__).resolve().parents[1]
-from kvviz.browser import CHROMIUM
 PAYLOAD = "Repeat this: <img src=x onerror=alert(1)> <script>alert(2)</script> **bold** $x$"
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
@@ -47,7 +49,7 @@ def test_send_click_chip_and_numbers_change(page):
         return m && m.querySelector('[data-testid=stMetricValue]').innerText !== '0';
     }""", timeout=120_000)
     assert kl_text(page) != before
-    assert page.locator(".kv-chip.kv-evicted").count() == 1
+    expect(page.locator(".kv-chip.kv-evicted")).to_have_count(1)  # the numbers are sent first, the strip right after
     page.screenshot(path=str(ROOT / "assets" / "browser-test.png"), full_page=False)
     slot = int(target.get_attribute("data-slot"))
     page.wait_for_timeout(1000)  # the editor's autosave and export record are written at the end of its run
@@ -61,7 +63,7 @@ def test_send_click_chip_and_numbers_change(page):
         const m = [...document.querySelectorAll('[data-testid=stMetric]')].find(e => e.innerText.includes('KL(full'));
         return m && m.querySelector('[data-testid=stMetricValue]').innerText === '0';
     }""", timeout=120_000)
-    assert page.locator(".kv-chip.kv-evicted").count() == 0
+    expect(page.locator(".kv-chip.kv-evicted")).to_have_count(0)
     assert page.locator(".kv-chip").count() == total and int(target.get_attribute("data-slot")) == slot
 
 
