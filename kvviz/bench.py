@@ -8,6 +8,7 @@ seconds (there is no baseline for a click). Targets come from the Performance is
 from __future__ import annotations
 
 import gc
+import itertools
 import os
 import platform
 import statistics
@@ -151,11 +152,9 @@ class Bench:
         edit = Edit.quantize(range(at), 4) if quantize else Edit.evict(range(at // 2, at // 2 + 10))
         # quantizing: the history at 4 bits, every other run all but slot 0, so that each run quantizes (a run on the
         # quantization the previous one left in the session's kept cache would reuse it)
-        edits = [edit, Edit.quantize(range(1, at), 4)] if quantize else [edit]
-        runs = iter(range(1 << 30))
+        edits = itertools.cycle([edit, Edit.quantize(range(1, at), 4)] if quantize else [edit])
         step, cache = self._plain_step(session)
-        ours, plain = paired_medians(lambda _: what_if(session, edits[next(runs) % len(edits)]), step,
-                                     max(self.repeats, 11),  # short: more runs
+        ours, plain = paired_medians(lambda _: what_if(session, next(edits)), step, max(self.repeats, 11),  # short
                                      ours_setup=session.memo.clear if cold else lambda: None, theirs_setup=cache)
         name = f"whatif {'quant' if quantize else 'evict'} {count}{' cold' if cold else ''}"
         return row(name, ours, plain, (1.5 if quantize else 1.3) * (2 if cold else 1))

@@ -207,8 +207,8 @@ class FullStep:
     continuations: dict = field(default_factory=dict)
     originals: list | None = None  # per layer (keys, values) (KV, at, D) as the model computed them
     scratch: list | None = None  # per layer (keys, values) (1, KV, at + 1, D): the edited runs' cache
-    quantized: dict = field(default_factory=lambda: {"key": [], "value": []})  # slot groups a run quantized in place
-    holds: tuple | None = None  # the quantization (see :meth:`plan`) the buffers hold, from a run that finished
+    written: tuple = ()  # the quantization (see :meth:`plan`) the last edited run wrote into the buffers in place
+    finished: bool = False  # whether that run finished: the buffers then hold all of it
 
     def plan(self, edit: Edit) -> tuple:
         """What ``edit`` writes into the cache: per kind, its quantizer and its ``(bit-width, slots)`` groups."""
@@ -225,23 +225,23 @@ class FullStep:
         if self.originals is None:  # the full run's copy when it holds the originals: §12's terms then read warm data
             self.originals = ([(k[:, :-1], v[:, :-1]) for k, v in zip(self.probe.keys, self.probe.values)]
                               if self.unquantized else _prefix(session, self.at))
-        groups = {kind: [slots for _, slots in edit.groups(kind, self.at)] for kind in ("key", "value")}
+        plan = self.plan(edit)
         if self.scratch is None:
             self.scratch = [tuple(kv_cache.with_room(t[None], 1) for t in kv) for kv in self.originals]
-        elif groups != self.quantized:
-            for index, kind in enumerate(("key", "value")):  # this run quantizes its own slots from the originals
-                stale = _slots(self.quantized[kind], self.at) - _slots(groups[kind], self.at)
+        elif plan != self.written:  # this run quantizes its own slots from the originals: restore only the others
+            for index, ((_, before), (_, now)) in enumerate(zip(self.written, plan)):
+                stale = _slots(before, self.at) - _slots(now, self.at)
                 if stale:
                     slots = torch.tensor(sorted(stale), device=self.originals[0][index].device)
                     for buffers, kv in zip(self.scratch, self.originals):
                         buffers[index][0, :, slots] = kv[index][:, slots]
-        held, self.holds = self.holds == self.plan(edit), None  # noted before the run: one that fails midway
-        self.quantized = groups  # is restored and quantized again next time
+        held = self.finished and plan == self.written
+        self.written, self.finished = plan, False  # noted before the run: one that fails midway is redone next time
         return kv_cache.over(self.scratch, self.at), None if held else self.originals
 
-    def ran(self, edit: Edit) -> None:
-        """The edited run of ``edit`` finished: its quantized slots are in the kept buffers."""
-        self.holds = self.plan(edit)
+    def ran(self) -> None:
+        """The edited run finished: the quantized slots it wrote are all in the kept buffers."""
+        self.finished = True
 
     def continuation(self, session, steps: int) -> list[int]:
         if steps not in self.continuations:
@@ -251,8 +251,8 @@ class FullStep:
 
 
 def _slots(groups: list, n: int) -> set[int]:
-    """The slots of ``groups`` (slices or lists of slots below ``n``) as one set."""
-    return {slot for slots in groups for slot in (range(n)[slots] if isinstance(slots, slice) else slots)}
+    """The slots of ``(bit-width, slots)`` groups (slots a slice or a list, below ``n``) as one set."""
+    return {slot for _, slots in groups for slot in (range(n)[slots] if isinstance(slots, slice) else slots)}
 
 
 def _full_step(session, at: int, full: Edit, hidden: torch.Tensor | None) -> FullStep:
@@ -318,7 +318,7 @@ def what_if(session, edit: Edit, at: int | None = None, layer: int = 0, head: in
     probe = EditedStepProbe(full_step, edited, originals, hidden_edited, hidden_edited & ~hidden_full, (layer, head),
                             masked)
     out, cache = _run(session, cache, slot.id, slot.position, probe)  # quantized in place by the probe
-    full_step.ran(edited)
+    full_step.ran()
     maps, rows = probe.results()
     logits, full_logits = out.logits[0, -1].float(), full_step.logits
     follow = None

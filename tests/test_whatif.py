@@ -248,6 +248,29 @@ def test_a_kept_quantization_is_reused_only_when_it_is_the_same(chat, monkeypatc
         assert bool(calls) == quantizes, change
 
 
+def test_a_run_that_failed_midway_is_not_reused(chat, monkeypatch):
+    """A what-if that stops after quantizing some layers leaves a half-quantized cache: the same edit next time must
+    quantize again (and give what a first run gives)."""
+    at = len(chat) - 1
+    edit = Edit.quantize(range(at), 4)
+    chat.memo.clear()
+    expected = what_if(chat, edit).to_dict()
+    chat.memo.clear()
+    real, calls = Edit.quantize_, []
+
+    def failing(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 10:
+            raise RuntimeError("stopped midway")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Edit, "quantize_", failing)
+    with pytest.raises(RuntimeError):
+        what_if(chat, edit)
+    monkeypatch.undo()
+    assert what_if(chat, edit).to_dict() == expected
+
+
 def test_edits_in_a_row_on_a_committed_quantization(lm):
     """The same after a committed 4-bit edit, whose original K/V the edited runs must start from."""
     session = Session(lm)

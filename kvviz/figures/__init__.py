@@ -1,4 +1,5 @@
-"""Data → figures (plotly; the what-if's charts Vega-Lite specs) and tables (pandas). Pure functions of library objects, testable without a browser."""
+"""Data → figures (plotly; the what-if's charts Vega-Lite specs) and tables (pandas). Pure functions of library
+objects, testable without a browser."""
 
 from kvviz.figures.attention import head_map_figure, overview_figure, row_figure
 from kvviz.figures.export import figures_html
