@@ -13,7 +13,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from kvviz import cache as kv_cache
 from kvviz.edits import Edit
+from kvviz.errors import KvvizError
 from kvviz.model import load_model, resolve_checkpoint
 from kvviz.session import Session
 from kvviz.whatif import what_if
@@ -78,12 +79,16 @@ class Bench:
         self.folder = folder
         self.plain = AutoModelForCausalLM.from_pretrained(folder, dtype=self.lm.dtype, attn_implementation="sdpa")
         self.plain.to(self.lm.device).eval().requires_grad_(False)
+        self.warmed = False
 
     def warm(self, count: int = 4096) -> None:
         """One untimed plain prefill of ``count`` tokens, so that every row runs with the allocator in the state a
         long-running app is in: glibc hands out large tensors as fresh pages (page faults on first touch) until a large
         free raises its threshold. Without it the plain 1k decode step measured ~93 ms instead of ~79 ms, flattering
-        the what-if ratios by up to 0.3."""
+        the what-if ratios by up to 0.3. Once per bench."""
+        if self.warmed:
+            return
+        self.warmed = True
         with torch.no_grad():
             self.plain(input_ids=torch.tensor([token_ids(self.lm, count)], device=self.lm.device),
                        cache=DynamicCache(config=self.plain.config), use_cache=True, logits_to_keep=1)
@@ -172,24 +177,55 @@ def machine() -> dict:
             "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
 
 
-def run(quick: bool = False, browser: bool = True) -> dict:
-    """All rows; ``quick`` drops the 4k contexts and the browser rows."""
-    bench = Bench(repeats=5)
+def planned(quick: bool = False, browser: bool = True) -> dict[str, Callable[[Bench], Row | list[Row]]]:
+    """The rows a run measures, by name, in order; ``quick`` drops the 4k contexts and the browser rows. The browser's
+    three rows are measured together (one app, one page), under one name."""
     contexts = (256, 1024) if quick else (256, 1024, 4096)
-    rows = [bench.load()]
-    bench.warm()
-    rows += [*(bench.prefill(n) for n in contexts), bench.generate(),
-             bench.whatif(1024), bench.whatif(1024, cold=True), *([] if quick else [bench.whatif(4096)]),
-             bench.whatif(1024, quantize=True), bench.memory(1024 if quick else 4096)]
+    memory = 1024 if quick else 4096
+    rows: dict[str, Callable[[Bench], Row | list[Row]]] = {"load": lambda b: b.load()}
+    rows |= {f"prefill {n}": lambda b, n=n: b.prefill(n) for n in contexts}
+    rows |= {"generate 64": lambda b: b.generate(), "whatif evict 1024": lambda b: b.whatif(1024),
+             "whatif evict 1024 cold": lambda b: b.whatif(1024, cold=True)}
+    rows |= {} if quick else {"whatif evict 4096": lambda b: b.whatif(4096)}
+    rows |= {"whatif quant 1024": lambda b: b.whatif(1024, quantize=True), f"memory {memory}": lambda b: b.memory(memory)}
     if browser and not quick:
-        from kvviz.bench_browser import browser_rows
+        rows["browser click 1024, 2048 and overview draw"] = _browser
+    return rows
 
-        try:
-            rows += browser_rows(bench.lm)
-        except Exception as exc:  # noqa: BLE001 — a browser problem must not lose the other rows
-            rows.append(Row("browser rows", float("nan"), 0.3, False, False, f"failed: {type(exc).__name__}: {exc}"))
-    return {"rows": [asdict(r) for r in rows], "machine": machine() | {"model": bench.lm.name,
-                                                                         "dtype": str(bench.lm.dtype)}}
+
+def chosen(names: Iterable[str], only: Sequence[str]) -> list[str]:
+    """The names containing one of ``only`` (all of them when it is empty); refuses a pattern that matches none."""
+    names = list(names)
+    for part in only:
+        if not any(part in name for name in names):
+            raise KvvizError(f"no benchmark row matches {part!r}; the rows are: {', '.join(names)}")
+    return [name for name in names if not only or any(part in name for part in only)]
+
+
+def _browser(bench: Bench) -> list[Row]:
+    from kvviz.bench_browser import browser_rows
+
+    try:
+        return browser_rows(bench.lm, repeats=bench.repeats)
+    except Exception as exc:  # noqa: BLE001 — a browser problem must not lose the other rows
+        return [Row("browser rows", float("nan"), 0.3, False, False, f"failed: {type(exc).__name__}: {exc}")]
+
+
+def run(quick: bool = False, browser: bool = True, only: Sequence[str] = (), repeats: int = 5) -> dict:
+    """The rows of :func:`planned` (those :func:`chosen` by ``only``), medians of at least ``repeats``."""
+    if repeats < 1:
+        raise KvvizError(f"repeats must be at least 1, got {repeats}")
+    rows = planned(quick, browser)
+    names = chosen(rows, only)  # before loading anything: a typo is refused at once
+    bench = Bench(repeats)
+    results: list[Row] = []
+    for name in names:
+        if name != "load":  # `load` measures loading before any other work; everything else runs warm
+            bench.warm()
+        measured = rows[name](bench)
+        results += measured if isinstance(measured, list) else [measured]
+    return {"rows": [asdict(r) for r in results], "machine": machine() | {"model": bench.lm.name,
+                                                                            "dtype": str(bench.lm.dtype)}}
 
 
 def table(report: dict) -> str:

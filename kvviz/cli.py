@@ -87,7 +87,7 @@ def run_prepare(args: argparse.Namespace) -> None:
 def run_bench(args: argparse.Namespace) -> None:
     from kvviz.bench import run, table
 
-    report = run(quick=args.quick, browser=not args.no_browser)
+    report = run(quick=args.quick, browser=not args.no_browser, only=args.only, repeats=args.repeats)
     print(json.dumps(report) if args.json else table(report))
 
 
@@ -108,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true")
     bench.add_argument("--quick", action="store_true", help="no 4k contexts and no browser rows")
     bench.add_argument("--no-browser", action="store_true", help="skip the browser rows")
+    bench.add_argument("--only", action="append", default=[], metavar="TEXT",
+                       help="only the rows whose name contains TEXT (repeatable), e.g. --only quant")
+    bench.add_argument("--repeats", type=int, default=5, metavar="N", help="medians of at least N (default 5)")
     bench.set_defaults(run=run_bench)
     return parser
 

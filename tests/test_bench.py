@@ -3,7 +3,11 @@ timings do not belong in unit tests)."""
 
 from __future__ import annotations
 
-from kvviz.bench import paired_medians, row, table
+import pytest
+
+from kvviz.bench import chosen, paired_medians, planned, row, table
+from kvviz.cli import main
+from kvviz.errors import KvvizError
 
 
 def test_paired_medians_alternate_ours_and_plain_with_untimed_setups(monkeypatch):
@@ -38,3 +42,26 @@ def test_rows_pass_or_fail_by_their_direction_and_print_as_a_table():
                                                                  "torch": "t", "model": "m", "dtype": "float32"}}
     text = table(report)
     assert "| whatif | 2.00 | ≤ 1.3 | NO |" in text and "| generate | 1.20 | ≥ 0.85 | yes |" in text
+
+
+def test_rows_are_chosen_by_name_and_a_pattern_that_names_no_row_is_refused():
+    names = list(planned())
+    assert names[0] == "load" and "whatif quant 1024" in names and any("browser" in name for name in names)
+    assert chosen(names, []) == names
+    assert chosen(names, ["quant"]) == ["whatif quant 1024"]
+    assert chosen(names, ["memory", "prefill"]) == ["prefill 256", "prefill 1024", "prefill 4096", "memory 4096"]
+    quick = list(planned(quick=True))
+    assert "whatif evict 4096" not in quick and "memory 1024" in quick and not any("browser" in n for n in quick)
+    assert not any("browser" in name for name in planned(browser=False))
+    with pytest.raises(KvvizError, match="no benchmark row matches 'qaunt'; the rows are: load, prefill 256"):
+        chosen(names, ["quant", "qaunt"])
+
+
+def test_the_bench_command_refuses_bad_options_before_loading_a_model(capsys, monkeypatch):
+    import kvviz.bench
+
+    monkeypatch.setattr(kvviz.bench, "Bench", None)  # constructing it (loading the models) would fail loudly
+    assert main(["bench", "--only", "nothing like it"]) == 2
+    assert "no benchmark row matches 'nothing like it'" in capsys.readouterr().err
+    assert main(["bench", "--repeats", "0"]) == 2
+    assert "repeats must be at least 1, got 0" in capsys.readouterr().err
