@@ -38,13 +38,13 @@ class Row:
     detail: str
 
 
-def paired_medians(
+def paired_times(
     ours: Callable[[Any], object], theirs: Callable[[Any], object], repeats: int,
     ours_setup: Callable[[], Any] = lambda: None, theirs_setup: Callable[[], Any] = lambda: None,
-) -> tuple[float, float]:
-    """Median wall times of ``ours`` and ``theirs`` over ``repeats`` runs each after one warm-up each, run
-    alternately (ours, theirs, ours, …) so a noisy machine's drift touches both alike. Each action gets the result
-    of its setup, which runs untimed just before it."""
+) -> tuple[list[float], list[float]]:
+    """Wall times of ``ours`` and ``theirs``, ``repeats`` runs each after one warm-up each, run alternately (ours,
+    theirs, ours, …) so a noisy machine's drift touches both alike. Each action gets the result of its setup, which
+    runs untimed just before it."""
     times: tuple[list[float], list[float]] = ([], [])
     for index in range(repeats + 1):
         for side, (action, setup) in enumerate(((ours, ours_setup), (theirs, theirs_setup))):
@@ -56,13 +56,23 @@ def paired_medians(
                 torch.cuda.synchronize()
             if index:
                 times[side].append(time.perf_counter() - start)
-    return statistics.median(times[0]), statistics.median(times[1])
+    return times
 
 
-def row(name: str, ours: float, theirs: float, target: float, higher_is_better: bool = False, unit: str = "s") -> Row:
-    ratio = ours / theirs
+def row(name: str, ours: float | Sequence[float], theirs: float | Sequence[float], target: float,
+        higher_is_better: bool = False, unit: str = "s") -> Row:
+    """The ratio of ``ours`` to ``theirs``: one value each, or each side's repeats — then their medians, with their
+    ranges in the detail (how noisy the machine was)."""
+    def side(values: float | Sequence[float]) -> tuple[float, str]:
+        if isinstance(values, (int, float)):
+            return float(values), ""
+        return statistics.median(values), f" ({min(values):.3g}–{max(values):.3g})"
+
+    (mine, mine_range), (plain, plain_range) = side(ours), side(theirs)
+    ratio = mine / plain
     ok = ratio >= target if higher_is_better else ratio <= target
-    return Row(name, ratio, target, higher_is_better, ok, f"kvviz {ours:.4g} {unit} vs plain {theirs:.4g} {unit}")
+    return Row(name, ratio, target, higher_is_better, ok,
+               f"kvviz {mine:.4g} {unit}{mine_range} vs plain {plain:.4g} {unit}{plain_range}")
 
 
 def token_ids(lm, count: int) -> list[int]:
@@ -102,7 +112,7 @@ class Bench:
         # 9 pairs: with 5 this row measured 0.91–1.22x across runs of unchanged loading code (one load is ~0.35 s,
         # and one slow load moves a median of 5); paired runs of 7 put it at ~1.07x (the custom attention's name
         # alone cost plain transformers ~1.07x)
-        return row("load", *paired_medians(lambda _: load_model(), plain, max(self.repeats, 9)), 1.2)
+        return row("load", *paired_times(lambda _: load_model(), plain, max(self.repeats, 9)), 1.2)
 
     def prefill(self, count: int) -> Row:
         ids = token_ids(self.lm, count)
@@ -112,7 +122,7 @@ class Bench:
             with torch.no_grad():
                 self.plain(input_ids=tensor, cache=DynamicCache(config=self.plain.config), use_cache=True, logits_to_keep=1)
 
-        return row(f"prefill {count}", *paired_medians(lambda _: Session(self.lm).add_ids(ids), plain, self.repeats), 1.3)
+        return row(f"prefill {count}", *paired_times(lambda _: Session(self.lm).add_ids(ids), plain, self.repeats), 1.3)
 
     def generate(self, count: int = 64) -> Row:
         ids = token_ids(self.lm, 32)
@@ -127,8 +137,8 @@ class Bench:
         def plain(_) -> None:
             self.plain.generate(tensor, max_new_tokens=count, min_new_tokens=count, do_sample=False, pad_token_id=2)
 
-        ours_time, plain_time = paired_medians(ours, plain, self.repeats)
-        return row(f"generate {count}", count / ours_time, count / plain_time, 0.85, higher_is_better=True, unit="tok/s")
+        rates = ([count / t for t in times] for times in paired_times(ours, plain, self.repeats))
+        return row(f"generate {count}", *rates, 0.85, higher_is_better=True, unit="tok/s")
 
     def _context(self, count: int) -> Session:
         session = Session(self.lm)
@@ -159,7 +169,7 @@ class Bench:
         # quantization the previous one left in the session's kept cache would reuse it)
         edits = itertools.cycle([edit, Edit.quantize(range(1, at), 4)] if quantize else [edit])
         step, cache = self._plain_step(session)
-        ours, plain = paired_medians(lambda _: what_if(session, next(edits)), step, max(self.repeats, 11),  # short
+        ours, plain = paired_times(lambda _: what_if(session, next(edits)), step, max(self.repeats, 11),  # short
                                      ours_setup=session.memo.clear if cold else lambda: None, theirs_setup=cache)
         name = f"whatif {'quant' if quantize else 'evict'} {count}{' cold' if cold else ''}"
         return row(name, ours, plain, (1.5 if quantize else 1.3) * (2 if cold else 1))

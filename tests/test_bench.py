@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from kvviz.bench import chosen, paired_medians, planned, row, table
+from kvviz.bench import chosen, paired_times, planned, row, table
 from kvviz.cli import main
 from kvviz.errors import KvvizError
 
 
-def test_paired_medians_alternate_ours_and_plain_with_untimed_setups(monkeypatch):
+def test_paired_times_alternate_ours_and_plain_with_untimed_setups(monkeypatch):
     import kvviz.bench
 
     clock = [0.0]  # a fake clock: each action advances it by a known amount, so no real timing is asserted
@@ -29,9 +29,9 @@ def test_paired_medians_alternate_ours_and_plain_with_untimed_setups(monkeypatch
         clock[0] += 100.0  # untimed: must not show in the plain median
         return "cache"
 
-    mine, theirs = paired_medians(ours, plain, 3, theirs_setup=setup)
+    mine, theirs = paired_times(ours, plain, 3, theirs_setup=setup)
     assert calls == [("ours", None), ("plain", "cache")] * 4  # one warm-up each, then 3 alternating pairs
-    assert (mine, theirs) == (2.0, 1.0)
+    assert (mine, theirs) == ([2.0] * 3, [1.0] * 3)
 
 
 def test_rows_pass_or_fail_by_their_direction_and_print_as_a_table():
@@ -42,6 +42,12 @@ def test_rows_pass_or_fail_by_their_direction_and_print_as_a_table():
                                                                  "torch": "t", "model": "m", "dtype": "float32"}}
     text = table(report)
     assert "| whatif | 2.00 | ≤ 1.3 | NO |" in text and "| generate | 1.20 | ≥ 0.85 | yes |" in text
+
+
+def test_a_row_of_repeats_is_the_ratio_of_medians_with_both_ranges_in_its_detail():
+    measured = row("whatif", [0.30, 0.10, 0.12, 0.11, 0.50], [0.10, 0.05, 0.04, 0.06, 0.20], 1.3)
+    assert measured.ratio == 0.12 / 0.06 and not measured.ok  # medians 0.12 and 0.06, not means
+    assert measured.detail == "kvviz 0.12 s (0.1–0.5) vs plain 0.06 s (0.04–0.2)"
 
 
 def test_rows_are_chosen_by_name_and_a_pattern_that_names_no_row_is_refused():
