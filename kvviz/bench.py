@@ -170,7 +170,7 @@ class Bench:
         edits = itertools.cycle([edit, Edit.quantize(range(1, at), 4)] if quantize else [edit])
         step, cache = self._plain_step(session)
         ours, plain = paired_times(lambda _: what_if(session, next(edits)), step, max(self.repeats, 11),  # short
-                                     ours_setup=session.memo.clear if cold else lambda: None, theirs_setup=cache)
+                                    ours_setup=session.memo.clear if cold else lambda: None, theirs_setup=cache)
         name = f"whatif {'quant' if quantize else 'evict'} {count}{' cold' if cold else ''}"
         return row(name, ours, plain, (1.5 if quantize else 1.3) * (2 if cold else 1))
 
