@@ -226,16 +226,17 @@ class FullStep:
             self.originals = ([(k[:, :-1], v[:, :-1]) for k, v in zip(self.probe.keys, self.probe.values)]
                               if self.unquantized else _prefix(session, self.at))
         plan = self.plan(edit)
+        same = plan == self.written
         if self.scratch is None:
             self.scratch = [tuple(kv_cache.with_room(t[None], 1) for t in kv) for kv in self.originals]
-        elif plan != self.written:  # this run quantizes its own slots from the originals: restore only the others
+        elif not same:  # this run quantizes its own slots from the originals: restore only the others
             for index, ((_, before), (_, now)) in enumerate(zip(self.written, plan)):
                 stale = _slots(before, self.at) - _slots(now, self.at)
                 if stale:
                     slots = torch.tensor(sorted(stale), device=self.originals[0][index].device)
                     for buffers, kv in zip(self.scratch, self.originals):
                         buffers[index][0, :, slots] = kv[index][:, slots]
-        held = self.finished and plan == self.written
+        held = self.finished and same
         self.written, self.finished = plan, False  # noted before the run: one that fails midway is redone next time
         return kv_cache.over(self.scratch, self.at), None if held else self.originals
 
