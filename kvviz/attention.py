@@ -27,13 +27,14 @@ def _float(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def scores(query: torch.Tensor, keys: torch.Tensor, scaling: float) -> torch.Tensor:
-    """``s = q·kᵀ · scaling``: query ``(H, q, D)``, keys ``(KV, n, D)`` → ``(H, q, n)``.
+    """``s = q·kᵀ · scaling``: query ``(..., H, q, D)``, keys ``(..., KV, n, D)`` → ``(..., H, q, n)``, leading
+    dimensions (e.g. layers) batched.
 
     Computed per KV group (``(KV, G·q, D) @ (KV, D, n)``) so the keys are never copied ``G`` times."""
-    heads, q_len, dim = query.shape
-    kv = keys.shape[0]
-    grouped = _float(query).reshape(kv, heads // kv * q_len, dim) @ _float(keys).transpose(-1, -2)
-    return grouped.reshape(heads, q_len, -1) * scaling
+    *lead, heads, q_len, dim = query.shape
+    kv = keys.shape[-3]
+    grouped = _float(query).reshape(*lead, kv, heads // kv * q_len, dim) @ _float(keys).transpose(-1, -2)
+    return grouped.reshape(*lead, heads, q_len, -1) * scaling
 
 
 def causal_weights(

@@ -63,59 +63,49 @@ class WhatIf:
 
 
 class FullStepProbe(Probe):
-    """The unedited run: hides what the session's own committed edit hid, and keeps what the edited run compares to.
-    Per layer while the run is on; :meth:`finish` stacks α, o and the outputs over layers."""
+    """The unedited run: hides what the session's own committed edit hid, and keeps what the edited run compares to:
+    the queries and the attention outputs per layer while the run is on; :meth:`finish` adds α and o."""
 
     def __init__(self, hidden: torch.Tensor | None, scaling: float):
         self.hidden, self.scaling = hidden, scaling
-        self.queries, self.own_scores, self.keys, self.values = [], [], [], []
-        self.alpha, self.attended, self.outputs = [], [], []
+        self.queries, self.outputs = [], []
 
     def on_query(self, layer, query, key, value):
-        hidden = None if self.hidden is None else self.hidden[layer]
         self.queries.append(query[0])  # (H, 1, D)
-        self.keys.append(key[0])  # (KV, n, D): the whole cache after the update (references, not copies)
-        self.values.append(value[0])
-        scores = math.scores(query[0], key[0], self.scaling)  # (H, 1, n)
-        self.own_scores.append(scores[..., -1:].clone())  # (H, 1, 1): this step's score with its own key
-        alpha = math.visible_softmax(scores, hidden, dtype=torch.float64)[:, 0]  # (H, n)
-        self.alpha.append(alpha)
-        self.attended.append(math.output(alpha, value[0]))  # (H, D): o = Σ α v, for the closed form of §10
-        return None if hidden is None else ~hidden[None]
+        return None if self.hidden is None else ~self.hidden[layer][None]
 
     def on_output(self, layer, output):
         self.outputs.append(output[0, 0].float())  # (H, D)
 
-    def finish(self) -> None:
-        """α ``(L, H, n)`` float64, o and the attention outputs ``(L, H, D)``."""
-        self.alpha, self.attended, self.outputs = map(torch.stack, (self.alpha, self.attended, self.outputs))
+    def finish(self, buffers: torch.Tensor) -> None:
+        """After the run, on its cache ``buffers`` ``(2, L, KV, n, D)``, for all layers at once: the queries
+        ``(L, H, 1, D)``, the step's score with its own key ``(L, H, 1, 1)``, α ``(L, H, n)`` float64, o = Σ α v (for
+        the closed form of §10) and the attention outputs ``(L, H, D)``."""
+        keys, values = buffers
+        self.queries, self.outputs = torch.stack(self.queries), torch.stack(self.outputs)
+        scores = math.scores(self.queries, keys, self.scaling)  # (L, H, 1, n)
+        self.own_scores = scores[..., -1:].clone()
+        self.alpha = math.visible_softmax(scores, self.hidden, dtype=torch.float64)[..., 0, :]
+        self.attended = math.output(self.alpha, values)
 
 
 class EditedStepProbe(Probe):
     """The edited run: hides evicted slots and measures, per layer and query head, ρ and the isolated Δo — the change
     of the layer's output with the full run's query and own K/V on the edited cache — and the propagated Δo (the
-    edited run's own output). Evictions alone are measured for all layers at once from the full run (closed form,
-    §10); quantization per layer as the edited keys and values arrive (the two terms of §12)."""
+    edited run's own output). The isolated Δo is computed for all layers at once after the run: the closed form of
+    §10 for evictions alone, §12's two terms when quantizing."""
 
-    def __init__(self, full: FullStep, edit: Edit, originals: list, hidden: torch.Tensor, new: torch.Tensor,
+    def __init__(self, full: FullStep, quantizes: bool, hidden: torch.Tensor, new: torch.Tensor,
                  detail: tuple[int, int], masked: bool):
-        # originals: (keys, values) (KV, at, D) per layer to quantize from; None: the cache holds them quantized
-        self.full, self.edit, self.originals = full, edit, originals
+        self.full, self.quantizes = full, quantizes
         self.hidden, self.masked, self.detail = hidden, masked, detail
-        self.quantizes = edit.quantizes
         alpha = full.probe.alpha  # (L, H, n)
         self.new = math.expand_kv(new, alpha.shape[1], dim=1)  # (L, H, n): newly evicted
         self.rho = math.evicted_mass(alpha, self.new)  # (L, H)
-        self.terms: list[tuple[torch.Tensor, torch.Tensor]] = []  # quantizing: per layer, §12's two terms (H, D)
-        self.error: torch.Tensor | None = None  # quantizing: one (KV, n, D) buffer for every layer's ε^V
         self.outputs: list[torch.Tensor] = []
         self.used: torch.Tensor | None = None  # (H, n): the weights the edited run used at the detail layer
 
     def on_query(self, layer, query, key, value):
-        if self.quantizes:
-            if self.originals is not None:  # quantize into the run's cache before attention reads it
-                self.edit.quantize_(key[0, :, :-1], value[0, :, :-1], source=self.originals[layer])
-            self.terms.append(self._quantization_terms(layer, key[0], value[0]))
         if layer == self.detail[0]:
             self.used = math.causal_weights(query[0], key[0], self.full.probe.scaling, self.hidden[layer],
                                             torch.float64)[:, 0]
@@ -124,19 +114,19 @@ class EditedStepProbe(Probe):
     def on_output(self, layer, output):
         self.outputs.append(output[0, 0])
 
-    def _quantization_terms(self, layer: int, keys: torch.Tensor, values_hat: torch.Tensor):
-        """§12 at ``layer``: ``Σ (α̂ − α) v`` and ``Σ α̂ (v̂ − v)`` ``(H, D)``, with α̂ the full query's weights on the
-        edited cache ``keys``/``values_hat`` ``(KV, n, D)`` (computed while they are fresh in the CPU's caches). The
-        step's own key and value are the full run's, so its ``v̂ − v`` is 0."""
+    def _quantized(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """§12 for all layers at once: ``Σ (α̂ − α) v`` and ``Σ α̂ (v̂ − v)`` ``(L, H, D)``, with α̂ the full run's
+        queries' weights on the edited cache (the kept buffers after the run). The step's own key and value are the
+        full run's: its score is the full run's own score, and its ``v̂ − v`` is 0."""
         full = self.full.probe
-        scores = math.scores(full.queries[layer], keys, full.scaling)  # (H, 1, n)
-        scores[..., -1:] = full.own_scores[layer]
-        alpha_hat = math.visible_softmax(scores, self.hidden[layer] if self.masked else None, torch.float64)[:, 0]
-        values = full.values[layer]
-        if self.error is None:
-            self.error = torch.zeros_like(values)  # the last slot stays 0
-        torch.sub(values_hat[:, :-1], values[:, :-1], out=self.error[:, :-1])
-        return math.quantization_split(full.alpha[layer], alpha_hat, values, self.error)
+        keys_hat, values_hat = self.full.scratch  # (L, KV, n, D)
+        values = self.full.buffers[1]
+        scores = math.scores(full.queries, keys_hat, full.scaling)  # (L, H, 1, n)
+        scores[..., -1:] = full.own_scores
+        alpha_hat = math.visible_softmax(scores, self.hidden if self.masked else None, torch.float64)[..., 0, :]
+        error = values_hat - values
+        error[..., -1, :] = 0
+        return math.quantization_split(full.alpha, alpha_hat, values, error)
 
     def _evicted(self) -> torch.Tensor:
         """Isolated Δo ``(L, H, D)`` of evictions alone: ``o′ − o`` with ``o′ = (o − Σ α_e v_e)/(1 − ρ)`` over the
@@ -144,25 +134,26 @@ class EditedStepProbe(Probe):
         full = self.full.probe
         columns = self.new.flatten(0, 1).any(0).nonzero()[:, 0]
         alpha, new = full.alpha[..., columns], self.new[..., columns]  # (L, H, e)
-        values = torch.stack([v[:, columns] for v in full.values])  # (L, KV, e, D)
+        keys, values = self.full.buffers  # (L, KV, n, D)
+        evicted_values = values[:, :, columns]  # (L, KV, e, D)
         o = full.attended
         if not bool((self.rho >= 1).any()):
-            return math.evicted_output(o, alpha, values, new) - o
+            return math.evicted_output(o, alpha, evicted_values, new) - o
         rows = []
         for layer in range(len(o)):
             if bool((self.rho[layer] >= 1).any()):
-                alpha_hat = math.causal_weights(full.queries[layer], full.keys[layer], full.scaling, self.hidden[layer],
+                alpha_hat = math.causal_weights(full.queries[layer], keys[layer], full.scaling, self.hidden[layer],
                                                 torch.float64)
-                delta = math.output(alpha_hat[:, 0] - full.alpha[layer], full.values[layer])
+                delta = math.output(alpha_hat[:, 0] - full.alpha[layer], values[layer])
             else:
-                delta = math.evicted_output(o[layer], alpha[layer], values[layer], new[layer]) - o[layer]
+                delta = math.evicted_output(o[layer], alpha[layer], evicted_values[layer], new[layer]) - o[layer]
             rows.append(delta.double())
         return torch.stack(rows)
 
     def results(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """After the run: the per-head maps ``(L, H)`` by name, and the detail head's rows."""
         if self.quantizes:
-            weight, content = (torch.stack(terms) for terms in zip(*self.terms))
+            weight, content = self._quantized()
             isolated = weight + content
         else:
             isolated = weight = self._evicted()
@@ -204,49 +195,46 @@ class FullStep:
     hidden: torch.Tensor | None
     segments: list[str]  # of slots 0..at-1
     unquantized: bool  # the committed edit quantizes nothing: the full run's cache holds the original K/V
+    buffers: torch.Tensor  # (2, L, KV, at + 1, D): the keys and values of the full run's cache, its own slot included
     continuations: dict = field(default_factory=dict)
-    originals: list | None = None  # per layer (keys, values) (KV, at, D) as the model computed them
-    scratch: list | None = None  # per layer (keys, values) (1, KV, at + 1, D): the edited runs' cache
-    written: tuple = ()  # the quantization (see :meth:`plan`) the last edited run wrote into the buffers in place
-    finished: bool = False  # whether that run finished: the buffers then hold all of it
+    originals: torch.Tensor | None = None  # (2, L, KV, at, D): slots 0..at-1 as the model computed them
+    scratch: torch.Tensor | None = None  # (2, L, KV, at + 1, D): the edited runs' cache
+    written: tuple = ()  # the quantization (see :meth:`plan`) last written into the scratch buffers
+    finished: bool = False  # whether that writing finished: the buffers then hold all of it
 
     def plan(self, edit: Edit) -> tuple:
         """What ``edit`` writes into the cache: per kind, its quantizer and its ``(bit-width, slots)`` groups."""
         return tuple((edit.keys if kind == "key" else edit.values, edit.groups(kind, self.at)) for kind in ("key", "value"))
 
-    def edited_cache(self, session, edit: Edit) -> tuple[Cache, list | None]:
-        """A cache for an edited run with room for this step's own K/V, and the original K/V ``(KV, at, D)`` of
-        slots ``0..at-1`` per layer, from which the run writes ``edit``'s quantized slots into the cache (in place)
-        — or None when the cache holds them already (the last run quantized the same slots the same way).
+    def edited_cache(self, session, edit: Edit) -> Cache:
+        """A cache for an edited run: slots ``0..at-1`` with ``edit``'s quantization, and room for this step's own K/V.
 
-        The cache's buffers are kept between runs: filled once; afterwards only slots that the previous run
-        quantized and this one does not are copied back, so an eviction's run copies nothing, and one on a
-        quantization kept from the previous click quantizes nothing. After the run, :meth:`ran`."""
-        if self.originals is None:  # the full run's copy when it holds the originals: §12's terms then read warm data
-            self.originals = ([(k[:, :-1], v[:, :-1]) for k, v in zip(self.probe.keys, self.probe.values)]
-                              if self.unquantized else _prefix(session, self.at))
+        Its buffers (:attr:`scratch`) are kept between runs: filled once from the original K/V; afterwards only slots
+        that the previous run quantized and this one does not are copied back, and the quantization is written (all
+        layers at once, in place) only when it is not the one the buffers hold — so an eviction's run copies nothing,
+        and one on the quantization of the previous click quantizes nothing."""
+        if self.originals is None:
+            self.originals = self.buffers[..., :self.at, :] if self.unquantized else _stacked(_prefix(session, self.at))
         plan = self.plan(edit)
-        same = plan == self.written
         if self.scratch is None:
-            self.scratch = [tuple(kv_cache.with_room(t[None], 1) for t in kv) for kv in self.originals]
-        elif not same:  # this run quantizes its own slots from the originals: restore only the others
+            self.scratch = torch.empty_like(self.buffers)
+            self.scratch[..., :self.at, :] = self.originals
+        elif plan != self.written:  # restore the slots no longer quantized; the others are quantized again below
             for index, ((_, before), (_, now)) in enumerate(zip(self.written, plan)):
                 stale = _slots(before, self.at) - _slots(now, self.at)
                 if stale:
-                    slots = torch.tensor(sorted(stale), device=self.originals[0][index].device)
-                    for buffers, kv in zip(self.scratch, self.originals):
-                        buffers[index][0, :, slots] = kv[index][:, slots]
-        held = self.finished and same
-        self.written, self.finished = plan, False  # noted before the run: one that fails midway is redone next time
-        return kv_cache.over(self.scratch, self.at), None if held else self.originals
-
-    def ran(self) -> None:
-        """The edited run finished: the quantized slots it wrote are all in the kept buffers."""
-        self.finished = True
+                    slots = torch.tensor(sorted(stale), device=self.scratch.device)
+                    self.scratch[index, :, :, slots] = self.originals[index, :, :, slots]
+        if plan != self.written or not self.finished:
+            self.written, self.finished = plan, False  # noted first: a quantization that fails midway is redone
+            keys, values = (self.scratch[index, ..., :self.at, :].flatten(0, 1) for index in (0, 1))  # (L·KV, at, D)
+            edit.quantize_(keys, values, source=tuple(self.originals[index].flatten(0, 1) for index in (0, 1)))
+            self.finished = True
+        return kv_cache.over(_layers(self.scratch), self.at)
 
     def continuation(self, session, steps: int) -> list[int]:
         if steps not in self.continuations:
-            cache = kv_cache.build(session.lm.config, [(k[None], v[None]) for k, v in zip(self.probe.keys, self.probe.values)])
+            cache = kv_cache.build(session.lm.config, _layers(self.buffers))
             self.continuations[steps] = greedy(session, cache, self.hidden, self.logits, self.position, steps)
         return self.continuations[steps]
 
@@ -263,15 +251,15 @@ def _full_step(session, at: int, full: Edit, hidden: torch.Tensor | None) -> Ful
     key = (session.version, at, repr(full.to_dict()), hidden is not None)
     if key not in steps:
         slot = session.transcript.slots[at]
-        prefix = _prefix(session, at, full)
+        buffers = _stacked(_prefix(session, at, full), room=1)
         probe = FullStepProbe(hidden, session.lm.scaling)
-        out, _ = _run(session, _built(session, prefix), slot.id, slot.position, probe)
-        probe.finish()
+        out, _ = _run(session, kv_cache.over(_layers(buffers), at), slot.id, slot.position, probe)
+        probe.finish(buffers)
         recent = [k for k in steps if k[0] == session.version][-1:]  # keep one more run of this cache version
         for old in set(steps) - set(recent):
             del steps[old]
         steps[key] = FullStep(at, slot.position, probe, out.logits[0, -1].float(), out.hidden_states, hidden,
-                              session.transcript.segments()[:at], not full.quantizes)
+                              session.transcript.segments()[:at], not full.quantizes, buffers)
     return steps[key]
 
 
@@ -282,9 +270,20 @@ def _prefix(session, at: int, edit: Edit | None = None) -> list[tuple[torch.Tens
     return originals if edit is None else [edit.quantized(*kv) for kv in originals]
 
 
-def _built(session, prefix: list) -> Cache:
-    """A new cache over ``prefix`` (views; a run concatenates into new tensors, never writing to them)."""
-    return kv_cache.build(session.lm.config, [(k[None], v[None]) for k, v in prefix])
+def _stacked(prefix: list[tuple[torch.Tensor, torch.Tensor]], room: int = 0) -> torch.Tensor:
+    """Per-layer K/V ``(KV, n, D)`` → one buffer ``(2, L, KV, n + room, D)`` holding them first (the room unset), so
+    that what follows is computed for all layers at once."""
+    keys = prefix[0][0]
+    kv, n, dim = keys.shape
+    buffers = keys.new_empty(2, len(prefix), kv, n + room, dim)
+    for layer, (k, v) in enumerate(prefix):
+        buffers[0, layer, :, :n], buffers[1, layer, :, :n] = k, v
+    return buffers
+
+
+def _layers(buffers: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``(2, L, KV, n, D)`` → per layer the views (keys, values) ``(1, KV, n, D)`` a cache is built over."""
+    return [(keys[None], values[None]) for keys, values in zip(*buffers)]
 
 
 def _run(session, cache: Cache, token: int, position: int, probe: Probe):
@@ -315,11 +314,9 @@ def what_if(session, edit: Edit, at: int | None = None, layer: int = 0, head: in
     # only quantizes: an empty edit (the page's first view of a step) then keeps the full run that eviction clicks need.
     masked = bool(hidden_edited.any()) or not edited.quantizes
     full_step = _full_step(session, at, full, hidden_full if masked else None)
-    cache, originals = full_step.edited_cache(session, edited)
-    probe = EditedStepProbe(full_step, edited, originals, hidden_edited, hidden_edited & ~hidden_full, (layer, head),
+    probe = EditedStepProbe(full_step, edited.quantizes, hidden_edited, hidden_edited & ~hidden_full, (layer, head),
                             masked)
-    out, cache = _run(session, cache, slot.id, slot.position, probe)  # quantized in place by the probe
-    full_step.ran()
+    out, cache = _run(session, full_step.edited_cache(session, edited), slot.id, slot.position, probe)
     maps, rows = probe.results()
     logits, full_logits = out.logits[0, -1].float(), full_step.logits
     follow = None
