@@ -18,6 +18,7 @@ from transformers import Cache
 
 from kvviz import attention as math
 from kvviz import cache as kv_cache
+from kvviz.cache import KV
 from kvviz.continuation import Continuation, compared, greedy
 from kvviz.edits import Edit
 from kvviz.errors import KvvizError
@@ -77,8 +78,8 @@ class FullStepProbe(Probe):
     def on_output(self, layer, output):
         self.outputs.append(output[0, 0].float())  # (H, D)
 
-    def finish(self, buffers: torch.Tensor) -> None:
-        """After the run, on its cache ``buffers`` ``(2, L, KV, n, D)``, for all layers at once: the queries
+    def finish(self, buffers: KV) -> None:
+        """After the run, on its cache ``buffers`` (keys, values ``(L, KV, n, D)``), for all layers at once: the queries
         ``(L, H, 1, D)``, the step's score with its own key ``(L, H, 1, 1)``, α ``(L, H, n)`` float64, o = Σ α v (for
         the closed form of §10) and the attention outputs ``(L, H, D)``."""
         keys, values = buffers
@@ -195,10 +196,10 @@ class FullStep:
     hidden: torch.Tensor | None
     segments: list[str]  # of slots 0..at-1
     unquantized: bool  # the committed edit quantizes nothing: the full run's cache holds the original K/V
-    buffers: torch.Tensor  # (2, L, KV, at + 1, D): the keys and values of the full run's cache, its own slot included
+    buffers: KV  # (L, KV, at + 1, D) each: the keys and values of the full run's cache, its own slot included
     continuations: dict = field(default_factory=dict)
-    originals: torch.Tensor | None = None  # (2, L, KV, at, D): slots 0..at-1 as the model computed them
-    scratch: torch.Tensor | None = None  # (2, L, KV, at + 1, D): the edited runs' cache
+    originals: KV | None = None  # (L, KV, at, D) each: slots 0..at-1 as the model computed them
+    scratch: KV | None = None  # (L, KV, at + 1, D) each: the edited runs' cache
     written: tuple = ()  # the quantization (see :meth:`plan`) last written into the scratch buffers
     finished: bool = False  # whether that writing finished: the buffers then hold all of it
 
@@ -214,21 +215,23 @@ class FullStep:
         layers at once, in place) only when it is not the one the buffers hold — so an eviction's run copies nothing,
         and one on the quantization of the previous click quantizes nothing."""
         if self.originals is None:
-            self.originals = self.buffers[..., :self.at, :] if self.unquantized else _stacked(_prefix(session, self.at))
+            self.originals = (tuple(t[:, :, :self.at] for t in self.buffers) if self.unquantized
+                              else _stacked(_prefix(session, self.at)))
         plan = self.plan(edit)
         if self.scratch is None:
-            self.scratch = torch.empty_like(self.buffers)
-            self.scratch[..., :self.at, :] = self.originals
+            self.scratch = tuple(torch.empty_like(t) for t in self.buffers)
+            for scratch, originals in zip(self.scratch, self.originals):
+                scratch[:, :, :self.at] = originals
         elif plan != self.written:  # restore the slots no longer quantized; the others are quantized again below
             for index, ((_, before), (_, now)) in enumerate(zip(self.written, plan)):
                 stale = _slots(before, self.at) - _slots(now, self.at)
                 if stale:
-                    slots = torch.tensor(sorted(stale), device=self.scratch.device)
-                    self.scratch[index, :, :, slots] = self.originals[index, :, :, slots]
+                    slots = torch.tensor(sorted(stale), device=self.scratch[index].device)
+                    self.scratch[index][:, :, slots] = self.originals[index][:, :, slots]
         if plan != self.written or not self.finished:
             self.written, self.finished = plan, False  # noted first: a quantization that fails midway is redone
-            keys, values = (self.scratch[index, ..., :self.at, :].flatten(0, 1) for index in (0, 1))  # (L·KV, at, D)
-            edit.quantize_(keys, values, source=tuple(self.originals[index].flatten(0, 1) for index in (0, 1)))
+            keys, values = (t[:, :, :self.at].flatten(0, 1) for t in self.scratch)  # (L·KV, at, D)
+            edit.quantize_(keys, values, source=tuple(t.flatten(0, 1) for t in self.originals))
             self.finished = True
         return kv_cache.over(_layers(self.scratch), self.at)
 
@@ -270,19 +273,20 @@ def _prefix(session, at: int, edit: Edit | None = None) -> list[tuple[torch.Tens
     return originals if edit is None else [edit.quantized(*kv) for kv in originals]
 
 
-def _stacked(prefix: list[tuple[torch.Tensor, torch.Tensor]], room: int = 0) -> torch.Tensor:
-    """Per-layer K/V ``(KV, n, D)`` → one buffer ``(2, L, KV, n + room, D)`` holding them first (the room unset), so
-    that what follows is computed for all layers at once."""
+def _stacked(prefix: list[KV], room: int = 0) -> KV:
+    """Per-layer K/V ``(KV, n, D)`` → keys and values ``(L, KV, n + room, D)`` holding them first (the room unset),
+    so that what follows is computed for all layers at once."""
     keys = prefix[0][0]
     kv, n, dim = keys.shape
-    buffers = keys.new_empty(2, len(prefix), kv, n + room, dim)
-    for layer, (k, v) in enumerate(prefix):
-        buffers[0, layer, :, :n], buffers[1, layer, :, :n] = k, v
+    buffers = tuple(keys.new_empty(len(prefix), kv, n + room, dim) for _ in range(2))
+    for layer, kv_pair in enumerate(prefix):
+        for buffer, tensor in zip(buffers, kv_pair):
+            buffer[layer, :, :n] = tensor
     return buffers
 
 
-def _layers(buffers: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """``(2, L, KV, n, D)`` → per layer the views (keys, values) ``(1, KV, n, D)`` a cache is built over."""
+def _layers(buffers: KV) -> list[KV]:
+    """Keys and values ``(L, KV, n, D)`` → per layer the views ``(1, KV, n, D)`` a cache is built over."""
     return [(keys[None], values[None]) for keys, values in zip(*buffers)]
 
 
