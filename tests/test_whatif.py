@@ -12,7 +12,7 @@ from kvviz.errors import KvvizError
 from kvviz.policies import POLICIES
 from kvviz.quant import Quantizer
 from kvviz.session import Session
-from kvviz.whatif import what_if
+from kvviz.whatif import EditedStepProbe, what_if
 from tests.conftest import committed_eviction_gaps, removed_step
 
 LOGIT_TOL = 1e-4
@@ -268,6 +268,25 @@ def test_a_run_that_failed_midway_is_not_reused(chat, monkeypatch):
         what_if(chat, edit)
     monkeypatch.undo()
     assert what_if(chat, edit).to_dict() == expected
+
+
+def test_an_eviction_borrows_the_full_runs_cache_and_gives_it_back(chat, monkeypatch):
+    """Evictions change no K/V, so their runs use the full run's own cache (no copy) and put its own slot back —
+    also after a run that failed midway; the full run's continuation and the next runs are then unchanged."""
+    at = len(chat) - 1
+    chat.memo.clear()
+    first = what_if(chat, Edit.evict([4]), continuation=3).to_dict()
+    (step,) = chat.memo["full_steps"].values()
+    before = tuple(t.clone() for t in step.buffers)
+    expected = [what_if(chat, Edit.evict(slots), continuation=3).to_dict() for slots in ([2, 9], [at - 1])]
+    monkeypatch.setattr(EditedStepProbe, "on_query", lambda self, layer, *args: 1 / 0 if layer == 10 else None)
+    with pytest.raises(ZeroDivisionError):
+        what_if(chat, Edit.evict([5]))
+    monkeypatch.undo()
+    assert step.scratch is None and step.lent is None
+    assert all(torch.equal(a, b) for a, b in zip(before, step.buffers))
+    assert what_if(chat, Edit.evict([4]), continuation=3).to_dict() == first
+    assert [what_if(chat, Edit.evict(slots), continuation=3).to_dict() for slots in ([2, 9], [at - 1])] == expected
 
 
 def test_edits_in_a_row_on_a_committed_quantization(lm):

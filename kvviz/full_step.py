@@ -1,0 +1,179 @@
+"""The unedited run of one what-if step ("full"), kept per session until its cache changes, and the caches the edited
+runs of that step get: the full run's own (lent to edits that change no K/V) or a quantized copy kept between runs.
+Keys and values are held as ``(L, KV, n, D)`` tensors, so what the what-if computes around the runs is done for all
+layers at once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import Cache
+
+from kvviz import attention as math
+from kvviz import cache as kv_cache
+from kvviz.cache import KV
+from kvviz.continuation import greedy
+from kvviz.edits import Edit
+from kvviz.recorder import Probe, probing
+
+
+class FullStepProbe(Probe):
+    """The unedited run: hides what the session's own committed edit hid, and keeps what the edited run compares to:
+    the queries and the attention outputs per layer while the run is on; :meth:`finish` adds α and o."""
+
+    def __init__(self, hidden: torch.Tensor | None, scaling: float):
+        self.hidden, self.scaling = hidden, scaling
+        self.queries, self.outputs = [], []
+
+    def on_query(self, layer, query, key, value):
+        self.queries.append(query[0])  # (H, 1, D)
+        return None if self.hidden is None else ~self.hidden[layer][None]
+
+    def on_output(self, layer, output):
+        self.outputs.append(output[0, 0].float())  # (H, D)
+
+    def finish(self, buffers: KV) -> None:
+        """After the run, on its cache ``buffers`` (keys, values ``(L, KV, n, D)``), for all layers at once: the queries
+        ``(L, H, 1, D)``, the step's score with its own key ``(L, H, 1, 1)``, α ``(L, H, n)`` float64, o = Σ α v (for
+        the closed form of §10) and the attention outputs ``(L, H, D)``."""
+        keys, values = buffers
+        self.queries, self.outputs = torch.stack(self.queries), torch.stack(self.outputs)
+        scores = math.scores(self.queries, keys, self.scaling)  # (L, H, 1, n)
+        self.own_scores = scores[..., -1:].clone()
+        self.alpha = math.visible_softmax(scores, self.hidden, dtype=torch.float64)[..., 0, :]
+        self.attended = math.output(self.alpha, values)
+
+
+@dataclass
+class FullStep:
+    """The unedited run of one step, kept by the session until its cache changes: clicking through edits at the
+    same step re-runs only the edited pass, on a cache kept here too (:meth:`edited_cache`)."""
+
+    at: int
+    position: int
+    probe: FullStepProbe
+    logits: torch.Tensor
+    hidden_states: tuple
+    hidden: torch.Tensor | None
+    segments: list[str]  # of slots 0..at-1
+    committed: Edit  # the edit in force at this step, which the full run's cache holds
+    buffers: KV  # (L, KV, at + 1, D) each: the keys and values of the full run's cache, its own slot included
+    continuations: dict = field(default_factory=dict)
+    originals: KV | None = None  # (L, KV, at, D) each: slots 0..at-1 as the model computed them
+    scratch: KV | None = None  # (L, KV, at + 1, D) each: the cache of edited runs that quantize otherwise
+    written: tuple = ()  # the quantization (see :meth:`plan`) last written into the scratch buffers
+    finished: bool = False  # whether that writing finished: the buffers then hold all of it
+    edited: KV | None = None  # the buffers the last edited run read: ``buffers`` (lent) or ``scratch``
+    lent: KV | None = None  # while ``buffers`` are lent to an edited run: their own slot ``(L, KV, D)`` to put back
+
+    def plan(self, edit: Edit) -> tuple:
+        """What ``edit`` writes into the cache: per kind, its quantizer and its ``(bit-width, slots)`` groups."""
+        return tuple((edit.keys if kind == "key" else edit.values, edit.groups(kind, self.at)) for kind in ("key", "value"))
+
+    def edited_cache(self, session, edit: Edit) -> Cache:
+        """A cache for an edited run: slots ``0..at-1`` with ``edit``'s quantization, and room for this step's own K/V;
+        after the run (also a failed one), :meth:`returned`.
+
+        An edit that quantizes what the committed one does (evictions only change what is hidden) borrows the full
+        run's own cache, whose own slot is put back afterwards: nothing is copied. Otherwise the run gets
+        :attr:`scratch`, kept between runs: filled once from the original K/V; afterwards only slots that the
+        previous run quantized and this one does not are copied back, and the quantization is written (all layers at
+        once, in place) only when it is not the one the buffers hold, so a click on the quantization of the previous
+        one quantizes nothing."""
+        plan = self.plan(edit)
+        if plan == self.plan(self.committed):
+            self.lent = tuple(t[:, :, self.at].clone() for t in self.buffers)
+            self.edited = self.buffers
+            return kv_cache.over(_layers(self.buffers), self.at)
+        if self.originals is None:
+            self.originals = (tuple(t[:, :, :self.at] for t in self.buffers) if not self.committed.quantizes
+                              else _stacked(_prefix(session, self.at)))
+        if self.scratch is None:
+            self.scratch = tuple(torch.empty_like(t) for t in self.buffers)
+            for scratch, originals in zip(self.scratch, self.originals):
+                scratch[:, :, :self.at] = originals
+        elif plan != self.written:  # restore the slots no longer quantized; the others are quantized again below
+            for index, ((_, before), (_, now)) in enumerate(zip(self.written, plan)):
+                stale = _slots(before, self.at) - _slots(now, self.at)
+                if stale:
+                    slots = torch.tensor(sorted(stale), device=self.scratch[index].device)
+                    self.scratch[index][:, :, slots] = self.originals[index][:, :, slots]
+        if plan != self.written or not self.finished:
+            self.written, self.finished = plan, False  # noted first: a quantization that fails midway is redone
+            keys, values = (t[:, :, :self.at].flatten(0, 1) for t in self.scratch)  # (L·KV, at, D)
+            edit.quantize_(keys, values, source=tuple(t.flatten(0, 1) for t in self.originals))
+            self.finished = True
+        self.edited = self.scratch
+        return kv_cache.over(_layers(self.scratch), self.at)
+
+    def returned(self) -> None:
+        """After an edited run: a lent cache gets the full run's own slot back (the run wrote its own there)."""
+        if self.lent is not None:
+            for buffer, own in zip(self.buffers, self.lent):
+                buffer[:, :, self.at] = own
+            self.lent = None
+
+    def continuation(self, session, steps: int) -> list[int]:
+        if steps not in self.continuations:
+            cache = kv_cache.build(session.lm.config, _layers(self.buffers))
+            self.continuations[steps] = greedy(session, cache, self.hidden, self.logits, self.position, steps)
+        return self.continuations[steps]
+
+
+def _slots(groups: list, n: int) -> set[int]:
+    """The slots of ``(bit-width, slots)`` groups (slots a slice or a list, below ``n``) as one set."""
+    return {slot for _, slots in groups for slot in (range(n)[slots] if isinstance(slots, slice) else slots)}
+
+
+def kept_full_step(session, at: int, full: Edit, hidden: torch.Tensor | None) -> FullStep:
+    """The unedited run of slot ``at``, memoized per session cache version, step, committed edit and mask mode; the
+    two most recent are kept, so switching between an eviction (masked runs) and quantization alone stays warm."""
+    steps = session.memo.setdefault("full_steps", {})
+    key = (session.version, at, repr(full.to_dict()), hidden is not None)
+    if key not in steps:
+        slot = session.transcript.slots[at]
+        buffers = _stacked(_prefix(session, at, full), room=1)
+        probe = FullStepProbe(hidden, session.lm.scaling)
+        out, _ = run(session, kv_cache.over(_layers(buffers), at), slot.id, slot.position, probe)
+        probe.finish(buffers)
+        recent = [k for k in steps if k[0] == session.version][-1:]  # keep one more run of this cache version
+        for old in set(steps) - set(recent):
+            del steps[old]
+        steps[key] = FullStep(at, slot.position, probe, out.logits[0, -1].float(), out.hidden_states, hidden,
+                              session.transcript.segments()[:at], full, buffers)
+    return steps[key]
+
+
+def _prefix(session, at: int, edit: Edit | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer, the K/V ``(KV, at, D)`` of slots ``0..at-1`` as the model computed them (views), with ``edit``'s
+    quantization applied (copies) when given."""
+    originals = [session.commits.original_kv(layer, at) for layer in range(session.lm.layers)]
+    return originals if edit is None else [edit.quantized(*kv) for kv in originals]
+
+
+def _stacked(prefix: list[KV], room: int = 0) -> KV:
+    """Per-layer K/V ``(KV, n, D)`` → keys and values ``(L, KV, n + room, D)`` holding them first (the room unset),
+    so that what follows is computed for all layers at once."""
+    keys = prefix[0][0]
+    kv, n, dim = keys.shape
+    buffers = tuple(keys.new_empty(len(prefix), kv, n + room, dim) for _ in range(2))
+    for layer, kv_pair in enumerate(prefix):
+        for buffer, tensor in zip(buffers, kv_pair):
+            buffer[layer, :, :n] = tensor
+    return buffers
+
+
+def _layers(buffers: KV) -> list[KV]:
+    """Keys and values ``(L, KV, n, D)`` → per layer the views ``(1, KV, n, D)`` a cache is built over."""
+    return [(keys[None], values[None]) for keys, values in zip(*buffers)]
+
+
+def run(session, cache: Cache, token: int, position: int, probe: Probe):
+    """One decode step of ``token`` at ``position`` on ``cache`` (which it extends)."""
+    lm = session.lm
+    with torch.no_grad(), probing(probe):
+        out = lm.model(input_ids=torch.tensor([[token]], device=lm.device),
+                       position_ids=torch.tensor([[position]], device=lm.device),
+                       cache=cache, use_cache=True, output_hidden_states=True, logits_to_keep=1)
+    return out, cache
