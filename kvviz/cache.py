@@ -59,11 +59,6 @@ def _grown(old: torch.Tensor, length: int, new: torch.Tensor, capacity: int) -> 
     return buffer
 
 
-def with_room(tensor: torch.Tensor, room: int) -> torch.Tensor:
-    """``(B, KV, n, D)`` → a new buffer ``(B, KV, n + room, D)`` holding it first (the room left unset)."""
-    return _grown(tensor, tensor.shape[2], tensor, tensor.shape[2] + room)
-
-
 def layer_kv(cache: Cache, layer: int) -> KV:
     """Keys and values of ``layer``: two ``(B, KV, n, D)`` tensors."""
     entry = cache.layers[layer]
