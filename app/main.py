@@ -14,8 +14,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 # spin. Measured on 2 cores: a click's what-if ran ~1.5x faster. Set before torch is first imported.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from app import state  # noqa: E402
-from app.views import attention, cache, chat, growth, policies, sidebar, toy, whatif  # noqa: E402
+from app import housekeeping, state  # noqa: E402
+from app.plain import warn  # noqa: E402
+from app.views import attention, cache, chat, growth, held, policies, sidebar, toy, whatif  # noqa: E402
 from kvviz.errors import KvvizError  # noqa: E402
 from kvviz.model import load_model  # noqa: E402
 
@@ -25,6 +26,7 @@ st.set_page_config(page_title="kvviz — the KV cache, visible", layout="wide")
 @st.cache_resource(show_spinner="Loading the model…")
 def shared_model(path: str | None):
     """One model for all browser sessions (it holds no per-session state)."""
+    housekeeping.start()
     return load_model(path)
 
 
@@ -34,28 +36,30 @@ def guarded(view) -> None:
     try:
         getattr(view, "render", view)()
     except KvvizError as exc:
-        st.warning(str(exc))
+        warn(exc)
     except Exception as exc:  # noqa: BLE001 — the page must stay up in front of an audience
-        st.warning(f"The {view.__name__.rsplit('.', 1)[-1]} view could not be drawn ({type(exc).__name__}: {exc}); "
-                   "the session is unchanged.")
+        warn(f"The {view.__name__.rsplit('.', 1)[-1]} view could not be drawn ({type(exc).__name__}: {exc}); "
+             "the session is unchanged.")
 
 
 try:
     lm = shared_model(st.session_state.get("model_path") or os.environ.get("KVVIZ_MODEL"))
 except KvvizError as exc:
     st.session_state.pop("model_path", None)  # a bad path chosen in the page: back to the default next run
-    st.warning(str(exc))
+    warn(exc)
     st.stop()
 
+housekeeping.touch()
 state.init(lm)
 guarded(sidebar)
 if st.session_state.large:
     st.html("<style>html, .stMarkdown, .stText, p, code {font-size: 1.35rem !important;}</style>")
 if st.session_state.notice:
-    st.warning(st.session_state.notice)
+    warn(st.session_state.notice)
     st.session_state.notice = None
 
 st.title("kvviz — the KV cache, visible")
+guarded(held)
 guarded(toy)
 guarded(chat)
 st.subheader(f"Cache: {len(state.session())} slots")

@@ -5,19 +5,22 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import streamlit as st
 
+from app.plain import plain
 from kvviz.draft import EditDraft
 from kvviz.errors import KvvizError
 from kvviz.export import export_session, import_session
 from kvviz.model import cache_root
 from kvviz.session import Sampling, Session
 
-SESSION_ID = re.compile(r"^[0-9a-f]{32}$")  # the ?s= URL parameter; nothing else ever names an autosave file
+SESSION_ID = re.compile(r"[0-9a-f]{32}")  # the ?s= URL parameter (full match); nothing else names an autosave file
+REVISION = re.compile(rb'\{"revision": (\d+)')  # autosaves start with it: a save knows if another tab wrote since
 
 MEAN = -1  # the "head" setting that means the mean over query heads
 
@@ -35,19 +38,44 @@ def init(lm) -> None:
     if "session" in st.session_state:
         return
     sid = st.query_params.get("s", "")
-    if not SESSION_ID.match(sid):
+    if not SESSION_ID.fullmatch(sid):
         sid = st.query_params["s"] = uuid.uuid4().hex
     st.session_state.sid = sid
     st.session_state.session, st.session_state.draft = Session(lm), EditDraft()
-    path = autosave_path(sid)
-    if path.is_file():
-        try:
-            session, draft, view = import_session(lm, json.loads(path.read_text()))
-        except (KvvizError, ValueError) as exc:
-            notify(f"the autosaved session could not be restored: {exc}")
-        else:
-            st.session_state.session, st.session_state.draft = session, draft
-            st.session_state.update({k: v for k, v in view.items() if k in ("layer", "head", "at")})
+    st.session_state.held, st.session_state.revision = None, None
+    restore(lm)
+
+
+def restore(lm) -> None:
+    """Replace this page's session by the autosave of its id, if there is one. A restore that is refused or fails
+    holds the autosave: nothing is written over it until the person chooses (see :func:`held`)."""
+    path = autosave_path(st.session_state.sid)
+    if not path.is_file():
+        return
+    try:
+        text = path.read_bytes()
+        session, draft, view = import_session(lm, json.loads(text))
+    except (KvvizError, ValueError, RecursionError, OSError) as exc:
+        st.session_state.held = ("restore", f"The autosaved session could not be restored ({exc}). Its file is kept "
+                                 "as it was: nothing is saved over it.")
+        return
+    st.session_state.session, st.session_state.draft = session, draft
+    st.session_state.update({k: v for k, v in view.items() if k in ("layer", "head", "at")})
+    st.session_state.revision, st.session_state.held = _revision(text), None
+    # what the file holds is saved already: a page that only restored it writes nothing (another tab's save stays)
+    st.session_state.saved = json.dumps(document(), ensure_ascii=False)
+
+
+def held() -> tuple[str, str] | None:
+    """Why this page does not autosave now, or None: ``("restore", message)`` after a refused restore, ``("conflict",
+    message)`` when another tab saved the same id since this page loaded or saved it."""
+    return st.session_state.get("held")
+
+
+def move_to_new_id() -> None:
+    """Keep what this page holds under a new id (the other file is left as it is); autosaving resumes."""
+    st.session_state.sid = st.query_params["s"] = uuid.uuid4().hex
+    st.session_state.held, st.session_state.revision, st.session_state.saved = None, None, None
 
 
 def autosave_path(sid: str) -> Path:
@@ -64,12 +92,14 @@ def document() -> dict:
 
 def save() -> None:
     """End of the editor's run (a click's, or part of a page run): keep the export current and autosave it."""
-    doc = document()
+    doc, was_held = document(), held()
     st.session_state.setdefault("export", {})["doc"] = doc  # read by the export button's deferred download
     try:
         autosave(doc)
     except OSError as exc:  # a full or read-only disk must not take the page down
-        st.caption(f"Autosave failed: {exc}")
+        st.caption(plain(f"Autosave failed: {exc}"))
+    if held() and not was_held:
+        st.rerun(scope="app")  # the banner at the top says why and offers the way on
 
 
 def export_json() -> Callable[[], str]:
@@ -79,16 +109,47 @@ def export_json() -> Callable[[], str]:
 
 
 def autosave(doc: dict) -> None:
-    """Write ``doc`` for this URL's id when it changed (atomically: a reload never reads half a file)."""
+    """Write ``doc`` for this URL's id when it changed: atomically (a reload never reads half a file), owner-only
+    (folder 0700, file 0600), and never over a file another tab wrote since this page read or wrote it — that holds
+    autosaving instead (see :func:`held`), so neither tab's work is lost."""
     text = json.dumps(doc, ensure_ascii=False)
-    if st.session_state.get("saved") == text or not st.session_state.get("sid"):
+    ss = st.session_state
+    if ss.get("saved") == text or not ss.get("sid") or held():
         return
-    path = autosave_path(st.session_state.sid)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_suffix(".tmp")
-    staging.write_text(text)
+    path = autosave_path(ss.sid)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    on_disk = _revision_of(path)
+    if on_disk is not None and on_disk != ss.get("revision"):
+        ss.held = ("conflict", "This conversation was saved from another tab or window since this page loaded it. "
+                   "This page stopped autosaving, so neither version is lost.")
+        return
+    revision = (on_disk or 0) + 1
+    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    descriptor = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        handle.write(json.dumps({"revision": revision}, ensure_ascii=False)[:-1] + ", " + text[1:])
     os.replace(staging, path)
-    st.session_state.saved = text
+    ss.saved, ss.revision, ss.saved_at = text, revision, time.monotonic()
+
+
+def save_every(seconds: float) -> None:
+    """:func:`save` if the last autosave is older than ``seconds`` (a reply being written is saved as it grows)."""
+    if time.monotonic() - st.session_state.get("saved_at", 0.0) >= seconds:
+        save()
+
+
+def _revision(text: bytes) -> int:
+    """The revision an autosave starts with (0 for a file written before revisions were kept)."""
+    match = REVISION.match(text[:64])
+    return int(match.group(1)) if match else 0
+
+
+def _revision_of(path: Path) -> int | None:
+    try:
+        with path.open("rb") as handle:
+            return _revision(handle.read(64))
+    except FileNotFoundError:
+        return None
 
 
 def session() -> Session:
@@ -100,6 +161,8 @@ def draft() -> EditDraft:
 
 
 def new_conversation(lm, sampling: Sampling | None = None) -> None:
+    if held():  # the held file stays as it is: the new conversation gets its own id
+        move_to_new_id()
     st.session_state.session = Session(lm, sampling)
     st.session_state.draft = EditDraft()
     st.session_state.at = None

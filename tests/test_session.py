@@ -11,7 +11,7 @@ from kvviz.session import Sampling, Session
 from tests.conftest import full_forward
 
 LOGIT_TOL = 1e-4
-WEIGHT_TOL = 1e-6
+WEIGHT_TOL = 2e-6  # float32 weights summed in another order: measured ≤ 1e-6 on one CPU, 1.1e-6 on another
 
 
 class InputCounter:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import state
+from app.plain import plain, warn
 from app.components.strip import clicked, token_strip
 from kvviz.errors import KvvizError
 from kvviz.quant import Quantizer
@@ -77,7 +78,7 @@ def _quantizer_settings(head_dim: int) -> None:
         cols[3].toggle("Symmetric", key="symmetric")
         problem = apply_quantizers()
         if problem:
-            st.warning(problem)
+            warn(problem)
 
 
 def _set_bits(slots: list[int], selection: bool = False) -> None:
@@ -103,8 +104,8 @@ def _picker(draft, session, at) -> None:
     try:
         summary = draft.edit(at)
     except KvvizError as exc:
-        st.warning(str(exc))
+        warn(exc)
         return
     evicted = sorted(draft.evicted_somewhere())
-    st.caption(f"Edit: {len(evicted)} slots evicted" + (f" (policy: {draft.policy_name})" if draft.policy_name else "")
+    st.caption(f"Edit: {len(evicted)} slots evicted" + (f" (policy: {plain(draft.policy_name)})" if draft.policy_name else "")
                + f" · {len(summary.key_bits)} keys and {len(summary.value_bits)} values quantized")

@@ -5,7 +5,10 @@ from __future__ import annotations
 import streamlit as st
 
 from app import state
+from app.plain import plain, warn
 from kvviz.errors import KvvizError
+
+SAVE_SECONDS = 1.0  # a reply being written is autosaved this often (a kill or reload loses at most this much)
 
 
 def render() -> None:
@@ -25,15 +28,17 @@ def render() -> None:
             st.rerun()
     with left:
         if pending is not None:
-            st.caption(f"Pending (chosen, not yet cached): {pending.text!r} · id {pending.id}")
+            st.caption(plain(f"Pending (chosen, not yet cached): {pending.text!r} · id {pending.id}"))
     if prompt := st.chat_input("Message the model (Stop: press any button while it writes)"):
         st.chat_message("user").text(prompt)
         if _guard(lambda: session.add_user_turn(prompt)) is None:
             return
         st.session_state.at = None
+        state.save()  # the message is kept before the reply starts, and the reply as it grows
         placeholder = st.chat_message("assistant").empty()
         for _ in session.stream(st.session_state.max_new_tokens):
             placeholder.text(session.reply)
+            state.save_every(SAVE_SECONDS)
         st.rerun()
 
 
@@ -42,5 +47,5 @@ def _guard(action):
     try:
         return action() or True
     except KvvizError as exc:
-        st.warning(str(exc))
+        warn(exc)
         return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import state
+from app.plain import warn
 from kvviz import figures
 from kvviz.edits import Edit
 from kvviz.errors import KvvizError
@@ -20,7 +21,7 @@ def render() -> None:
     try:
         memory = step_memory(session, Edit(), len(session))  # the committed edits (the draft's bytes: the what-if)
     except KvvizError as exc:
-        st.warning(str(exc))
+        warn(exc)
         return
     cols = st.columns(3)
     cols[0].metric(f"Cache ({session.lm.device_label})", f"{memory['full_bytes']:,} B")

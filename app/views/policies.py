@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import state
+from app.plain import warn
 from kvviz.errors import KvvizError
 from kvviz.policies import POLICIES
 from kvviz.policies.compare import compare_policies
@@ -25,14 +26,14 @@ def render() -> None:
         try:
             state.draft().seed(POLICIES[first]().edit(session, float(budget), at), first)
         except KvvizError as exc:
-            st.warning(str(exc))
+            warn(exc)
         else:
             st.rerun()
     if right.button("Compare the two"):
         try:
             st.session_state.policy_compare = compare_policies(session, [first, second], float(budget), at)
         except KvvizError as exc:
-            st.warning(str(exc))
+            warn(exc)
     report = st.session_state.get("policy_compare")
     if report:
         st.dataframe(report["rows"], hide_index=True,

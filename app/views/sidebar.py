@@ -8,6 +8,7 @@ import os
 import streamlit as st
 
 from app import state
+from app.plain import plain, warn
 from kvviz.errors import KvvizError
 from kvviz.export import import_session
 from kvviz.scenarios import load_scenarios, run_scenario, toy_example
@@ -18,7 +19,7 @@ def render() -> None:
     session = state.session()
     lm = session.lm
     with st.sidebar:
-        st.caption(f"**Model** {lm.name}")
+        st.caption(f"**Model** {plain(lm.name)}")
         st.caption(f"**Device** {lm.device_label}")
         if os.environ.get("KVVIZ_ALLOW_MODEL_PATHS") == "1":  # off by default: the page cannot make the server read paths
             path = st.text_input("Model path (checkpoint folder or .gguf on the server)")
@@ -50,7 +51,7 @@ def _scenarios(lm) -> None:
             if scenario.toy:
                 st.session_state.toy = (scenario, [toy_example(scenario.toy["alpha"], e) for e in scenario.toy["evict"]])
             else:
-                with st.spinner(f"Running “{scenario.name}”…"):
+                with st.spinner(plain(f"Running “{scenario.name}”…")):
                     session, draft, answer_step = run_scenario(lm, scenario)
                 st.session_state.session, st.session_state.draft, st.session_state.at = session, draft, answer_step
                 st.session_state.notice = scenario.description
@@ -67,7 +68,7 @@ def _export_import(lm) -> None:
         try:
             session, draft, view = import_session(lm, json.loads(upload.getvalue().decode("utf-8")))
         except (KvvizError, ValueError, UnicodeDecodeError) as exc:
-            st.warning(f"{exc}")
+            warn(exc)
             return
         st.session_state.session, st.session_state.draft = session, draft
         for key in ("layer", "head", "at"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import state
+from app.plain import warn
 from app.views.cache import apply_quantizers
 from kvviz import figures
 from kvviz.errors import KvvizError
@@ -54,7 +55,7 @@ def summary() -> None:
     try:
         result = compute()
     except KvvizError as exc:
-        st.warning(str(exc))
+        warn(exc)
         return
     _summary(result)
 
@@ -120,7 +121,7 @@ def _buttons() -> None:
         try:
             session.commit(draft.edit(len(session)))
         except KvvizError as exc:
-            st.warning(str(exc))
+            warn(exc)
         else:
             draft.clear()
             st.rerun()
