@@ -16,7 +16,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from app import housekeeping, state  # noqa: E402
 from app.plain import warn  # noqa: E402
-from app.views import attention, cache, chat, growth, held, policies, sidebar, toy, whatif  # noqa: E402
+from app.views import attention, chat, growth, held, policies, sidebar, token_strip, toy, whatif  # noqa: E402
 from kvviz.errors import KvvizError  # noqa: E402
 from kvviz.model import load_model  # noqa: E402
 
@@ -43,9 +43,9 @@ def guarded(view) -> None:
 
 
 try:
-    lm = shared_model(st.session_state.get("model_path") or os.environ.get("KVVIZ_MODEL"))
+    lm = shared_model(state.model_path() or os.environ.get("KVVIZ_MODEL"))
 except KvvizError as exc:
-    st.session_state.pop("model_path", None)  # a bad path chosen in the page: back to the default next run
+    state.choose_model(None)  # a bad path chosen in the page: back to the default next run
     warn(exc)
     st.stop()
 
@@ -54,16 +54,15 @@ state.init(lm)
 guarded(sidebar)
 if st.session_state.large:
     st.html("<style>html, .stMarkdown, .stText, p, code {font-size: 1.35rem !important;}</style>")
-if st.session_state.notice:
-    warn(st.session_state.notice)
-    st.session_state.notice = None
+if notice := state.take_notice():
+    warn(notice)
 
 st.title("kvviz — the KV cache, visible")
 guarded(held)
 guarded(toy)
 guarded(chat)
 st.subheader(f"Cache: {len(state.session())} slots")
-guarded(cache.view_settings)
+guarded(token_strip.view_settings)
 
 
 @st.fragment
@@ -79,7 +78,7 @@ def editor() -> None:
     # only when the run ended. Measured at 1k slots, pointerdown → numbers on the page: 240–247 → 182–226 ms.
     time.sleep(0.01)
     with strip:
-        guarded(cache)
+        guarded(token_strip)
     guarded(whatif)
     state.save()
 

@@ -15,9 +15,10 @@ import streamlit as st
 from app.plain import plain
 from kvviz.draft import EditDraft
 from kvviz.errors import KvvizError
-from kvviz.export import export_session, import_session
-from kvviz.model import cache_root
-from kvviz.session import Sampling, Session
+from kvviz.model import LoadedModel, cache_root
+from kvviz.sampling import Sampling
+from kvviz.session import Session
+from kvviz.session_file import export_session, import_session
 
 SESSION_ID = re.compile(r"[0-9a-f]{32}")  # the ?s= URL parameter (full match); nothing else names an autosave file
 REVISION = re.compile(rb'\{"revision": (\d+)')  # autosaves start with it: a save knows if another tab wrote since
@@ -30,7 +31,7 @@ DEFAULTS = {"layer": 0, "head": MEAN, "at": None, "max_new_tokens": 48, "large":
             "topk": 10, "continuation": 0}
 
 
-def init(lm) -> None:
+def init(lm: LoadedModel) -> None:
     """Create what this browser session needs, once (``if key not in st.session_state``); after a page reload the
     autosaved session of this URL's ``?s=`` id is restored."""
     for key, value in DEFAULTS.items():
@@ -46,7 +47,7 @@ def init(lm) -> None:
     restore(lm)
 
 
-def restore(lm) -> None:
+def restore(lm: LoadedModel) -> None:
     """Replace this page's session by the autosave of its id, if there is one. A restore that is refused or fails
     holds the autosave: nothing is written over it until the person chooses (see :func:`held`)."""
     path = autosave_path(st.session_state.sid)
@@ -59,8 +60,7 @@ def restore(lm) -> None:
         st.session_state.held = ("restore", f"The autosaved session could not be restored ({exc}). Its file is kept "
                                  "as it was: nothing is saved over it.")
         return
-    st.session_state.session, st.session_state.draft = session, draft
-    st.session_state.update({k: v for k, v in view.items() if k in ("layer", "head", "at")})
+    replace(session, draft, view)
     st.session_state.revision, st.session_state.held = _revision(text), None
     # what the file holds is saved already: a page that only restored it writes nothing (another tab's save stays)
     st.session_state.saved = json.dumps(document(), ensure_ascii=False)
@@ -160,12 +160,65 @@ def draft() -> EditDraft:
     return st.session_state.draft
 
 
-def new_conversation(lm, sampling: Sampling | None = None) -> None:
+def new_conversation(lm: LoadedModel, sampling: Sampling | None = None) -> None:
     if held():  # the held file stays as it is: the new conversation gets its own id
         move_to_new_id()
     st.session_state.session = Session(lm, sampling)
     st.session_state.draft = EditDraft()
     st.session_state.at = None
+
+
+def replace(session: Session, draft: EditDraft, view: dict | None = None, at: int | None = None) -> None:
+    """Show another session (imported, restored or a demo's) with its draft; ``view`` settings (layer, head, step)
+    where given, else the step ``at``."""
+    st.session_state.session, st.session_state.draft, st.session_state.at = session, draft, at
+    st.session_state.update({k: v for k, v in (view or {}).items() if k in ("layer", "head", "at")})
+
+
+def travel(at: int | None) -> None:
+    """Show the step of slot ``at`` (None: always the newest)."""
+    st.session_state.at = at
+
+
+def choose_model(path: str | None) -> None:
+    """Load the model at ``path`` on the next run (None: back to the default); this page's session starts anew."""
+    if path is None:
+        st.session_state.pop("model_path", None)
+        return
+    st.session_state.model_path = path
+    for key in ("session", "draft"):
+        st.session_state.pop(key, None)
+
+
+def model_path() -> str | None:
+    return st.session_state.get("model_path")
+
+
+def show_toy(toy) -> None:
+    """Show a toy example (a scenario and its computed cases) above the chat; None closes it."""
+    if toy is None:
+        st.session_state.pop("toy", None)
+    else:
+        st.session_state.toy = toy
+
+
+def toy():
+    return st.session_state.get("toy")
+
+
+def keep_comparison(report) -> None:
+    """The last policy comparison, shown until the next one."""
+    st.session_state.policy_compare = report
+
+
+def comparison():
+    return st.session_state.get("policy_compare")
+
+
+def take_notice() -> str | None:
+    """The message noted for this run (see :func:`notify`), once."""
+    message, st.session_state.notice = st.session_state.notice, None
+    return message
 
 
 def step_slot() -> int:

@@ -1,4 +1,48 @@
 """kvviz: see and edit the KV cache of a real language model.
 
-The library never imports streamlit; ``app/`` lays out what it computes.
+The public API, for notebooks and scripts (the dashboard in ``app/`` uses the same)::
+
+    from kvviz import Edit, Session, load_model, what_if
+
+    lm = load_model()                      # the bundled SmolLM2-135M (or a folder / .gguf path)
+    session = Session(lm)
+    session.add_user_turn("My name is Ada and I live in Lisbon. Where do I live?")
+    session.generate(16)
+    result = what_if(session, Edit.evict(range(10, 20)))
+    result.next_token.kl, result.heads["rho"]   # KL(full ‖ edited), ρ per layer × query head
+
+The library never imports streamlit; ``app/`` lays out what it computes. How the pieces fit: ``docs/architecture.md``;
+the formulas: ``docs/math.md``.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# name -> module; loaded on first use, so ``import kvviz`` (and ``python -m kvviz``) stays light
+_EXPORTS = {
+    "EditDraft": "kvviz.draft", "Edit": "kvviz.edits", "Eviction": "kvviz.edits", "KvvizError": "kvviz.errors",
+    "ModelLoadError": "kvviz.errors", "LoadedModel": "kvviz.model", "load_model": "kvviz.model",
+    "Quantizer": "kvviz.quant", "Sampling": "kvviz.sampling", "Session": "kvviz.session",
+    "export_session": "kvviz.session_file", "import_session": "kvviz.session_file",
+    **dict.fromkeys(["POLICIES", "H2O", "TOVA", "KeyNorm", "Policy", "RandomPolicy", "SnapKV", "StreamingLLM"],
+                    "kvviz.policies"),
+    **dict.fromkeys(["CacheBytes", "NextToken", "PolicyComparison", "WhatIf", "compare_policies", "step_memory",
+                     "what_if"], "kvviz.whatif"),
+    **dict.fromkeys(["alpha_chart", "figures_html", "growth", "head_grid_chart", "head_map_figure", "hidden_chart",
+                     "overview_figure", "row_figure", "topk_frame"], "kvviz.figures"),
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'kvviz' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

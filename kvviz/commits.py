@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from kvviz import cache as kv_cache
+from kvviz import kv_cache
 from kvviz.edits import Edit
 from kvviz.errors import KvvizError
 

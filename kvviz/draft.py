@@ -20,6 +20,7 @@ class EditDraft:
     selected: set[int] = field(default_factory=set)
     policy: Edit = field(default_factory=Edit)  # a policy's (possibly per-head) evictions, the starting point
     policy_name: str = ""
+    policy_settings: dict[str, int | float] = field(default_factory=dict)  # the seeding policy's parameters
     keys: Quantizer = field(default_factory=lambda: Quantizer("channel"))
     values: Quantizer = field(default_factory=lambda: Quantizer("token"))
 
@@ -49,17 +50,27 @@ class EditDraft:
     def evict_many(self, slots: list[int]) -> None:
         self.evicted.update(slots)
 
-    def seed(self, policy_edit: Edit, name: str) -> None:
+    def seed(self, policy_edit: Edit, name: str, settings: dict[str, int | float] | None = None) -> None:
         """Start from a policy's mask (hand evictions are cleared; bit-widths stay)."""
         self.policy, self.policy_name, self.evicted = policy_edit, name, set()
+        self.policy_settings = dict(settings or {})
 
     def clear(self) -> None:
         self.evicted, self.key_bits, self.value_bits, self.selected = set(), {}, {}, set()
-        self.policy, self.policy_name = Edit(), ""
+        self.policy, self.policy_name, self.policy_settings = Edit(), "", {}
 
     def evicted_somewhere(self) -> set[int]:
         """Slots evicted in at least one layer / head."""
         return set(self.evicted) | {s for e in self.policy.evictions for s in e.slots}
+
+    @classmethod
+    def from_edit(cls, edit: Edit, policy_name: str = "", policy_settings: dict | None = None) -> EditDraft:
+        """The draft whose :meth:`edit` is ``edit``: evictions everywhere become hand evictions, scoped ones the
+        policy's mask (named ``policy_name``); bit-widths and quantizers as they are."""
+        draft = cls(key_bits=dict(edit.key_bits), value_bits=dict(edit.value_bits), keys=edit.keys, values=edit.values)
+        draft.seed(Edit(evictions=tuple(e for e in edit.evictions if not e.everywhere)), policy_name, policy_settings)
+        draft.evicted = {s for e in edit.evictions if e.everywhere for s in e.slots}
+        return draft
 
     def edit(self, before: int | None = None) -> Edit:
         """The Edit for a step at slot ``before`` (slots from ``before`` on are left out: they are not cached yet)."""

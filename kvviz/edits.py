@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
 
 import torch
 
@@ -89,6 +90,12 @@ class Edit:
                        key_bits={**self.key_bits, **other.key_bits}, value_bits={**self.value_bits, **other.value_bits})
 
     # --- reading ---------------------------------------------------------------------------------------------
+
+    @cached_property
+    def key(self) -> tuple:
+        """A hashable value equal for equal edits (to key memos on)."""
+        return (self.evictions, tuple(self.key_bits.items()), tuple(self.value_bits.items()), self.keys, self.values,
+                self.full_precision_window)
 
     @property
     def is_empty(self) -> bool:

@@ -1,4 +1,4 @@
-"""Uniform quantizers for cached keys and values (seed §12–§13), and the bytes they really take when packed.
+"""Uniform quantizers for cached keys and values (docs/math.md §4), and the bytes they really take when packed.
 
 Granularity, KIVI style: ``channel`` shares one scale (and zero point) per (KV head, channel) across the quantized
 slots — keys have outlier channels, so this suits them; ``token`` shares one per (KV head, slot, group of

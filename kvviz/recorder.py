@@ -19,7 +19,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
-from kvviz.attention import expand_kv
+from kvviz.attention_math import causal_mask, expand_kv
 
 ATTENTION_NAME = "kvviz"
 
@@ -66,8 +66,7 @@ def _full_mask(
         if mask is None and q_len == 1:  # a decode step sees every cached slot: `visible` is the whole mask
             return per_head
     if mask is None:
-        rows = torch.arange(q_len, device=key.device)[:, None] + (n - q_len)
-        mask = (torch.arange(n, device=key.device)[None, :] <= rows)[None, None]
+        mask = causal_mask(q_len, n, key.device)[None, None]
     elif mask.dtype != torch.bool:
         mask = mask == 0  # additive float mask: 0 = attend
     mask = mask[..., :n]

@@ -1,4 +1,4 @@
-"""Ready demos (``assets/scenarios/*.json``): a conversation to run and an edit to start from, or the §15 toy numbers."""
+"""Ready demos (``assets/scenarios/*.json``): a conversation to run and an edit to start from, or the toy numbers of docs/math.md §3."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from pathlib import Path
 
 import torch
 
-from kvviz.attention import evicted_mass, renormalized
+from kvviz.attention_math import evicted_mass, renormalized
 from kvviz.draft import EditDraft
+from kvviz.model import LoadedModel
 from kvviz.session import Session
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "assets" / "scenarios"
@@ -44,7 +45,7 @@ def find_slots(session: Session, text: str) -> list[int]:
     return [slot for slot, (start, piece) in enumerate(zip(starts, pieces)) if start < end and start + len(piece) > found]
 
 
-def run_scenario(lm, scenario: Scenario) -> tuple[Session, EditDraft, int]:
+def run_scenario(lm: LoadedModel, scenario: Scenario) -> tuple[Session, EditDraft, int]:
     """Run the scenario's turns (greedy) and prepare its edit as a draft. Also returns the step to look at: the last
     prefilled slot, whose step chose the first token of the answer."""
     session, draft = Session(lm), EditDraft()
@@ -60,7 +61,7 @@ def run_scenario(lm, scenario: Scenario) -> tuple[Session, EditDraft, int]:
 
 
 def toy_example(alpha: list[float], evict: list[int]) -> dict:
-    """§15: ``ρ`` and ``α′ = α/(1−ρ)`` (None where evicted) for weights ``alpha`` with ``evict`` removed."""
+    """docs/math.md §3's toy numbers: ``ρ`` and ``α′ = α/(1−ρ)`` (None where evicted) for weights ``alpha`` with ``evict`` removed."""
     weights = torch.tensor(alpha, dtype=torch.float64)
     evicted = torch.zeros(len(alpha), dtype=torch.bool)
     evicted[evict] = True

@@ -1,4 +1,4 @@
-"""One conversation with the model: history → query prefill → decode appends, on one KV cache (seed §1–§8, §17).
+"""One conversation with the model: history → query prefill → decode appends, on one KV cache (docs/math.md §1).
 
 The session owns its cache, transcript and recorded queries; the model is shared and stays stateless. Every forward
 pass is atomic: if it fails, the cache, the recorded queries and the transcript are left as they were.
@@ -7,35 +7,34 @@ pass is atomic: if it fails, the cache, the recorded queries and the transcript 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
-from kvviz import cache as kv_cache
-from kvviz.attention import causal_weights, kv_head_of
+from kvviz import kv_cache
+from kvviz.attention_math import causal_weights, kv_head_of
+from kvviz.chat_template import chat_delta, check_unicode
 from kvviz.commits import CommitLog
 from kvviz.edits import Edit
 from kvviz.errors import KvvizError
+from kvviz.memo import Memo
 from kvviz.model import LoadedModel
 from kvviz.recorder import QueryLog, QueryRecorder, probing
+from kvviz.sampling import Sampling
 from kvviz.transcript import Transcript, token_pieces
 
 
+T = TypeVar("T")
+
+
 @dataclass(frozen=True)
-class Sampling:
-    """Decoding settings: greedy when ``temperature == 0``, else temperature/top-p sampling with a seeded generator."""
+class SessionBytes:
+    """What a session holds: its KV cache (cached slots) and its recorded queries (with spare capacity)."""
 
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.temperature <= 10:
-            raise KvvizError(f"temperature must be between 0 and 10, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise KvvizError(f"top_p must be in (0, 1], got {self.top_p}")
+    kv_bytes: int
+    recorded_bytes: int
 
 
 @dataclass(frozen=True)
@@ -48,16 +47,6 @@ class Token:
 
 def _default_budget() -> int:
     return int(float(os.environ.get("KVVIZ_MEMORY_BUDGET_MB", "4096")) * 2**20)
-
-
-def _check_unicode(text: str) -> None:
-    """Refuse text that is not valid Unicode (lone surrogates cannot be tokenized)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        bad = text[exc.start]
-        raise KvvizError(f"the message contains U+{ord(bad):04X}, a lone surrogate that is not valid Unicode; "
-                         "remove it") from None
 
 
 class Session:
@@ -79,10 +68,10 @@ class Session:
         self.pending: int | None = None
         self.logits: torch.Tensor | None = None  # (V,) float32 next-token logits that chose ``pending``
         self._announced = 0
-        self._generator = torch.Generator().manual_seed(self.sampling.seed)
+        self._generator = self.sampling.generator()
         self.commits = CommitLog(self.cache, lm.layers, lm.kv_heads)
         self.version = 0  # bumped by every change of the cache (views key their caches on it)
-        self.memo: dict = {}  # derived data kept by views (e.g. the what-if's full run), keyed on ``version``
+        self.memo = Memo()  # derived data (views, the what-if's full runs), dropped when ``version`` moves
 
     # --- turns -----------------------------------------------------------------------------------------------
 
@@ -93,9 +82,9 @@ class Session:
         """
         if not isinstance(text, str) or not text.strip():
             raise KvvizError("the message is empty; type some text")
-        _check_unicode(text)
+        check_unicode(text)
         messages = self.messages + self._reply_message() + [{"role": "user", "content": text}]
-        delta = self._chat_delta(messages)
+        delta = chat_delta(self.lm.tokenizer, messages, self.transcript.ids)
         self._check_room(len(delta))
         self._begin_turn(text)
         self._prefill(delta)
@@ -116,19 +105,6 @@ class Session:
 
     def _reply_message(self) -> list[dict[str, str]]:
         return [{"role": "assistant", "content": self.reply}] if self.messages else []
-
-    def _chat_delta(self, messages: list[dict[str, str]]) -> list[int]:
-        """New ids for ``messages``: the rendered ids after the cached ones (or, when the model's own tokens
-        re-tokenize differently, the tokens of the rendered text after the cached text)."""
-        tokenizer, cached = self.lm.tokenizer, self.transcript.ids
-        full = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-        if full[: len(cached)] == cached:
-            return list(full[len(cached) :])
-        rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        cached_text = tokenizer.decode(cached, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        if not rendered.startswith(cached_text):
-            raise KvvizError("the chat template does not continue the cached tokens; start a new conversation")
-        return tokenizer.encode(rendered[len(cached_text) :], add_special_tokens=False)
 
     def _check_room(self, count: int) -> None:
         left = self.lm.context_window - self.transcript.next_position
@@ -191,17 +167,8 @@ class Session:
         self.version += 1
         self.transcript.append(ids, token_pieces(self.lm.tokenizer, ids), kind)  # type: ignore[arg-type]
         self.logits = out.logits[0, -1].float()
-        self.pending = self._choose(self.logits)
+        self.pending = self.sampling.choose(self.logits, self._generator)
         self.produced.append(self.pending)
-
-    def _choose(self, logits: torch.Tensor) -> int:
-        if self.sampling.temperature == 0:
-            return int(logits.argmax())
-        scores = TemperatureLogitsWarper(self.sampling.temperature)(None, logits[None])
-        if self.sampling.top_p < 1:
-            scores = TopPLogitsWarper(self.sampling.top_p)(None, scores)
-        probs = torch.softmax(scores[0], dim=-1).cpu()
-        return int(torch.multinomial(probs, 1, generator=self._generator))
 
     # --- generation ------------------------------------------------------------------------------------------
 
@@ -324,6 +291,10 @@ class Session:
             raise KvvizError(f"head {head} does not exist (the model has {self.lm.heads} query heads)")
         return self.weights(layer, slot, slot + 1)[head, 0]
 
-    def memory(self) -> dict[str, int]:
+    def memoized(self, kind: str, key: Hashable, compute: Callable[[], T], keep: int | None = None) -> T:
+        """Derived data of this cache version, computed once (see :class:`~kvviz.memo.Memo`)."""
+        return self.memo.get(self.version, kind, key, compute, keep)
+
+    def memory(self) -> SessionBytes:
         """Bytes of the KV cache and of the recorded queries."""
-        return {"kv_bytes": kv_cache.nbytes(self.cache), "recorded_bytes": self.queries.nbytes}
+        return SessionBytes(kv_cache.nbytes(self.cache), self.queries.nbytes)

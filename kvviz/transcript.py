@@ -2,7 +2,7 @@
 
 A *slot* is the index of a token in processing order. Its *position* is the absolute position RoPE saw; positions are
 never renumbered, even after eviction. The *segment* of a slot is relative to the newest turn: earlier turns are
-``history``; the newest turn's prefilled tokens are ``query`` and its decoded tokens ``generated`` (seed §17).
+``history``; the newest turn's prefilled tokens are ``query`` and its decoded tokens ``generated`` (docs/math.md §1).
 """
 
 from __future__ import annotations
@@ -78,6 +78,24 @@ class Transcript:
         for segment in self.segments():
             counts[segment] += 1
         return counts
+
+    def history_slots(self, before: int) -> list[int]:
+        """Slots below ``before`` that belong to earlier turns."""
+        return [s.slot for s in self.slots[:before] if s.turn < self.turn]
+
+    def turn_slots(self, before: int) -> list[int]:
+        """Slots below ``before`` of the newest turn (its query and what was generated)."""
+        return [s.slot for s in self.slots[:before] if s.turn == self.turn]
+
+    def boundaries(self) -> list[tuple[int, str]]:
+        """Where a segment or a turn starts, after the first slot: ``(slot, "segment tN")``."""
+        marks, previous = [], None
+        for slot in self.slots:
+            label = f"{self.segment(slot)} t{slot.turn}"
+            if label != previous:
+                marks.append((slot.slot, label))
+                previous = label
+        return marks[1:]
 
     def append(self, ids: list[int], pieces: list[str], kind: Literal["prefill", "decode"]) -> None:
         """Record ``ids`` as cached (after a successful forward) and log the growth."""

@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvviz.browser import browser_page, running_app  # noqa: E402
+from tests.browser import browser_page, running_app  # noqa: E402
 
 
 def wait_idle(page, seconds: float = 1.5) -> None:

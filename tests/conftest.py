@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from kvviz import cache as kv_cache
+from kvviz import kv_cache
 from kvviz.edits import Edit
 from kvviz.model import LoadedModel, load_model, resolve_checkpoint
 from kvviz.session import Session

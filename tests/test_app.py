@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
+
+from kvviz.policies import H2O
 
 APP = str(Path(__file__).resolve().parents[1] / "app" / "main.py")
 
@@ -78,14 +81,19 @@ def test_every_view_renders_on_a_long_conversation():
 def test_policy_seeds_the_strip_and_comparison_runs():
     app = start()
     app.chat_input[0].set_value("Tell me about attention sinks in one sentence.").run()
+    app.number_input(key="policy-0-h2o-recent_fraction").set_value(0.25).run()  # a policy's parameter is a widget
     next(b for b in app.button if b.label.startswith("Put h2o")).click().run()
     assert_clean(app)
-    draft = app.session_state["draft"]
-    assert draft.policy_name == "h2o" and draft.evicted_somewhere()
+    session, draft = app.session_state["session"], app.session_state["draft"]
+    assert draft.policy_name == "h2o" and draft.policy_settings == {"recent_fraction": 0.25}
+    assert draft.policy == H2O(recent_fraction=0.25).edit(session, 0.5, len(session) - 1)
     next(b for b in app.button if b.label == "Compare the two").click().run()
     assert_clean(app)
     report = app.session_state["policy_compare"]
-    assert [r["policy"] for r in report["rows"]] == ["h2o", "streaming_llm"] and 0 <= report["overlap"] <= 1
+    assert [r.policy for r in report.rows] == ["h2o", "streaming_llm"] and 0 <= report.overlap <= 1
+    app.number_input(key="policy-1-streaming_llm-sinks").set_value(-1).run()  # refused with one line
+    assert_clean(app)
+    assert any("sinks must be a non-negative integer" in re.sub(r"\\(.)", r"\1", w.value) for w in app.warning)
 
 
 def test_demo_scenarios_load_with_their_edits():
@@ -95,7 +103,7 @@ def test_demo_scenarios_load_with_their_edits():
     session, draft = app.session_state["session"], app.session_state["draft"]
     evicted = sorted(draft.evicted)
     assert evicted and "".join(session.transcript.slots[s].text for s in evicted).replace(" ", "") == "a=3b=5"
-    next(b for b in app.button if b.label == "§15 toy numbers").click().run()
+    next(b for b in app.button if b.label == "Toy numbers: ρ and α′").click().run()
     assert_clean(app)
     table = app.dataframe[0].value.to_dict("records")
     assert any(row["#2"] == "0.105" and row["#3"] == "0.632" for row in table)
@@ -112,7 +120,7 @@ def test_empty_message_is_refused_inline():
 @pytest.mark.parametrize("payload", ['{"format": "other"}', '{"format": "kvviz-session", "version": 99}'])
 def test_bad_import_is_refused_and_keeps_the_session(lm, payload):
     from kvviz.errors import KvvizError
-    from kvviz.export import import_session
+    from kvviz.session_file import import_session
 
     with pytest.raises(KvvizError, match="cannot import"):
         import_session(lm, json.loads(payload))
@@ -122,7 +130,7 @@ def test_picker_buttons_edit_before_the_what_if_runs(monkeypatch):
     """The editor computes the what-if before drawing (one burst for the browser): the picker's buttons are callbacks,
     so their edit is in that computation — one what-if per click, showing the edit — and in the strip of that run."""
     import app.views.whatif as view
-    from kvviz.memory import step_memory
+    from kvviz.whatif.memory import step_memory
 
     calls = []
     original = view.what_if
@@ -143,7 +151,7 @@ def test_picker_buttons_edit_before_the_what_if_runs(monkeypatch):
         assert_clean(app)
         edit = draft.edit(at)
         assert len(calls) == 1 and calls[0] == edit and check(edit), label  # one run, with this click's edit
-        assert metric(app, "Cache bytes") == f"{step_memory(session, edit, at)['edited_bytes']:,}"
+        assert metric(app, "Cache bytes") == f"{step_memory(session, edit, at).edited_bytes:,}"
         chips = json.loads(app.get("bidi_component")[0].proto.json)["chips"]  # the strip drawn in the same run
         assert {c[0] for c in chips if c[5]} == {s for e in edit.evictions for s in e.slots}, label
         assert {c[0]: c[6] for c in chips if c[6] < 16} == dict(edit.key_bits), label

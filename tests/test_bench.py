@@ -1,20 +1,21 @@
-"""The benchmark's measuring and reporting (the rows themselves run with ``python -m kvviz bench``, not in tests:
+"""The benchmark's measuring and reporting (the rows themselves run with ``python -m benchmarks``, not in tests:
 timings do not belong in unit tests)."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvviz.bench import chosen, paired_times, planned, row, table
+from benchmarks.bench import chosen, planned
+from benchmarks.harness import paired_times, row, table
 from kvviz.cli import main
 from kvviz.errors import KvvizError
 
 
 def test_paired_times_alternate_ours_and_plain_with_untimed_setups(monkeypatch):
-    import kvviz.bench
+    import benchmarks.harness
 
     clock = [0.0]  # a fake clock: each action advances it by a known amount, so no real timing is asserted
-    monkeypatch.setattr(kvviz.bench.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(benchmarks.harness.time, "perf_counter", lambda: clock[0])
     calls = []
 
     def ours(state):
@@ -64,9 +65,9 @@ def test_rows_are_chosen_by_name_and_a_pattern_that_names_no_row_is_refused():
 
 
 def test_the_bench_command_refuses_bad_options_before_loading_a_model(capsys, monkeypatch):
-    import kvviz.bench
+    import benchmarks.bench
 
-    monkeypatch.setattr(kvviz.bench, "Bench", None)  # constructing it (loading the models) would fail loudly
+    monkeypatch.setattr(benchmarks.bench, "Bench", None)  # constructing it (loading the models) would fail loudly
     assert main(["bench", "--only", "nothing like it"]) == 2
     assert "no benchmark row matches 'nothing like it'" in capsys.readouterr().err
     assert main(["bench", "--repeats", "0"]) == 2

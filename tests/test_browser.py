@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from kvviz.browser import CHROMIUM
+from tests.browser import CHROMIUM
 
 ROOT = Path(__file__).resolve().parents[1]
 PAYLOAD = "Repeat this: <img src=x onerror=alert(1)> <script>alert(2)</script> **bold** $x$"
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.g
 
 @pytest.fixture(scope="module")
 def page():
-    from kvviz.browser import browser_page, running_app
+    from tests.browser import browser_page, running_app
 
     with running_app() as url, browser_page(url) as page:
         yield page
@@ -81,7 +81,7 @@ def test_hostile_text_is_shown_literally_and_runs_nothing(page):
 def test_hostile_model_output_is_shown_literally(page, lm, tmp_path):
     """A session whose *generated* text is the payload, imported through the sidebar."""
     from kvviz.draft import EditDraft
-    from kvviz.export import export_session
+    from kvviz.session_file import export_session
     from kvviz.session import Session
 
     session = Session(lm)

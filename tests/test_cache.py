@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from kvviz import cache as kv_cache
-from kvviz.cache import RoomyLayer
+from kvviz import kv_cache
+from kvviz.kv_cache import RoomyLayer
 
 
 def _chunk(generator: torch.Generator, q: int) -> tuple[torch.Tensor, torch.Tensor]:

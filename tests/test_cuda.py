@@ -115,7 +115,7 @@ def test_evicting_equals_removing_on_cuda(gpu, tol, chat, evicted):
     assert max(gaps) <= tol.prob, f"max |Δ p| = {max(gaps):.6f}"
     if gpu.dtype == torch.float32:
         assert result.next_token.edited[0].id == int(reference.argmax())
-    assert result.next_token.kl > 0 and all(0 < rho < 1 for rho in result.heads["rho"][0])
+    assert result.next_token.kl > 0 and all(0 < rho < 1 for rho in result.heads["rho"].tolist()[0])
     assert result.continuation is not None and 1 <= len(result.continuation.edited_ids) <= 4
 
 
@@ -124,9 +124,9 @@ def test_quantized_what_if_on_cuda(chat):
     results = {bits: what_if(chat, Edit.quantize(range(before), bits)) for bits in (8, 4, 2)}
     kl = [results[b].next_token.kl for b in (8, 4, 2)]
     assert kl[0] < kl[1] < kl[2], f"KL by bits 8/4/2 = {kl}"
-    sizes = [results[b].memory["edited_bytes"] for b in (8, 4, 2)]
-    assert results[8].memory["full_bytes"] > sizes[0] > sizes[1] > sizes[2]
-    split = results[4].detail  # §12: weight term + content term = isolated change
+    sizes = [results[b].memory.edited_bytes for b in (8, 4, 2)]
+    assert results[8].memory.full_bytes > sizes[0] > sizes[1] > sizes[2]
+    split = results[4].detail  # docs/math.md §4: weight term + content term = isolated change
     total = [w + c for w, c in zip(split.weight_term, split.content_term)]
     assert total == pytest.approx(split.delta_isolated, rel=1e-3, abs=1e-4)
 

@@ -10,8 +10,8 @@ import torch
 from kvviz.draft import EditDraft
 from kvviz.edits import Edit
 from kvviz.errors import KvvizError
-from kvviz.export import export_session, import_session
 from kvviz.session import Session
+from kvviz.session_file import export_session, import_session
 from kvviz.whatif import what_if
 
 

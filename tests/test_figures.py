@@ -10,7 +10,7 @@ from kvviz import figures
 from kvviz.draft import EditDraft
 from kvviz.edits import Edit
 from kvviz.session import Session
-from kvviz.views import attention_row, head_map, overview, pool, strip_chips
+from kvviz.view_data import attention_row, head_map, overview, pool, strip_chips
 from kvviz.whatif import Detail, what_if
 
 
@@ -71,9 +71,9 @@ def test_whatif_charts_and_html(session):
     assert marks == ["line", "point", "point"]  # long: step lines, hover targets, crosses
     grid = figures.head_grid_chart(result.heads)
     valid(grid)
-    assert len(grid.data) == 3 * 30 * 9 and set(grid.data["map"]) == set(figures.whatif.MAPS.values())
+    assert len(grid.data) == 3 * 30 * 9 and set(grid.data["map"]) == set(figures.whatif_charts.MAPS.values())
     rho = grid.data[grid.data["map"] == "evicted mass ρ"]["value"]
-    assert list(rho) == pytest.approx([x for row in result.heads["rho"] for x in row])
+    assert list(rho) == pytest.approx([x for row in result.heads["rho"].tolist() for x in row])
     hidden = figures.hidden_chart(result.hidden_delta)
     assert list(valid(hidden)["data"]["values"][i]["delta"] for i in range(31)) == pytest.approx(result.hidden_delta)
     table = figures.topk_frame(result.next_token, "edited")

@@ -14,7 +14,7 @@ from kvviz.edits import Edit
 from kvviz.errors import KvvizError
 from kvviz.policies import POLICIES
 from kvviz.session import Session
-from kvviz.views import strip_chips
+from kvviz.view_data import strip_chips
 from kvviz.whatif import what_if
 
 APP = str(Path(__file__).resolve().parents[1] / "app" / "main.py")

@@ -1,25 +1,25 @@
-"""Pure attention math on synthetic tensors against the seed's formulas and worked example (§9–§15)."""
+"""Pure attention math on synthetic tensors against the formulas and the worked example of docs/math.md (§2–§6)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kvviz import attention as math
+from kvviz import attention_math as am
 from kvviz.errors import KvvizError
-from kvviz.metrics import ranks_of
+from kvviz.whatif.metrics import ranks_of
 
 
 def test_seed_section_15_worked_example():
     alpha = torch.tensor([0.05, 0.10, 0.60, 0.15, 0.10], dtype=torch.float64)
     evict_first = torch.tensor([True, False, False, False, False])
-    renorm = math.renormalized(alpha, evict_first)
-    assert math.evicted_mass(alpha, evict_first).item() == pytest.approx(0.05, abs=1e-15)
+    renorm = am.renormalized(alpha, evict_first)
+    assert am.evicted_mass(alpha, evict_first).item() == pytest.approx(0.05, abs=1e-15)
     assert renorm[1:].tolist() == pytest.approx([0.105, 0.632, 0.158, 0.105], abs=5e-4)
     assert renorm[1:].tolist() == pytest.approx([0.1 / 0.95, 0.6 / 0.95, 0.15 / 0.95, 0.1 / 0.95], abs=1e-15)
     evict_third = torch.tensor([False, False, True, False, False])
-    assert math.evicted_mass(alpha, evict_third).item() == pytest.approx(0.60, abs=1e-15)
-    kept = math.renormalized(alpha, evict_third)[~evict_third]
+    assert am.evicted_mass(alpha, evict_third).item() == pytest.approx(0.60, abs=1e-15)
+    kept = am.renormalized(alpha, evict_third)[~evict_third]
     assert kept.tolist() == pytest.approx([0.125, 0.25, 0.375, 0.25], abs=1e-15)
 
 
@@ -34,17 +34,17 @@ def _random_head(seed: int, n: int = 12, d: int = 16):
 @pytest.mark.parametrize("seed", range(5))
 def test_closed_form_equals_softmax_over_retained_set(seed):
     q, k, v = _random_head(seed)
-    alpha = math.causal_weights(q, k, 0.25)[0, 0]
+    alpha = am.causal_weights(q, k, 0.25)[0, 0]
     evicted = torch.zeros(12, dtype=torch.bool)
     evicted[[1, 4, 5, 9]] = True
-    o = math.output(alpha, v[0])
-    closed = math.evicted_output(o, alpha, v[0], evicted)
+    o = am.output(alpha, v[0])
+    closed = am.evicted_output(o, alpha, v[0], evicted)
     direct_alpha = torch.softmax((q[0] @ k[0, ~evicted].T * 0.25)[0], -1)
     direct = direct_alpha @ v[0, ~evicted]
     assert torch.allclose(closed, direct, atol=1e-12, rtol=0)
-    assert torch.allclose(math.renormalized(alpha, evicted)[~evicted], direct_alpha, atol=1e-14, rtol=0)
+    assert torch.allclose(am.renormalized(alpha, evicted)[~evicted], direct_alpha, atol=1e-14, rtol=0)
     # masking in causal_weights is the same set approximation
-    masked = math.causal_weights(q, k, 0.25, evicted[None])[0, 0]
+    masked = am.causal_weights(q, k, 0.25, evicted[None])[0, 0]
     assert torch.allclose(masked[~evicted], direct_alpha, atol=1e-14, rtol=0) and masked[evicted].sum() == 0
 
 
@@ -54,10 +54,10 @@ def test_quantization_terms_sum_to_the_total(seed):
     generator = torch.Generator().manual_seed(100 + seed)
     k_hat = k + 0.05 * torch.randn(k.shape, generator=generator, dtype=torch.float64)
     v_hat = v + 0.05 * torch.randn(v.shape, generator=generator, dtype=torch.float64)
-    alpha = math.causal_weights(q, k, 0.25)[0, 0]
-    alpha_hat = math.causal_weights(q, k_hat, 0.25)[0, 0]
-    weight, content = math.quantization_split(alpha, alpha_hat, v[0], v_hat[0] - v[0])
-    total = math.output(alpha_hat, v_hat[0]) - math.output(alpha, v[0])
+    alpha = am.causal_weights(q, k, 0.25)[0, 0]
+    alpha_hat = am.causal_weights(q, k_hat, 0.25)[0, 0]
+    weight, content = am.quantization_split(alpha, alpha_hat, v[0], v_hat[0] - v[0])
+    total = am.output(alpha_hat, v_hat[0]) - am.output(alpha, v[0])
     assert torch.allclose(weight + content, total, atol=1e-14, rtol=0)
     assert weight.norm() > 0 and content.norm() > 0
 
@@ -66,21 +66,21 @@ def test_full_eviction_is_refused_not_nan():
     alpha = torch.tensor([0.5, 0.5], dtype=torch.float64)
     everything = torch.tensor([True, True])
     with pytest.raises(KvvizError, match="ρ = 1"):
-        math.renormalized(alpha, everything)
+        am.renormalized(alpha, everything)
     with pytest.raises(KvvizError):
-        math.evicted_output(torch.zeros(3, dtype=torch.float64), alpha, torch.ones(2, 3, dtype=torch.float64), everything)
+        am.evicted_output(torch.zeros(3, dtype=torch.float64), alpha, torch.ones(2, 3, dtype=torch.float64), everything)
 
 
 def test_gqa_expansion_matches_transformers_repeat_kv():
     from transformers.integrations.sdpa_attention import repeat_kv
 
     keys = torch.randn(3, 5, 4)
-    assert torch.equal(math.expand_kv(keys, 9), repeat_kv(keys[None], 3)[0])
+    assert torch.equal(am.expand_kv(keys, 9), repeat_kv(keys[None], 3)[0])
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_ranks_match_a_stable_sort(seed):
-    """§11's rank changes: a token's rank is its place in the logits sorted descending, ties by token id (argmax's
+    """docs/math.md §6's rank changes: a token's rank is its place in the logits sorted descending, ties by token id (argmax's
     order). Half the cases draw logits from a few values, so ties are everywhere; the ids include the least likely."""
     generator = torch.Generator().manual_seed(seed)
     logits = (torch.randint(0, 40, (3000,), generator=generator).float() if seed % 2

@@ -100,7 +100,7 @@ def test_full_precision_window_and_json_round_trip():
 @given(seed=st.integers(0, 10_000), quantizer=quantizers)
 def test_cache_memory_counts_every_kv_head_and_segment(seed, quantizer):
     """The vectorised byte count against a plain loop over (layer, KV head, segment) with packed_bytes."""
-    from kvviz.memory import cache_memory
+    from kvviz.whatif.memory import cache_memory
 
     generator = torch.Generator().manual_seed(seed)
     layers, kv_heads, n, dim = 3, 2, 12, 16
@@ -127,11 +127,11 @@ def test_cache_memory_counts_every_kv_head_and_segment(seed, quantizer):
         return total
 
     memory = cache_memory(edit, evicted, segments, dim, torch.float32)
-    assert memory["edited_bytes"] == reference(list(range(n)))
+    assert memory.edited_bytes == reference(list(range(n)))
     for name in ("history", "query", "generated"):
         slots = [s for s, seg in enumerate(segments) if seg == name]
-        assert memory["segments"][name]["edited_bytes"] == reference(slots)
-        assert memory["segments"][name]["full_bytes"] == len(slots) * 2 * layers * kv_heads * dim * 4
+        assert memory.segments[name].edited_bytes == reference(slots)
+        assert memory.segments[name].full_bytes == len(slots) * 2 * layers * kv_heads * dim * 4
 
 
 @pytest.mark.parametrize("symmetric", [False, True])

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvviz.attention import causal_weights, kv_head_of
+from kvviz.attention_math import causal_weights, kv_head_of
 from kvviz.errors import KvvizError
-from kvviz.session import Sampling, Session
+from kvviz.sampling import Sampling
+from kvviz.session import Session
 from tests.conftest import full_forward
 
 LOGIT_TOL = 1e-4
@@ -119,7 +120,7 @@ def test_gqa_mapping_groups_consecutive_query_heads(lm, monkeypatch):
 
 
 def test_seed_worked_example_raw_ids(lm):
-    """§17: history x1..x3, query q1 q2, then two generated tokens: lengths 3 → 5 → 6 → 7."""
+    """docs/math.md §1's example: history x1..x3, query q1 q2, then two generated tokens: lengths 3 → 5 → 6 → 7."""
     session = Session(lm)
     session.add_ids([504, 2524, 314])
     assert len(session) == 3
@@ -233,4 +234,4 @@ def test_recorded_state_stays_near_kv_cache_size(lm):
     session = Session(lm)
     session.add_user_turn("word " * 1500)
     memory = session.memory()
-    assert memory["recorded_bytes"] <= 2.0 * memory["kv_bytes"]
+    assert memory.recorded_bytes <= 2.0 * memory.kv_bytes

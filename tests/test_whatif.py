@@ -1,18 +1,19 @@
 """The what-if engine on the real bundled model, against independent references: physically removed caches run at
-true positions, eager attention of the same pass, and the formulas of kv-math.md."""
+true positions, eager attention of the same pass, and the formulas of docs/math.md."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kvviz import cache as kv_cache
+from kvviz import kv_cache
 from kvviz.edits import Edit
 from kvviz.errors import KvvizError
 from kvviz.policies import POLICIES
 from kvviz.quant import Quantizer
 from kvviz.session import Session
-from kvviz.whatif import EditedStepProbe, what_if
+from kvviz.whatif import what_if
+from kvviz.whatif.step import EditedStepProbe
 from tests.conftest import committed_eviction_gaps, removed_step
 
 LOGIT_TOL = 1e-4
@@ -37,9 +38,9 @@ def test_empty_and_16_bit_edits_change_nothing(chat):
         assert result.next_token.kl == 0.0 and result.next_token.tv == 0.0
         assert not result.next_token.top1_changed
         assert all(c.logit_delta == 0.0 for c in result.next_token.edited)
-        assert max(map(max, result.heads["delta_propagated"])) == 0.0
+        assert max(map(max, result.heads["delta_propagated"].tolist())) == 0.0
         assert result.continuation.first_divergence is None
-        assert result.memory["edited_bytes"] == result.memory["full_bytes"]
+        assert result.memory.edited_bytes == result.memory.full_bytes
 
 
 def test_full_run_is_the_sessions_own_step(chat):
@@ -80,23 +81,25 @@ def test_quantization_error_grows_as_bits_shrink(chat):
     results = {bits: what_if(chat, Edit.quantize(range(before), bits)) for bits in (8, 4, 2)}
     kl = [results[b].next_token.kl for b in (8, 4, 2)]
     assert 0 < kl[0] < kl[1] < kl[2]
-    sizes = [results[b].memory["edited_bytes"] for b in (8, 4, 2)]
-    assert results[8].memory["full_bytes"] > sizes[0] > sizes[1] > sizes[2]
-    split = results[4]  # the two terms of §12 add up to the isolated change (float32 sums) ...
+    sizes = [results[b].memory.edited_bytes for b in (8, 4, 2)]
+    assert results[8].memory.full_bytes > sizes[0] > sizes[1] > sizes[2]
+    split = results[4]  # the two terms of docs/math.md §4 add up to the isolated change (float32 sums) ...
     total = [w + c for w, c in zip(split.detail.weight_term, split.detail.content_term)]
     assert total == pytest.approx(split.detail.delta_isolated, abs=1e-9)
     # ... which at layer 0 (same query, same own K/V) is the change the real SDPA output shows
-    assert split.heads["delta_isolated"][0] == pytest.approx(split.heads["delta_propagated"][0], rel=1e-4, abs=2e-6)
-    assert min(split.heads["content_term"][0]) > 0 and min(split.heads["weight_term"][0]) > 0
+    isolated, propagated = (split.heads[name][0].tolist() for name in ("delta_isolated", "delta_propagated"))
+    assert isolated == pytest.approx(propagated, rel=1e-4, abs=2e-6)
+    assert min(split.heads["content_term"].tolist()[0]) > 0 and min(split.heads["weight_term"].tolist()[0]) > 0
 
 
 def test_layer_zero_isolated_equals_propagated_and_detail_weights(chat):
     result = what_if(chat, Edit.evict([3, 4, 5, 12]), layer=0, head=4)
-    assert result.heads["delta_isolated"][0] == pytest.approx(result.heads["delta_propagated"][0], abs=2e-6)
+    isolated, propagated = (result.heads[name][0].tolist() for name in ("delta_isolated", "delta_propagated"))
+    assert isolated == pytest.approx(propagated, abs=2e-6)
     detail = result.detail
     assert detail.slots == list(range(len(chat)))
     assert detail.alpha_renorm[3] is None and detail.alpha_edited[12] is None
-    rho = result.heads["rho"][0][4]
+    rho = result.heads["rho"].tolist()[0][4]
     assert rho == pytest.approx(sum(detail.alpha_full[s] for s in (3, 4, 5, 12)), abs=1e-12)
     for full, renorm, used in zip(detail.alpha_full, detail.alpha_renorm, detail.alpha_edited):
         if renorm is not None:
@@ -104,16 +107,16 @@ def test_layer_zero_isolated_equals_propagated_and_detail_weights(chat):
             assert used == pytest.approx(renorm, abs=1e-6)  # same query at layer 0: α′ is what the run used
     assert sum(v for v in detail.alpha_edited if v is not None) == pytest.approx(1.0, abs=1e-9)
     # deeper layers see changed queries, so the propagated effect differs from the isolated one
-    deep = [abs(a - b) for a, b in zip(result.heads["delta_isolated"][20], result.heads["delta_propagated"][20])]
+    deep = (result.heads["delta_isolated"][20] - result.heads["delta_propagated"][20]).abs().tolist()
     assert max(deep) > 1e-4
 
 
 def test_scoped_eviction_touches_only_its_layers_and_heads(chat):
     result = what_if(chat, Edit.evict(range(5, 25), layers=[10], heads=[1]))
-    rho = torch.tensor(result.heads["rho"])
+    rho = result.heads["rho"]
     assert bool((rho[:10] == 0).all()) and bool((rho[11:] == 0).all())
     assert bool((rho[10, 3:6] > 0).all()) and bool((rho[10, :3] == 0).all()) and bool((rho[10, 6:] == 0).all())
-    assert max(map(max, result.heads["delta_propagated"][:10])) == 0.0  # layers before 10 are untouched
+    assert max(map(max, result.heads["delta_propagated"].tolist()[:10])) == 0.0  # layers before 10 are untouched
     assert result.next_token.kl > 0
 
 
@@ -175,12 +178,12 @@ def test_commit_then_undo_restores_the_cache_exactly(lm, monkeypatch):
 def test_a_sink_layer_is_recomputed_directly_and_agrees_with_the_closed_form(chat, monkeypatch):
     """Where ρ rounds to 1 the closed form would divide by 0; that layer is recomputed from scores instead. Forced
     here on a normal layer, both must give the same isolated change."""
-    from kvviz import whatif
+    from kvviz.whatif import step
 
     edit = Edit.evict([3, 4, 5, 12])
     closed = what_if(chat, edit)
 
-    class Sink(whatif.EditedStepProbe):
+    class Sink(step.EditedStepProbe):
         def _evicted(self):
             rho, self.rho = self.rho, self.rho.clone()
             self.rho[7] = 1.0  # as if a head of layer 7 sat on an attention sink
@@ -189,11 +192,11 @@ def test_a_sink_layer_is_recomputed_directly_and_agrees_with_the_closed_form(cha
             finally:
                 self.rho = rho
 
-    monkeypatch.setattr(whatif, "EditedStepProbe", Sink)
-    direct = what_if(chat, edit)
-    assert direct.heads["delta_isolated"][7] == pytest.approx(closed.heads["delta_isolated"][7], rel=1e-4, abs=1e-6)
-    assert direct.heads["delta_isolated"][6] == closed.heads["delta_isolated"][6]
-    assert max(closed.heads["delta_isolated"][7]) > 1e-4
+    monkeypatch.setattr(step, "EditedStepProbe", Sink)
+    direct, closed = what_if(chat, edit).heads["delta_isolated"].tolist(), closed.heads["delta_isolated"].tolist()
+    assert direct[7] == pytest.approx(closed[7], rel=1e-4, abs=1e-6)
+    assert direct[6] == closed[6]
+    assert max(closed[7]) > 1e-4
 
 
 def _in_a_row_equal_fresh(session: Session, edits: list[Edit]) -> None:
@@ -276,14 +279,14 @@ def test_an_eviction_borrows_the_full_runs_cache_and_gives_it_back(chat, monkeyp
     at = len(chat) - 1
     chat.memo.clear()
     first = what_if(chat, Edit.evict([4]), continuation=3).to_dict()
-    (step,) = chat.memo["full_steps"].values()
+    (step,) = chat.memo.entries("full_steps").values()
     before = tuple(t.clone() for t in step.buffers)
     expected = [what_if(chat, Edit.evict(slots), continuation=3).to_dict() for slots in ([2, 9], [at - 1])]
     monkeypatch.setattr(EditedStepProbe, "on_query", lambda self, layer, *args: 1 / 0 if layer == 10 else None)
     with pytest.raises(ZeroDivisionError):
         what_if(chat, Edit.evict([5]))
     monkeypatch.undo()
-    assert step.scratch is None and step.lent is None
+    assert step.scratch is None
     assert all(torch.equal(a, b) for a, b in zip(before, step.buffers))
     assert what_if(chat, Edit.evict([4]), continuation=3).to_dict() == first
     assert [what_if(chat, Edit.evict(slots), continuation=3).to_dict() for slots in ([2, 9], [at - 1])] == expected
@@ -298,4 +301,4 @@ def test_edits_in_a_row_on_a_committed_quantization(lm):
     at = len(session) - 1
     _in_a_row_equal_fresh(session, [Edit.quantize(range(at), 2), Edit.evict([6]), Edit(), Edit.quantize(range(10), 8)])
     unchanged = what_if(session, Edit())  # the committed edit on the originals, as the full run has it
-    assert unchanged.next_token.kl == 0.0 and max(map(max, unchanged.heads["delta_propagated"])) == 0.0
+    assert unchanged.next_token.kl == 0.0 and max(map(max, unchanged.heads["delta_propagated"].tolist())) == 0.0

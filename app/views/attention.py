@@ -6,7 +6,7 @@ import streamlit as st
 
 from app import state
 from kvviz import figures
-from kvviz.views import attention_row, head_map, overview
+from kvviz.view_data import attention_row, head_map, overview
 
 
 def render() -> None:
@@ -18,19 +18,10 @@ def render() -> None:
     st.plotly_chart(figures.overview_figure(overview(session, at), session.lm.kv_heads, at), key="overview")
     st.caption("Pick the layer and head above the strip to open that head's map.")
     weights, block = head_map(session, layer, head)
-    st.plotly_chart(figures.head_map_figure(weights, block, _boundaries(session), f"Layer {layer}, head {head}"),
+    st.plotly_chart(figures.head_map_figure(weights, block, session.transcript.boundaries(), f"Layer {layer}, head {head}"),
                     key="headmap")
     slots = session.transcript.slots[: at + 1]
     row = attention_row(session, at, layer, head).tolist()
     st.plotly_chart(figures.row_figure(row, [s.text for s in slots], session.transcript.segments()[: at + 1],
                                        f"Slot {at} attends to (layer {layer}, head {head})"), key="row")
 
-
-def _boundaries(session) -> list[tuple[int, str]]:
-    marks, previous = [], None
-    for slot, segment in zip(session.transcript.slots, session.transcript.segments()):
-        label = f"{segment} t{slot.turn}"
-        if label != previous:
-            marks.append((slot.slot, label))
-            previous = label
-    return marks[1:]

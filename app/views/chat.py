@@ -24,7 +24,7 @@ def render() -> None:
         can_step = pending is not None and not session.turn_ended
         if st.button("Step one token", disabled=not can_step, help="Decode exactly one token (teaching mode)"):
             _guard(session.step)
-            st.session_state.at = None
+            state.travel(None)
             st.rerun()
     with left:
         if pending is not None:
@@ -33,7 +33,7 @@ def render() -> None:
         st.chat_message("user").text(prompt)
         if _guard(lambda: session.add_user_turn(prompt)) is None:
             return
-        st.session_state.at = None
+        state.travel(None)
         state.save()  # the message is kept before the reply starts, and the reply as it grows
         placeholder = st.chat_message("assistant").empty()
         for _ in session.stream(st.session_state.max_new_tokens):

@@ -9,7 +9,7 @@ from app.plain import warn
 from kvviz import figures
 from kvviz.edits import Edit
 from kvviz.errors import KvvizError
-from kvviz.memory import step_memory
+from kvviz.whatif.memory import step_memory
 
 
 def render() -> None:
@@ -24,7 +24,7 @@ def render() -> None:
         warn(exc)
         return
     cols = st.columns(3)
-    cols[0].metric(f"Cache ({session.lm.device_label})", f"{memory['full_bytes']:,} B")
-    cols[1].metric("At fp16", f"{memory['fp16_bytes']:,} B")
-    cols[2].metric("With committed edits, packed", f"{memory['edited_bytes']:,} B")
-    st.dataframe([{"segment": name, **values} for name, values in memory["segments"].items()], hide_index=True)
+    cols[0].metric(f"Cache ({session.lm.device_label})", f"{memory.full_bytes:,} B")
+    cols[1].metric("At fp16", f"{memory.fp16_bytes:,} B")
+    cols[2].metric("With committed edits, packed", f"{memory.edited_bytes:,} B")
+    st.dataframe([{"segment": name, **values.to_dict()} for name, values in memory.segments.items()], hide_index=True)

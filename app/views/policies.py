@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict, fields
+
 import streamlit as st
 
 from app import state
 from app.plain import warn
 from kvviz.errors import KvvizError
-from kvviz.policies import POLICIES
-from kvviz.policies.compare import compare_policies
+from kvviz.policies import POLICIES, Policy
+from kvviz.whatif.compare import compare_policies
 
 
 def render() -> None:
@@ -21,23 +23,40 @@ def render() -> None:
     first = cols[0].selectbox("Policy", names, index=names.index("h2o"))
     second = cols[1].selectbox("Compare with", names, index=names.index("streaming_llm"))
     budget = cols[2].slider("Budget (fraction of slots kept)", 0.05, 1.0, 0.5, 0.05)
+    try:
+        policies = [_configured(cols[side], name, side) for side, name in enumerate((first, second))]
+    except KvvizError as exc:
+        warn(exc)
+        return
     left, right = st.columns(2)
     if left.button(f"Put {first}'s mask on the strip"):
         try:
-            state.draft().seed(POLICIES[first]().edit(session, float(budget), at), first)
+            state.draft().seed(policies[0].edit(session, float(budget), at), first, policies[0].settings())
         except KvvizError as exc:
             warn(exc)
         else:
             st.rerun()
     if right.button("Compare the two"):
         try:
-            st.session_state.policy_compare = compare_policies(session, [first, second], float(budget), at)
+            state.keep_comparison(compare_policies(session, policies, float(budget), at))
         except KvvizError as exc:
             warn(exc)
-    report = st.session_state.get("policy_compare")
+    report = state.comparison()
     if report:
-        st.dataframe(report["rows"], hide_index=True,
+        st.dataframe([asdict(row) for row in report.rows], hide_index=True,
                      column_config={"kl": st.column_config.NumberColumn("KL", format="%.4g"),
                                     "tv": st.column_config.NumberColumn("TV", format="%.4g")})
-        if report["overlap"] is not None:
-            st.caption(f"Overlap of the evicted (layer, KV head, slot) entries: {report['overlap']:.1%} (Jaccard)")
+        if report.overlap is not None:
+            st.caption(f"Overlap of the evicted (layer, KV head, slot) entries: {report.overlap:.1%} (Jaccard)")
+
+
+def _configured(column, name: str, side: int) -> Policy:
+    """The policy ``name`` with the parameters set in its widgets (one per dataclass field, under its selector)."""
+    policy = POLICIES[name]
+    values = {}
+    for parameter in fields(policy):
+        default = parameter.default
+        step = 1 if isinstance(default, int) else 0.05
+        values[parameter.name] = column.number_input(f"{name}: {parameter.name}", value=default, step=step,
+                                                     key=f"policy-{side}-{name}-{parameter.name}")
+    return policy(**values)

@@ -10,9 +10,10 @@ import streamlit as st
 from app import state
 from app.plain import plain, warn
 from kvviz.errors import KvvizError
-from kvviz.export import import_session
+from kvviz.model import LoadedModel
+from kvviz.sampling import Sampling
 from kvviz.scenarios import load_scenarios, run_scenario, toy_example
-from kvviz.session import Sampling
+from kvviz.session_file import import_session
 
 
 def render() -> None:
@@ -24,9 +25,7 @@ def render() -> None:
         if os.environ.get("KVVIZ_ALLOW_MODEL_PATHS") == "1":  # off by default: the page cannot make the server read paths
             path = st.text_input("Model path (checkpoint folder or .gguf on the server)")
             if path and st.button("Load this model"):
-                st.session_state.model_path = path
-                for key in ("session", "draft"):
-                    st.session_state.pop(key, None)
+                state.choose_model(path)
                 st.rerun()
         st.toggle("Presentation mode (large type)", key="large")
         st.slider("Max new tokens", 1, 512, key="max_new_tokens")
@@ -44,21 +43,21 @@ def render() -> None:
         _export_import(lm)
 
 
-def _scenarios(lm) -> None:
+def _scenarios(lm: LoadedModel) -> None:
     st.subheader("Demos")
     for scenario in load_scenarios():
         if st.button(scenario.name, help=scenario.description, key=f"demo-{scenario.name}"):
             if scenario.toy:
-                st.session_state.toy = (scenario, [toy_example(scenario.toy["alpha"], e) for e in scenario.toy["evict"]])
+                state.show_toy((scenario, [toy_example(scenario.toy["alpha"], e) for e in scenario.toy["evict"]]))
             else:
                 with st.spinner(plain(f"Running “{scenario.name}”…")):
                     session, draft, answer_step = run_scenario(lm, scenario)
-                st.session_state.session, st.session_state.draft, st.session_state.at = session, draft, answer_step
-                st.session_state.notice = scenario.description
+                state.replace(session, draft, at=answer_step)
+                state.notify(scenario.description)
             st.rerun()
 
 
-def _export_import(lm) -> None:
+def _export_import(lm: LoadedModel) -> None:
     st.subheader("Save and share")
     st.caption("Saved automatically: reloading this page restores it.")
     st.download_button("Export session (JSON)", state.export_json(), file_name="kvviz-session.json",
@@ -70,8 +69,5 @@ def _export_import(lm) -> None:
         except (KvvizError, ValueError, UnicodeDecodeError) as exc:
             warn(exc)
             return
-        st.session_state.session, st.session_state.draft = session, draft
-        for key in ("layer", "head", "at"):
-            if key in view:
-                st.session_state[key] = view[key]
+        state.replace(session, draft, view)
         st.rerun()

@@ -1,14 +1,16 @@
-"""The §15 toy numbers, when that demo is chosen: α, the evicted mass ρ and α′ = α/(1−ρ) for two evictions."""
+"""The toy numbers of docs/math.md §3, when that demo is chosen: α, the evicted mass ρ and α′ = α/(1−ρ) for two evictions."""
 
 from __future__ import annotations
 
 import streamlit as st
 
+from app import state
+
 
 def render() -> None:
-    if "toy" not in st.session_state:
+    if state.toy() is None:
         return
-    scenario, cases = st.session_state.toy
+    scenario, cases = state.toy()
     with st.expander(f"{scenario.name} — {scenario.description}", expanded=True):
         alpha = scenario.toy["alpha"]
         rows = [{"": "α", **{f"#{i + 1}": f"{a:.3f}" for i, a in enumerate(alpha)}, "ρ": ""}]
@@ -18,5 +20,5 @@ def render() -> None:
                                        for i, v in enumerate(case["alpha_renorm"])}, "ρ": f"{case['rho']:.2f}"})
         st.dataframe(rows, hide_index=True)
         if st.button("Close the toy example"):
-            del st.session_state.toy
+            state.show_toy(None)
             st.rerun()

@@ -6,7 +6,7 @@ import streamlit as st
 
 from app import state
 from app.plain import warn
-from app.views.cache import apply_quantizers
+from app.views.token_strip import apply_quantizers
 from kvviz import figures
 from kvviz.errors import KvvizError
 from kvviz.whatif import WhatIf, what_if
@@ -15,23 +15,23 @@ PROB = st.column_config.ProgressColumn("p", format="%.4f", min_value=0.0, max_va
 
 
 def compute() -> WhatIf:
-    """The what-if of the draft at the current step, cached per (cache version, edit, step, head, options); so is a
-    refusal (:class:`KvvizError`, raised again from the cache)."""
+    """The what-if of the draft at the current step, kept in the session's memo (the last one: the editor's runs of a
+    click read it twice); so is a refusal (:class:`KvvizError`, raised again from the memo)."""
     session, at = state.session(), state.step_slot()
     topk, continuation = int(st.session_state.topk), int(st.session_state.continuation)
     layer, head = st.session_state.layer, state.detail_head()
     edit = state.draft().edit(at)
-    key = (session.version, repr(edit.to_dict()), at, layer, head, topk, continuation)
-    cached = st.session_state.get("whatif_cache")
-    if not cached or cached[0] != key:
+
+    def run() -> WhatIf | KvvizError:
         try:
-            cached = (key, what_if(session, edit, at=at, layer=layer, head=head, topk=topk, continuation=continuation))
+            return what_if(session, edit, at=at, layer=layer, head=head, topk=topk, continuation=continuation)
         except KvvizError as exc:
-            cached = (key, exc)
-        st.session_state.whatif_cache = cached
-    if isinstance(cached[1], KvvizError):
-        raise cached[1]
-    return cached[1]
+            return exc
+
+    result = session.memoized("whatif", (edit.key, at, layer, head, topk, continuation), run, keep=1)
+    if isinstance(result, KvvizError):
+        raise result
+    return result
 
 
 def prepare() -> None:
@@ -97,9 +97,9 @@ def _summary(result: WhatIf) -> None:
     row.metric("KL(full‖edited), nats", f"{nt.kl:.3g}")
     row.metric("Total variation", f"{nt.tv:.3g}")
     row.metric("Top-1", "FLIPS" if nt.top1_changed else "unchanged")
-    row.metric("ρ (detail head)", f"{result.heads['rho'][result.detail.layer][result.detail.head]:.4f}")
-    saved = 1 - memory["edited_bytes"] / max(memory["full_bytes"], 1)
-    row.metric("Cache bytes", f"{memory['edited_bytes']:,}", f"-{saved:.1%} vs {memory['full_bytes']:,}",
+    row.metric("ρ (detail head)", f"{float(result.heads['rho'][result.detail.layer, result.detail.head]):.4f}")
+    saved = 1 - memory.edited_bytes / max(memory.full_bytes, 1)
+    row.metric("Cache bytes", f"{memory.edited_bytes:,}", f"-{saved:.1%} vs {memory.full_bytes:,}",
                delta_color="off")
 
 

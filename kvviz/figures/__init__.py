@@ -1,10 +1,10 @@
 """Data → figures (plotly; the what-if's charts Vega-Lite specs) and tables (pandas). Pure functions of library
 objects, testable without a browser."""
 
-from kvviz.figures.attention import head_map_figure, overview_figure, row_figure
-from kvviz.figures.export import figures_html
+from kvviz.figures.attention_maps import head_map_figure, overview_figure, row_figure
 from kvviz.figures.growth import SEGMENT_COLOURS, growth
-from kvviz.figures.whatif import alpha_chart, head_grid_chart, hidden_chart, topk_frame
+from kvviz.figures.offline_html import figures_html
+from kvviz.figures.whatif_charts import alpha_chart, head_grid_chart, hidden_chart, topk_frame
 
 __all__ = ["SEGMENT_COLOURS", "alpha_chart", "figures_html", "growth", "head_grid_chart", "head_map_figure", "hidden_chart",
            "overview_figure", "row_figure", "topk_frame"]

@@ -10,4 +10,4 @@ from kvviz.policies.tova import TOVA
 
 POLICIES: dict[str, type[Policy]] = {p.name: p for p in (StreamingLLM, H2O, SnapKV, TOVA, KeyNorm, RandomPolicy)}
 
-__all__ = ["POLICIES", "Policy", "slots_kept"]
+__all__ = ["H2O", "POLICIES", "TOVA", "KeyNorm", "Policy", "RandomPolicy", "SnapKV", "StreamingLLM", "slots_kept"]

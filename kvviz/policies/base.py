@@ -7,12 +7,14 @@ the token being processed. The result is an :class:`~kvviz.edits.Edit` the perso
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from typing import ClassVar
 
 import torch
 
 from kvviz.edits import Edit, Eviction
 from kvviz.errors import KvvizError
+from kvviz.session import Session
 
 
 def slots_kept(budget: int | float, at: int) -> int:
@@ -28,17 +30,22 @@ def slots_kept(budget: int | float, at: int) -> int:
     return min(budget, at)
 
 
+@dataclass(frozen=True)
 class Policy:
-    """Base class. Subclasses set ``name`` and implement :meth:`scores`."""
+    """Base class. Subclasses are frozen dataclasses whose fields are the policy's parameters (validated in
+    ``__post_init__``); they set ``name`` and implement :meth:`scores`."""
 
     name: ClassVar[str] = ""
-    per_head: ClassVar[bool] = False
 
-    def scores(self, session, at: int, keep: int) -> torch.Tensor:
+    def settings(self) -> dict[str, int | float]:
+        """The parameters, by field name (JSON-ready: saved with a session, shown as widgets)."""
+        return asdict(self)
+
+    def scores(self, session: Session, at: int, keep: int) -> torch.Tensor:
         """Keep-scores of slots ``0..at-1``: ``(L | 1, KV | 1, at)``; ``keep`` is the number of slots kept."""
         raise NotImplementedError
 
-    def edit(self, session, budget: int | float, at: int | None = None) -> Edit:
+    def edit(self, session: Session, budget: int | float, at: int | None = None) -> Edit:
         """Evict all but the ``budget`` best-scored slots before ``at`` (default: the newest cached slot)."""
         at = len(session) - 1 if at is None else at
         if not 0 <= at < len(session):
@@ -67,7 +74,7 @@ def protect(scores: torch.Tensor, slots: slice) -> torch.Tensor:
     return scores
 
 
-def received_attention(session, at: int, rows: slice, chunk: int = 256) -> torch.Tensor:
+def received_attention(session: Session, at: int, rows: slice, chunk: int = 256) -> torch.Tensor:
     """Attention each slot ``0..at-1`` received from the query slots ``rows`` (all before ``at``), summed over those
     queries and over the query heads of each KV group: ``(L, KV, at)``."""
     lm = session.lm
@@ -78,3 +85,11 @@ def received_attention(session, at: int, rows: slice, chunk: int = 256) -> torch
             weights = session.weights(layer, first, min(stop, first + chunk))  # (H, rows, ≤ at)
             total[layer, :, : weights.shape[-1]] += weights.sum(1).cpu()
     return total.reshape(lm.layers, lm.kv_heads, lm.heads // lm.kv_heads, at).sum(2)
+
+
+def positive(policy: Policy, *names: str) -> None:
+    """Refuse parameters ``names`` of ``policy`` that are not positive numbers."""
+    for name in names:
+        value = getattr(policy, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise KvvizError(f"{policy.name}'s {name} must be a positive number, got {value!r}")

@@ -6,17 +6,26 @@ Per layer and KV head: keeps the slots with the largest accumulated attention re
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
+
+from kvviz.errors import KvvizError
 from kvviz.policies.base import Policy, protect, received_attention
+from kvviz.session import Session
 
 
+@dataclass(frozen=True)
 class H2O(Policy):
     name = "h2o"
-    per_head = True
 
-    def __init__(self, recent_fraction: float = 0.5):
-        self.recent_fraction = recent_fraction
+    recent_fraction: float = 0.5  # share of the budget kept for the most recent slots
 
-    def scores(self, session, at, keep):
+    def __post_init__(self) -> None:
+        if not 0 <= self.recent_fraction <= 1:
+            raise KvvizError(f"h2o's recent_fraction must be in [0, 1], got {self.recent_fraction!r}")
+
+    def scores(self, session: Session, at: int, keep: int) -> torch.Tensor:
         accumulated = received_attention(session, at, slice(0, at))
         recent = int(keep * self.recent_fraction)
         return protect(accumulated, slice(at - recent, at)) if recent else accumulated

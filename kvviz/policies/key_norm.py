@@ -6,15 +6,18 @@ correlate with high attention.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from kvviz.policies.base import Policy
+from kvviz.session import Session
 
 
+@dataclass(frozen=True)
 class KeyNorm(Policy):
     name = "key_norm"
-    per_head = True
 
-    def scores(self, session, at, keep):
+    def scores(self, session: Session, at: int, keep: int) -> torch.Tensor:
         norms = [session.commits.original_kv(layer, at)[0].float().norm(dim=-1) for layer in range(session.lm.layers)]
         return -torch.stack(norms).cpu()  # (L, KV, at)

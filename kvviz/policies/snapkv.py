@@ -8,19 +8,28 @@ Defaults here: window 32, kernel 7, max pooling.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from kvviz.policies.base import Policy, protect, received_attention
+from kvviz.errors import KvvizError
+from kvviz.policies.base import Policy, positive, protect, received_attention
+from kvviz.session import Session
 
 
+@dataclass(frozen=True)
 class SnapKV(Policy):
     name = "snapkv"
-    per_head = True
 
-    def __init__(self, window: int = 32, kernel: int = 7):
-        self.window, self.kernel = window, kernel
+    window: int = 32  # the last prompt queries that vote
+    kernel: int = 7  # width of the max pooling over neighbouring slots
 
-    def scores(self, session, at, keep):
+    def __post_init__(self) -> None:
+        positive(self, "window", "kernel")
+        if self.kernel % 2 == 0:
+            raise KvvizError(f"snapkv's kernel must be odd (centred pooling), got {self.kernel}")
+
+    def scores(self, session: Session, at: int, keep: int) -> torch.Tensor:
         window = min(self.window, at)
         votes = received_attention(session, at, slice(at - window, at))  # (L, KV, at)
         pooled = torch.nn.functional.max_pool1d(votes, self.kernel, stride=1, padding=self.kernel // 2)

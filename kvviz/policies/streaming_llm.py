@@ -6,17 +6,25 @@ layer and head.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from kvviz.errors import KvvizError
 from kvviz.policies.base import Policy
+from kvviz.session import Session
 
 
+@dataclass(frozen=True)
 class StreamingLLM(Policy):
     name = "streaming_llm"
 
-    def __init__(self, sinks: int = 4):
-        self.sinks = sinks
+    sinks: int = 4  # the first slots, always kept
 
-    def scores(self, session, at, keep):
+    def __post_init__(self) -> None:
+        if isinstance(self.sinks, bool) or not isinstance(self.sinks, int) or self.sinks < 0:
+            raise KvvizError(f"streaming_llm's sinks must be a non-negative integer, got {self.sinks!r}")
+
+    def scores(self, session: Session, at: int, keep: int) -> torch.Tensor:
         slots = torch.arange(at, dtype=torch.float32)
         return torch.where(slots < self.sinks, torch.inf, slots)[None, None]

@@ -3,13 +3,15 @@ deltas, top-k tables."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import torch
 
-from kvviz.metrics import NextToken
 from kvviz.whatif import Detail
+from kvviz.whatif.metrics import NextToken
 
 
 def visible(text: str) -> str:
@@ -81,13 +83,15 @@ def alpha_chart(detail: Detail, texts: list[str]) -> Chart:
     return Chart(spec, data)
 
 
-def head_grid_chart(heads: dict[str, list[list[float]]]) -> Chart:
-    """Layer × query head maps side by side: ρ (scale 0–1), ‖Δo‖ isolated (full-cache query) and ‖Δo‖ propagated
-    (the real edited run), the two ‖Δo‖ maps on one colour scale."""
-    rows = [(layer, head, MAPS[key], value) for key in MAPS for layer, row in enumerate(heads[key])
-            for head, value in enumerate(row)]
-    data = pd.DataFrame(rows, columns=["layer", "head", "map", "value"])
-    layers = len(heads["rho"])
+def head_grid_chart(heads: Mapping[str, torch.Tensor]) -> Chart:
+    """Layer × query head maps ``(L, H)`` side by side: ρ (scale 0–1), ‖Δo‖ isolated (full-cache query) and ‖Δo‖
+    propagated (the real edited run), the two ‖Δo‖ maps on one colour scale."""
+    layers, count = heads["rho"].shape
+    data = pd.DataFrame({
+        "layer": np.tile(np.repeat(np.arange(layers), count), len(MAPS)),
+        "head": np.tile(np.arange(count), layers * len(MAPS)),
+        "map": np.repeat(list(MAPS.values()), layers * count),
+        "value": np.concatenate([heads[key].detach().cpu().double().numpy().ravel() for key in MAPS])})
 
     def grid(scale: dict) -> dict:
         return {"mark": "rect", "width": 200, "height": layers * 11, "encoding": {
@@ -108,7 +112,7 @@ def head_grid_chart(heads: dict[str, list[list[float]]]) -> Chart:
 
 
 def hidden_chart(hidden_delta: list[float]) -> Chart:
-    """‖h̃ − h‖ after the embeddings (0) and after each layer: how the edit propagates (§11)."""
+    """‖h̃ − h‖ after the embeddings (0) and after each layer: how the edit propagates (docs/math.md §6)."""
     data = pd.DataFrame({"layer": np.arange(len(hidden_delta)), "delta": hidden_delta})
     spec = {"title": "Hidden-state change by layer", "height": 220, "mark": {"type": "line", "point": True},
             "encoding": {"x": _field("layer", "quantitative", title="layer (0 = embeddings)"),

@@ -10,33 +10,23 @@ import numpy as np
 import torch
 
 from kvviz.draft import EditDraft
+from kvviz.session import Session
 from kvviz.transcript import SEGMENTS
 
 SEGMENT_CODE = {name: i for i, name in enumerate(SEGMENTS)}
 
 
-def _memo(session, key: tuple, compute):
-    """Derived view data kept until the session's cache changes (clicks that only edit the draft reuse it)."""
-    memo = session.memo.setdefault("views", {})
-    if memo.get("version") != session.version:
-        memo.clear()
-        memo["version"] = session.version
-    if key not in memo:
-        memo[key] = compute()
-    return memo[key]
-
-
-def attention_row(session, at: int, layer: int, head: int | None) -> torch.Tensor:
+def attention_row(session: Session, at: int, layer: int, head: int | None) -> torch.Tensor:
     """What slot ``at`` attended to in ``layer``: ``(at + 1,)`` for one query head, or the mean over heads (None)."""
     def compute() -> torch.Tensor:
         if head is None:
             return session.weights(layer, at, at + 1)[:, 0].mean(0)
         return session.weights(layer, at, at + 1, head=head)[0, 0]
 
-    return _memo(session, ("row", at, layer, head), compute)
+    return session.memoized("views", ("row", at, layer, head), compute)
 
 
-def strip_chips(session, draft: EditDraft, at: int, layer: int, head: int | None) -> list[list]:
+def strip_chips(session: Session, draft: EditDraft, at: int, layer: int, head: int | None) -> list[list]:
     """One row per slot up to ``at``: ``[slot, text, segment code, turn, attention ∈ [0, 1] (relative to the max),
     evicted 0/1/2 (no / everywhere / some layers or heads), key bits, value bits, selected 0/1]``."""
     if at < 0:
@@ -69,16 +59,16 @@ def pool(values: np.ndarray, size: int, axis: int) -> np.ndarray:
     return padded.reshape(shape).max(axis=axis + 1)
 
 
-def overview(session, at: int, bins: int = 48) -> np.ndarray:
+def overview(session: Session, at: int, bins: int = 48) -> np.ndarray:
     """Each layer's and query head's attention row of slot ``at``, max-pooled to ``bins``: ``(L, H, ≤ bins)``."""
     def compute() -> np.ndarray:
         rows = np.stack([session.weights(layer, at, at + 1)[:, 0].cpu().numpy() for layer in range(session.lm.layers)])
         return pool(rows, bins, axis=2)
 
-    return _memo(session, ("overview", at, bins), compute)
+    return session.memoized("views", ("overview", at, bins), compute)
 
 
-def head_map(session, layer: int, head: int, size: int = 320) -> tuple[np.ndarray, int]:
+def head_map(session: Session, layer: int, head: int, size: int = 320) -> tuple[np.ndarray, int]:
     """The causal map of one head (queries × keys, all cached slots), max-pooled to ``≤ size`` per side.
 
     Returns the map and the block width (slots per pixel)."""
@@ -87,4 +77,4 @@ def head_map(session, layer: int, head: int, size: int = 320) -> tuple[np.ndarra
         pooled = pool(pool(weights, size, axis=0), size, axis=1)
         return pooled, -(-weights.shape[0] // pooled.shape[0])
 
-    return _memo(session, ("map", layer, head, size), compute)
+    return session.memoized("views", ("map", layer, head, size), compute)

@@ -1,15 +1,35 @@
-"""Cache bytes (seed §13): the full cache at the model's dtype and at fp16, and an edited cache as really packed —
-evicted entries gone, quantized ones as bit-packed codes plus fp16 scales / zero points."""
+"""Cache bytes (docs/math.md §4): the full cache at the model's dtype and at fp16, and an edited cache as really
+packed — evicted entries gone, quantized ones as bit-packed codes plus fp16 scales / zero points."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from kvviz.edits import Edit
 from kvviz.quant import packed_bytes
+from kvviz.session import Session
+
+
+@dataclass(frozen=True)
+class CacheBytes:
+    """Bytes of ``slots`` cached slots: at the model's dtype, at fp16, and packed as an edit stores them; for a whole
+    cache also the same per segment (``history``, ``query``, ``generated``)."""
+
+    slots: int
+    full_bytes: int
+    fp16_bytes: int
+    edited_bytes: int
+    segments: dict[str, CacheBytes] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """JSON-ready; ``segments`` only where there are some."""
+        own = {"slots": self.slots, "full_bytes": self.full_bytes, "fp16_bytes": self.fp16_bytes,
+               "edited_bytes": self.edited_bytes}
+        return own | ({"segments": {k: v.to_dict() for k, v in self.segments.items()}} if self.segments else {})
 
 
 def _packed(counts: torch.Tensor, width: int, head_dim: int, quantizer, native: int) -> int:
@@ -34,9 +54,9 @@ def _widths(table: Mapping[int, int], n: int) -> torch.Tensor:
 
 def cache_memory(
     edit: Edit, evicted: torch.Tensor, segments: Sequence[str], head_dim: int, dtype: torch.dtype
-) -> dict:
-    """Bytes of the ``n = len(segments)`` cached slots: ``full_bytes`` (model dtype), ``fp16_bytes`` and
-    ``edited_bytes`` (``edit`` resolved, ``evicted`` bool ``(L, KV, n)``), plus the same per segment.
+) -> CacheBytes:
+    """Bytes of the ``n = len(segments)`` cached slots: at the model's dtype, at fp16 and packed with ``edit``
+    (resolved; ``evicted`` bool ``(L, KV, n)``), plus the same per segment.
 
     Per-segment edited bytes count each segment as if packed on its own, so per-channel scales shared across segments
     are counted once per segment there (the total counts them once).
@@ -58,16 +78,13 @@ def cache_memory(
             for index, name in enumerate(names):
                 edited[name] += _packed(per_segment[:, index], width, head_dim, quantizer, native)
 
-    def summary(name: str | None, slots: int) -> dict:
-        return {"slots": slots, "full_bytes": slots * elements_per_slot * native,
-                "fp16_bytes": slots * elements_per_slot * 2, "edited_bytes": edited[name]}
+    def summary(name: str | None, slots: int, **parts) -> CacheBytes:
+        return CacheBytes(slots, slots * elements_per_slot * native, slots * elements_per_slot * 2, edited[name], **parts)
 
-    result = summary(None, n)
-    result["segments"] = {name: summary(name, segments.count(name)) for name in names}
-    return result
+    return summary(None, n, segments={name: summary(name, segments.count(name)) for name in names})
 
 
-def step_memory(session, edit: Edit, at: int) -> dict:
+def step_memory(session: Session, edit: Edit, at: int) -> CacheBytes:
     """:func:`cache_memory` of the cache before slot ``at`` with ``edit`` (validated) on top of the committed one."""
     lm = session.lm
     edit.validate(at, lm.layers, lm.kv_heads, lm.head_dim)

@@ -1,11 +1,11 @@
-"""What-if at a step (seed §10–§16): re-run the real decode step of one slot on its cache as it stood then, once
+"""What-if at a step (docs/math.md §3–§6): re-run the real decode step of one slot on its cache as it stood then, once
 unedited ("full") and once with an Edit applied to a copy ("edited"), and measure the difference.
 
 The two runs are separate passes at the slot's true absolute position, so an edit that changes nothing changes no bit;
 the full run is kept per session until its cache changes, so trying edit after edit re-runs only the edited pass. Evicted
 slots are hidden from the edited run per (layer, KV head) by its probe; this equals removing them (tested). The probe
 also computes, per layer and query head, the evicted mass ρ and the *isolated* change of the attention output (the
-full-cache query with the edited cache: the closed form of §10, or the two-term split of §12 when quantizing), while
+full-cache query with the edited cache: the closed form of docs/math.md §3, or the two-term split of §4 when quantizing), while
 the *propagated* change is read from the edited run itself.
 """
 
@@ -15,14 +15,15 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from kvviz import attention as math
-from kvviz.continuation import Continuation, compared, greedy
+from kvviz import attention_math as am
 from kvviz.edits import Edit
 from kvviz.errors import KvvizError
-from kvviz.full_step import FullStep, kept_full_step, run
-from kvviz.memory import cache_memory
-from kvviz.metrics import NextToken, compare
 from kvviz.recorder import Probe
+from kvviz.session import Session
+from kvviz.whatif.continuation import Continuation, compared, greedy
+from kvviz.whatif.full_step import FullStep, kept_full_step, run
+from kvviz.whatif.memory import CacheBytes, cache_memory
+from kvviz.whatif.metrics import NextToken, compare
 
 
 @dataclass
@@ -47,16 +48,17 @@ class WhatIf:
     token: int
     edit: Edit
     next_token: NextToken
-    heads: dict[str, list[list[float]]]  # name -> [layer][query head]
+    heads: dict[str, torch.Tensor]  # name -> (L, H): rho, delta_isolated, weight_term, content_term, delta_propagated
     detail: Detail
     hidden_delta: list[float]  # ‖h̃ − h‖ after the embeddings and after each layer
-    memory: dict
+    memory: CacheBytes
     continuation: Continuation | None
 
     def to_dict(self) -> dict:
         return {"at": self.at, "position": self.position, "token": self.token, "edit": self.edit.to_dict(),
-                "next_token": self.next_token.to_dict(), "heads": self.heads, "detail": asdict(self.detail),
-                "hidden_delta": self.hidden_delta, "memory": self.memory,
+                "next_token": self.next_token.to_dict(),
+                "heads": {name: values.tolist() for name, values in self.heads.items()}, "detail": asdict(self.detail),
+                "hidden_delta": self.hidden_delta, "memory": self.memory.to_dict(),
                 "continuation": None if self.continuation is None else asdict(self.continuation)}
 
 
@@ -64,21 +66,21 @@ class EditedStepProbe(Probe):
     """The edited run: hides evicted slots and measures, per layer and query head, ρ and the isolated Δo — the change
     of the layer's output with the full run's query and own K/V on the edited cache — and the propagated Δo (the
     edited run's own output). The isolated Δo is computed for all layers at once after the run: the closed form of
-    §10 for evictions alone, §12's two terms when quantizing."""
+    §3 for evictions alone, §4's two terms when quantizing (docs/math.md)."""
 
     def __init__(self, full: FullStep, quantizes: bool, hidden: torch.Tensor, new: torch.Tensor,
                  detail: tuple[int, int], masked: bool):
         self.full, self.quantizes = full, quantizes
         self.hidden, self.masked, self.detail = hidden, masked, detail
         alpha = full.probe.alpha  # (L, H, n)
-        self.new = math.expand_kv(new, alpha.shape[1], dim=1)  # (L, H, n): newly evicted
-        self.rho = math.evicted_mass(alpha, self.new)  # (L, H)
+        self.new = am.expand_kv(new, alpha.shape[1], dim=1)  # (L, H, n): newly evicted
+        self.rho = am.evicted_mass(alpha, self.new)  # (L, H)
         self.outputs: list[torch.Tensor] = []
         self.used: torch.Tensor | None = None  # (H, n): the weights the edited run used at the detail layer
 
     def on_query(self, layer, query, key, value):
         if layer == self.detail[0]:
-            self.used = math.causal_weights(query[0], key[0], self.full.probe.scaling, self.hidden[layer],
+            self.used = am.causal_weights(query[0], key[0], self.full.probe.scaling, self.hidden[layer],
                                             torch.float64)[:, 0]
         return ~self.hidden[layer][None] if self.masked else None
 
@@ -86,18 +88,18 @@ class EditedStepProbe(Probe):
         self.outputs.append(output[0, 0])
 
     def _quantized(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """§12 for all layers at once: ``Σ (α̂ − α) v`` and ``Σ α̂ (v̂ − v)`` ``(L, H, D)``, with α̂ the full run's
+        """docs/math.md §4 for all layers at once: ``Σ (α̂ − α) v`` and ``Σ α̂ (v̂ − v)`` ``(L, H, D)``, with α̂ the full run's
         queries' weights on the edited cache (the kept buffers after the run). The step's own key and value are the
         full run's: its score is the full run's own score, and its ``v̂ − v`` is 0."""
         full = self.full.probe
         keys_hat, values_hat = self.full.edited  # (L, KV, n, D)
         values = self.full.buffers[1]
-        scores = math.scores(full.queries, keys_hat, full.scaling)  # (L, H, 1, n)
+        scores = am.scores(full.queries, keys_hat, full.scaling)  # (L, H, 1, n)
         scores[..., -1:] = full.own_scores
-        alpha_hat = math.visible_softmax(scores, self.hidden if self.masked else None, torch.float64)[..., 0, :]
+        alpha_hat = am.visible_softmax(scores, self.hidden if self.masked else None, torch.float64)[..., 0, :]
         error = values_hat - values
         error[..., -1, :] = 0
-        return math.quantization_split(full.alpha, alpha_hat, values, error)
+        return am.quantization_split(full.alpha, alpha_hat, values, error)
 
     def _evicted(self) -> torch.Tensor:
         """Isolated Δo ``(L, H, D)`` of evictions alone: ``o′ − o`` with ``o′ = (o − Σ α_e v_e)/(1 − ρ)`` over the
@@ -109,15 +111,15 @@ class EditedStepProbe(Probe):
         evicted_values = values[:, :, columns]  # (L, KV, e, D)
         o = full.attended
         if not bool((self.rho >= 1).any()):
-            return math.evicted_output(o, alpha, evicted_values, new) - o
+            return am.evicted_output(o, alpha, evicted_values, new) - o
         rows = []
         for layer in range(len(o)):
             if bool((self.rho[layer] >= 1).any()):
-                alpha_hat = math.causal_weights(full.queries[layer], keys[layer], full.scaling, self.hidden[layer],
+                alpha_hat = am.causal_weights(full.queries[layer], keys[layer], full.scaling, self.hidden[layer],
                                                 torch.float64)
-                delta = math.output(alpha_hat[:, 0] - full.alpha[layer], values[layer])
+                delta = am.output(alpha_hat[:, 0] - full.alpha[layer], values[layer])
             else:
-                delta = math.evicted_output(o[layer], alpha[layer], evicted_values[layer], new[layer]) - o[layer]
+                delta = am.evicted_output(o[layer], alpha[layer], evicted_values[layer], new[layer]) - o[layer]
             rows.append(delta.double())
         return torch.stack(rows)
 
@@ -134,13 +136,13 @@ class EditedStepProbe(Probe):
                 "content_term": content.norm(dim=-1), "delta_propagated": propagated.norm(dim=-1)}
         layer, head = self.detail
         alpha = self.full.probe.alpha[layer]
-        rows = {"alpha": alpha[head], "renorm": math.renormalized(alpha[head], self.new[layer, head]),
+        rows = {"alpha": alpha[head], "renorm": am.renormalized(alpha[head], self.new[layer, head]),
                 "edited": self.used[head], "new": self.new[layer, head], "isolated": isolated[layer, head],
                 "weight": weight[layer, head], "content": content[layer, head]}
         return maps, rows
 
 
-def _validate(session, edit: Edit, at: int, layer: int, head: int, topk: int, continuation: int) -> None:
+def _validate(session: Session, edit: Edit, at: int, layer: int, head: int, topk: int, continuation: int) -> None:
     lm = session.lm
     if not 0 <= at < len(session):
         raise KvvizError(f"slot {at} is not cached (the cache holds slots 0..{len(session) - 1})")
@@ -153,7 +155,7 @@ def _validate(session, edit: Edit, at: int, layer: int, head: int, topk: int, co
     edit.validate(at, lm.layers, lm.kv_heads, lm.head_dim)
 
 
-def what_if(session, edit: Edit, at: int | None = None, layer: int = 0, head: int = 0, topk: int = 10,
+def what_if(session: Session, edit: Edit, at: int | None = None, layer: int = 0, head: int = 0, topk: int = 10,
             continuation: int = 0) -> WhatIf:
     """Re-run the step of slot ``at`` (default: the newest cached slot) with and without ``edit``; see the module doc.
 
@@ -173,14 +175,12 @@ def what_if(session, edit: Edit, at: int | None = None, layer: int = 0, head: in
     full_step = kept_full_step(session, at, full, hidden_full if masked else None)
     probe = EditedStepProbe(full_step, edited.quantizes, hidden_edited, hidden_edited & ~hidden_full, (layer, head),
                             masked)
-    try:
-        out, cache = run(session, full_step.edited_cache(session, edited), slot.id, slot.position, probe)
+    with full_step.lent(session, edited) as cache:
+        out, cache = run(session, cache, slot.id, slot.position, probe)
         logits, full_logits = out.logits[0, -1].float(), full_step.logits
         # the continuation copies the run's cache at its first step, before a lent one is given back
         edited_ids = (greedy(session, cache, hidden_edited if masked else None, logits, slot.position, continuation)
                       if continuation else None)
-    finally:
-        full_step.returned()
     maps, rows = probe.results()
     follow = None
     if continuation:
@@ -188,7 +188,7 @@ def what_if(session, edit: Edit, at: int | None = None, layer: int = 0, head: in
     return WhatIf(
         at=at, position=slot.position, token=slot.id, edit=edit,
         next_token=compare(full_logits, logits, topk, session.piece),
-        heads={name: values.tolist() for name, values in maps.items()},
+        heads=maps,
         detail=_detail(rows, layer, head, at),
         hidden_delta=[float((h - f).float().norm()) for h, f in zip(out.hidden_states, full_step.hidden_states)],
         memory=cache_memory(edited, hidden_edited[:, :, :at].cpu(), full_step.segments, lm.head_dim, lm.dtype),

@@ -12,7 +12,9 @@ from typing import Any
 from kvviz.draft import EditDraft
 from kvviz.edits import Edit
 from kvviz.errors import KvvizError
-from kvviz.session import Sampling, Session
+from kvviz.model import LoadedModel
+from kvviz.sampling import Sampling
+from kvviz.session import Session
 
 FORMAT, VERSION = "kvviz-session", 1
 
@@ -30,7 +32,8 @@ def export_session(session: Session, draft: EditDraft | None = None, view: dict 
         "view": view or {},
     }
     if draft is not None:
-        document["draft"] = {"edit": draft.edit().to_dict(), "policy_name": draft.policy_name}
+        document["draft"] = {"edit": draft.edit().to_dict(), "policy_name": draft.policy_name,
+                             "policy_settings": draft.policy_settings}
     return document
 
 
@@ -39,7 +42,7 @@ def _require(condition: bool, message: str) -> None:
         raise KvvizError(f"cannot import this session: {message}")
 
 
-def import_session(lm, document: Any) -> tuple[Session, EditDraft, dict]:
+def import_session(lm: LoadedModel, document: Any) -> tuple[Session, EditDraft, dict]:
     """Rebuild a session from :func:`export_session`'s document; malformed or foreign documents are refused."""
     _require(isinstance(document, dict) and document.get("format") == FORMAT, "it is not a kvviz session file")
     _require(document.get("version") == VERSION, f"format version {document.get('version')!r} is not {VERSION}")
@@ -67,11 +70,9 @@ def import_session(lm, document: Any) -> tuple[Session, EditDraft, dict]:
     _require(not commits, "a committed edit lies beyond the conversation")
     draft = EditDraft()
     if "draft" in document:
-        edit = Edit.from_dict(document["draft"]["edit"])
-        draft.seed(Edit(evictions=tuple(e for e in edit.evictions if not e.everywhere)), document["draft"].get("policy_name", ""))
-        draft.evicted = {s for e in edit.evictions if e.everywhere for s in e.slots}
-        draft.key_bits, draft.value_bits = dict(edit.key_bits), dict(edit.value_bits)
-        draft.keys, draft.values = edit.keys, edit.values
+        saved = document["draft"]
+        draft = EditDraft.from_edit(Edit.from_dict(saved["edit"]), saved.get("policy_name", ""),
+                                    saved.get("policy_settings", {}))
         _require(all(s < len(session) for s in draft.evicted_somewhere() | set(draft.key_bits)),
                  "its edit names slots beyond the transcript")
     return session, draft, dict(document.get("view", {}))

@@ -7,7 +7,7 @@ import html
 
 import vl_convert
 
-from kvviz.figures.whatif import Chart
+from kvviz.figures.whatif_charts import Chart
 
 
 def figures_html(charts: list[Chart], title: str) -> str:

@@ -1,4 +1,4 @@
-"""Greedy continuations after a what-if step (seed §11): the next tokens with the full and with the edited cache,
+"""Greedy continuations after a what-if step (docs/math.md §6): the next tokens with the full and with the edited cache,
 decoded one step at a time at true positions, with the edit's evicted slots kept hidden."""
 
 from __future__ import annotations
@@ -6,8 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from transformers import Cache
 
 from kvviz.recorder import Probe, probing
+from kvviz.session import Session
 
 
 @dataclass
@@ -31,7 +33,8 @@ class _Hide(Probe):
         return ~torch.nn.functional.pad(self.hidden[layer], (0, key.shape[2] - self.hidden.shape[-1]))[None]
 
 
-def greedy(session, cache, hidden: torch.Tensor | None, first: torch.Tensor, position: int, steps: int) -> list[int]:
+def greedy(session: Session, cache: Cache, hidden: torch.Tensor | None, first: torch.Tensor, position: int,
+           steps: int) -> list[int]:
     """Up to ``steps`` greedy tokens after a step whose logits are ``first``, on ``cache`` (extended in place), with
     ``hidden`` slots hidden; stops after an end-of-turn token."""
     lm = session.lm
@@ -48,7 +51,7 @@ def greedy(session, cache, hidden: torch.Tensor | None, first: torch.Tensor, pos
     return ids
 
 
-def compared(session, full_ids: list[int], edited_ids: list[int]) -> Continuation:
+def compared(session: Session, full_ids: list[int], edited_ids: list[int]) -> Continuation:
     """The two continuations as text, with the index of the first token where they differ (None if they never do)."""
     pairs = list(zip(full_ids, edited_ids))
     diverged = next((i for i, (a, b) in enumerate(pairs) if a != b), None)

@@ -19,11 +19,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvviz.bench import Row, token_ids
-from kvviz.browser import browser_page, running_app
+from benchmarks.harness import Row, token_ids
 from kvviz.draft import EditDraft
-from kvviz.export import export_session
 from kvviz.session import Session
+from kvviz.session_file import export_session
+from tests.browser import browser_page, running_app
 
 RUN_OVER = "document.querySelector('[data-testid=stApp]').dataset.testScriptState !== 'running'"  # Streamlit's own
 KL_CHANGED = """(before) => {  // the what-if's numbers are drawn together; KL stands for them

@@ -1,4 +1,4 @@
-"""Pure attention math on tensors (seed §9–§14). No model, no cache objects: tensors in, tensors out.
+"""Pure attention math on tensors (docs/math.md §2–§5). No model, no cache objects: tensors in, tensors out.
 
 Shapes: ``H`` query heads, ``KV`` key/value heads (GQA: query head ``h`` reads KV head ``h // (H // KV)``),
 ``n`` visible slots, ``D`` head dim. Scores and weights are computed in float32 (or float64 if given).
@@ -20,6 +20,11 @@ def expand_kv(tensor: torch.Tensor, heads: int, dim: int = 0) -> torch.Tensor:
     """``(KV, n, D)`` → ``(H, n, D)`` by repeating each KV head for its group of query heads; the KV axis is ``dim``
     (e.g. 1 for a per-layer mask ``(L, KV, n)``)."""
     return tensor.repeat_interleave(heads // tensor.shape[dim], dim=dim)
+
+
+def causal_mask(q_len: int, n: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """Boolean ``(q, n)``, True where query row ``i`` — the slot ``n - q + i`` — may attend: slots ``0..n-q+i``."""
+    return torch.ones(q_len, n, dtype=torch.bool, device=device).tril(n - q_len)
 
 
 def _float(tensor: torch.Tensor) -> torch.Tensor:
@@ -54,7 +59,7 @@ def visible_softmax(
     s = s if dtype is None else s.to(dtype)
     *lead, heads, q_len, n = s.shape
     if q_len > 1:  # row i must not see slots after n - q + i (a single row sees them all)
-        s = s.masked_fill(torch.ones(q_len, n, dtype=torch.bool, device=s.device).triu(n - q_len + 1), float("-inf"))
+        s = s.masked_fill(~causal_mask(q_len, n, s.device), float("-inf"))
     if evicted is not None:  # per KV group: (..., KV, G, q, n), without copying the mask per query head
         kv = evicted.shape[-2]
         s = s.view(*lead, kv, heads // kv, q_len, n).masked_fill(evicted[..., None, None, :], float("-inf")).view(s.shape)
@@ -72,7 +77,7 @@ def _check_mass(rho: torch.Tensor) -> None:
 
 
 def renormalized(alpha: torch.Tensor, evicted: torch.Tensor) -> torch.Tensor:
-    """``α′_j = α_j / (1 − ρ)`` for retained ``j`` and 0 for evicted ones (§10). Refuses ``ρ = 1``."""
+    """``α′_j = α_j / (1 − ρ)`` for retained ``j`` and 0 for evicted ones (docs/math.md §3). Refuses ``ρ = 1``."""
     rho = evicted_mass(alpha, evicted)
     _check_mass(rho)
     return alpha.masked_fill(evicted, 0.0) / (1 - rho)[..., None]
@@ -94,7 +99,7 @@ def output(alpha: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
 
 
 def evicted_output(o: torch.Tensor, alpha: torch.Tensor, values: torch.Tensor, evicted: torch.Tensor) -> torch.Tensor:
-    """Closed form ``o′ = (o − Σ_{e∈E} α_e v_e) / (1 − ρ)`` (§10); shapes as in :func:`output`. Refuses ``ρ = 1``."""
+    """Closed form ``o′ = (o − Σ_{e∈E} α_e v_e) / (1 − ρ)`` (docs/math.md §3); shapes as in :func:`output`. Refuses ``ρ = 1``."""
     rho = evicted_mass(alpha, evicted)
     _check_mass(rho)
     return (o - output(alpha * evicted, values)) / (1 - rho)[..., None]
@@ -103,7 +108,7 @@ def evicted_output(o: torch.Tensor, alpha: torch.Tensor, values: torch.Tensor, e
 def quantization_split(
     alpha: torch.Tensor, alpha_hat: torch.Tensor, values: torch.Tensor, value_error: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The exact split of ``ô − o`` (§12): ``(Σ (α̂−α) v, Σ α̂ ε^V)`` — weight perturbation, value content — with
+    """The exact split of ``ô − o`` (docs/math.md §4): ``(Σ (α̂−α) v, Σ α̂ ε^V)`` — weight perturbation, value content — with
     ``ε^V = v̂ − v`` the error of the values.
 
     ``alpha``, ``alpha_hat`` ``(..., H, n)``; ``values``, ``value_error`` ``(..., KV, n, D)`` → two ``(..., H, D)``

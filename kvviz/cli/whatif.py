@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 
+from kvviz.cli.common import add_chat_arguments, replay_chat
 from kvviz.edits import Edit
 from kvviz.errors import KvvizError
 from kvviz.quant import Quantizer
+from kvviz.session import Session
 
 
 def parse_slots(spec: str) -> list[int]:
@@ -40,6 +42,7 @@ def _budget(text: str) -> int | float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_chat_arguments(parser)
     parser.add_argument("--at", type=int, default=None, help="slot whose step is re-run (default: the newest)")
     parser.add_argument("--evict", default="", metavar="SPEC", help="slots to evict, e.g. 3,5-9")
     parser.add_argument("--evict-layers", default=None, metavar="SPEC", help="evict only in these layers")
@@ -62,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="greedy N tokens with both caches")
 
 
-def build_edit(args: argparse.Namespace, session, at: int) -> Edit:
+def build_edit(args: argparse.Namespace, session: Session, at: int) -> Edit:
     """The Edit the flags describe (policy first, hand edits on top)."""
     edit = Edit()
     if args.policy is not None:
@@ -95,8 +98,7 @@ def build_edit(args: argparse.Namespace, session, at: int) -> Edit:
     return edit.merged(hand)
 
 
-def run_whatif(args: argparse.Namespace) -> None:
-    from kvviz.cli import replay_chat
+def run(args: argparse.Namespace) -> None:
     from kvviz.whatif import what_if
 
     session = replay_chat(args)

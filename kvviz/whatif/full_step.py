@@ -5,17 +5,20 @@ layers at once."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 from transformers import Cache
 
-from kvviz import attention as math
-from kvviz import cache as kv_cache
-from kvviz.cache import KV
-from kvviz.continuation import greedy
+from kvviz import attention_math as am
+from kvviz import kv_cache
 from kvviz.edits import Edit
+from kvviz.kv_cache import KV
 from kvviz.recorder import Probe, probing
+from kvviz.session import Session
+from kvviz.whatif.continuation import greedy
 
 
 class FullStepProbe(Probe):
@@ -36,19 +39,19 @@ class FullStepProbe(Probe):
     def finish(self, buffers: KV) -> None:
         """After the run, on its cache ``buffers`` (keys, values ``(L, KV, n, D)``), for all layers at once: the queries
         ``(L, H, 1, D)``, the step's score with its own key ``(L, H, 1, 1)``, α ``(L, H, n)`` float64, o = Σ α v (for
-        the closed form of §10) and the attention outputs ``(L, H, D)``."""
+        the closed form of docs/math.md §3) and the attention outputs ``(L, H, D)``."""
         keys, values = buffers
         self.queries, self.outputs = torch.stack(self.queries), torch.stack(self.outputs)
-        scores = math.scores(self.queries, keys, self.scaling)  # (L, H, 1, n)
+        scores = am.scores(self.queries, keys, self.scaling)  # (L, H, 1, n)
         self.own_scores = scores[..., -1:].clone()
-        self.alpha = math.visible_softmax(scores, self.hidden, dtype=torch.float64)[..., 0, :]
-        self.attended = math.output(self.alpha, values)
+        self.alpha = am.visible_softmax(scores, self.hidden, dtype=torch.float64)[..., 0, :]
+        self.attended = am.output(self.alpha, values)
 
 
 @dataclass
 class FullStep:
     """The unedited run of one step, kept by the session until its cache changes: clicking through edits at the
-    same step re-runs only the edited pass, on a cache kept here too (:meth:`edited_cache`)."""
+    same step re-runs only the edited pass, on a cache kept here too (:meth:`lent`)."""
 
     at: int
     position: int
@@ -65,15 +68,16 @@ class FullStep:
     written: tuple = ()  # the quantization (see :meth:`plan`) last written into the scratch buffers
     finished: bool = False  # whether that writing finished: the buffers then hold all of it
     edited: KV | None = None  # the buffers the last edited run read: ``buffers`` (lent) or ``scratch``
-    lent: KV | None = None  # while ``buffers`` are lent to an edited run: their own slot ``(L, KV, D)`` to put back
 
     def plan(self, edit: Edit) -> tuple:
         """What ``edit`` writes into the cache: per kind, its quantizer and its ``(bit-width, slots)`` groups."""
         return tuple((edit.keys if kind == "key" else edit.values, edit.groups(kind, self.at)) for kind in ("key", "value"))
 
-    def edited_cache(self, session, edit: Edit) -> Cache:
-        """A cache for an edited run: slots ``0..at-1`` with ``edit``'s quantization, and room for this step's own K/V;
-        after the run (also a failed one), :meth:`returned`.
+    @contextmanager
+    def lent(self, session: Session, edit: Edit) -> Iterator[Cache]:
+        """The cache for an edited run, for the duration of the block: slots ``0..at-1`` with ``edit``'s quantization,
+        and room for this step's own K/V. Whatever the block does (also when it fails), a borrowed cache gets the full
+        run's own slot back when it ends.
 
         An edit that quantizes what the committed one does (evictions only change what is hidden) borrows the full
         run's own cache, whose own slot is put back afterwards: nothing is copied. Otherwise the run gets
@@ -82,10 +86,19 @@ class FullStep:
         once, in place) only when it is not the one the buffers hold, so a click on the quantization of the previous
         one quantizes nothing."""
         plan = self.plan(edit)
-        if plan == self.plan(self.committed):
-            self.lent = tuple(t[:, :, self.at].clone() for t in self.buffers)
-            self.edited = self.buffers
-            return kv_cache.over(_layers(self.buffers), self.at)
+        if plan != self.plan(self.committed):
+            yield self._quantized(session, edit, plan)
+            return
+        own = tuple(t[:, :, self.at].clone() for t in self.buffers)  # (L, KV, D) each: the run overwrites it
+        self.edited = self.buffers
+        try:
+            yield kv_cache.over(_layers(self.buffers), self.at)
+        finally:
+            for buffer, slot in zip(self.buffers, own):
+                buffer[:, :, self.at] = slot
+
+    def _quantized(self, session: Session, edit: Edit, plan: tuple) -> Cache:
+        """The scratch cache holding ``edit``'s quantization ``plan`` (see :meth:`lent`)."""
         if self.originals is None:
             self.originals = (tuple(t[:, :, :self.at] for t in self.buffers) if not self.committed.quantizes
                               else _stacked(_prefix(session, self.at)))
@@ -107,14 +120,7 @@ class FullStep:
         self.edited = self.scratch
         return kv_cache.over(_layers(self.scratch), self.at)
 
-    def returned(self) -> None:
-        """After an edited run: a lent cache gets the full run's own slot back (the run wrote its own there)."""
-        if self.lent is not None:
-            for buffer, own in zip(self.buffers, self.lent):
-                buffer[:, :, self.at] = own
-            self.lent = None
-
-    def continuation(self, session, steps: int) -> list[int]:
+    def continuation(self, session: Session, steps: int) -> list[int]:
         if steps not in self.continuations:
             cache = kv_cache.build(session.lm.config, _layers(self.buffers))
             self.continuations[steps] = greedy(session, cache, self.hidden, self.logits, self.position, steps)
@@ -126,26 +132,23 @@ def _slots(groups: list, n: int) -> set[int]:
     return {slot for _, slots in groups for slot in (range(n)[slots] if isinstance(slots, slice) else slots)}
 
 
-def kept_full_step(session, at: int, full: Edit, hidden: torch.Tensor | None) -> FullStep:
+def kept_full_step(session: Session, at: int, full: Edit, hidden: torch.Tensor | None) -> FullStep:
     """The unedited run of slot ``at``, memoized per session cache version, step, committed edit and mask mode; the
-    two most recent are kept, so switching between an eviction (masked runs) and quantization alone stays warm."""
-    steps = session.memo.setdefault("full_steps", {})
-    key = (session.version, at, repr(full.to_dict()), hidden is not None)
-    if key not in steps:
+    two most recently used are kept, so switching between an eviction (masked runs) and quantization alone stays
+    warm."""
+    def compute() -> FullStep:
         slot = session.transcript.slots[at]
         buffers = _stacked(_prefix(session, at, full), room=1)
         probe = FullStepProbe(hidden, session.lm.scaling)
         out, _ = run(session, kv_cache.over(_layers(buffers), at), slot.id, slot.position, probe)
         probe.finish(buffers)
-        recent = [k for k in steps if k[0] == session.version][-1:]  # keep one more run of this cache version
-        for old in set(steps) - set(recent):
-            del steps[old]
-        steps[key] = FullStep(at, slot.position, probe, out.logits[0, -1].float(), out.hidden_states, hidden,
-                              session.transcript.segments()[:at], full, buffers)
-    return steps[key]
+        return FullStep(at, slot.position, probe, out.logits[0, -1].float(), out.hidden_states, hidden,
+                        session.transcript.segments()[:at], full, buffers)
+
+    return session.memoized("full_steps", (at, full.key, hidden is not None), compute, keep=2)
 
 
-def _prefix(session, at: int, edit: Edit | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _prefix(session: Session, at: int, edit: Edit | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per layer, the K/V ``(KV, at, D)`` of slots ``0..at-1`` as the model computed them (views), with ``edit``'s
     quantization applied (copies) when given."""
     originals = [session.commits.original_kv(layer, at) for layer in range(session.lm.layers)]
@@ -169,7 +172,7 @@ def _layers(buffers: KV) -> list[KV]:
     return [(keys[None], values[None]) for keys, values in zip(*buffers)]
 
 
-def run(session, cache: Cache, token: int, position: int, probe: Probe):
+def run(session: Session, cache: Cache, token: int, position: int, probe: Probe):
     """One decode step of ``token`` at ``position`` on ``cache`` (which it extends)."""
     lm = session.lm
     with torch.no_grad(), probing(probe):

@@ -1,4 +1,4 @@
-"""Comparing two next-token distributions (seed §11): KL, total variation, top-k side by side with rank changes."""
+"""Comparing two next-token distributions (docs/math.md §6): KL, total variation, top-k side by side with rank changes."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from app.plain import plain, warn
 from app.components.strip import clicked, token_strip
 from kvviz.errors import KvvizError
 from kvviz.quant import Quantizer
-from kvviz.views import strip_chips
+from kvviz.view_data import strip_chips
 
 BITS = [16, 8, 4, 3, 2]
 
@@ -53,7 +53,7 @@ def render() -> None:
 def _travel() -> None:
     newest = len(state.session()) - 1
     chosen = st.session_state.at_slider
-    st.session_state.at = None if chosen == newest else chosen
+    state.travel(None if chosen == newest else chosen)
 
 
 def apply_quantizers() -> str | None:
@@ -95,9 +95,9 @@ def _picker(draft, session, at) -> None:
     cols[1].selectbox("V bits", BITS, key="pick_v")
     cols[2].button(f"Apply to {len(draft.selected)} selected", disabled=not draft.selected, on_click=_set_bits,
                    args=(sorted(draft.selected), True))
-    history = [s.slot for s in session.transcript.slots[:at] if session.transcript.segment(s) == "history"]
+    history = session.transcript.history_slots(at)
     cols[3].button("History → these bits", disabled=not history, on_click=_set_bits, args=(history,))
-    this_turn = [s.slot for s in session.transcript.slots[:at] if s.turn == session.transcript.turn]
+    this_turn = session.transcript.turn_slots(at)
     cols[4].button("Evict this turn", disabled=not this_turn, on_click=lambda: state.draft().evict_many(this_turn))
     cols[5].button("Clear edit", on_click=lambda: state.draft().clear())
     _quantizer_settings(session.lm.head_dim)

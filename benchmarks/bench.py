@@ -1,0 +1,81 @@
+"""``python -m benchmarks`` (or ``python -m kvviz bench``): kvviz against plain transformers, measured side by side
+in one run, printed as a table of ratios with their targets. See :mod:`benchmarks.harness` for how rows are timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict
+
+from benchmarks.harness import Row, machine, table
+from benchmarks.model_rows import Bench
+from kvviz.errors import KvvizError
+
+
+def planned(quick: bool = False, browser: bool = True) -> dict[str, Callable[[Bench], Row | list[Row]]]:
+    """The rows a run measures, by name, in order; ``quick`` drops the 4k contexts and the browser rows. The browser's
+    three rows are measured together (one app, one page), under one name."""
+    contexts = (256, 1024) if quick else (256, 1024, 4096)
+    memory = 1024 if quick else 4096
+    rows: dict[str, Callable[[Bench], Row | list[Row]]] = {"load": lambda b: b.load()}
+    rows |= {f"prefill {n}": lambda b, n=n: b.prefill(n) for n in contexts}
+    rows |= {"generate 64": lambda b: b.generate(), "whatif evict 1024": lambda b: b.whatif(1024),
+             "whatif evict 1024 cold": lambda b: b.whatif(1024, cold=True)}
+    rows |= {} if quick else {"whatif evict 4096": lambda b: b.whatif(4096)}
+    rows |= {"whatif quant 1024": lambda b: b.whatif(1024, quantize=True), f"memory {memory}": lambda b: b.memory(memory)}
+    if browser and not quick:
+        rows["browser click 1024, 2048 and overview draw"] = _browser
+    return rows
+
+
+def chosen(names: Iterable[str], only: Sequence[str]) -> list[str]:
+    """The names containing one of ``only`` (all of them when it is empty); refuses a pattern that matches none."""
+    names = list(names)
+    for part in only:
+        if not any(part in name for name in names):
+            raise KvvizError(f"no benchmark row matches {part!r}; the rows are: {', '.join(names)}")
+    return [name for name in names if not only or any(part in name for part in only)]
+
+
+def _browser(bench: Bench) -> list[Row]:
+    from benchmarks.browser_rows import browser_rows
+
+    try:
+        return browser_rows(bench.lm, repeats=bench.repeats)
+    except Exception as exc:  # noqa: BLE001 — a browser problem must not lose the other rows
+        return [Row("browser rows", float("nan"), 0.3, False, False, f"failed: {type(exc).__name__}: {exc}")]
+
+
+def run(quick: bool = False, browser: bool = True, only: Sequence[str] = (), repeats: int = 5) -> dict:
+    """The rows of :func:`planned` (those :func:`chosen` by ``only``), medians of at least ``repeats``."""
+    if repeats < 1:
+        raise KvvizError(f"repeats must be at least 1, got {repeats}")
+    rows = planned(quick, browser)
+    names = chosen(rows, only)  # before loading anything: a typo is refused at once
+    bench = Bench(repeats)
+    results: list[Row] = []
+    for name in names:
+        if name != "load":  # `load` measures loading before any other work; everything else runs warm
+            bench.warm()
+        measured = rows[name](bench)
+        results += measured if isinstance(measured, list) else [measured]
+    return {"rows": [asdict(r) for r in results], "machine": machine() | {"model": bench.lm.name,
+                                                                            "dtype": str(bench.lm.dtype)}}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The benchmark's flags (shared by ``python -m benchmarks`` and ``python -m kvviz bench``)."""
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="no 4k contexts and no browser rows")
+    parser.add_argument("--no-browser", action="store_true", help="skip the browser rows")
+    parser.add_argument("--only", action="append", default=[], metavar="TEXT",
+                        help="only the rows whose name contains TEXT (repeatable), e.g. --only quant")
+    parser.add_argument("--repeats", type=int, default=5, metavar="N", help="medians of at least N (default 5)")
+
+
+def report(args: argparse.Namespace) -> str:
+    """Run the rows the flags choose; the table (or JSON) to print."""
+    result = run(quick=args.quick, browser=not args.no_browser, only=args.only, repeats=args.repeats)
+    return json.dumps(result) if args.json else table(result)

@@ -1,0 +1,34 @@
+"""``python -m kvviz chat``: run turns and print every cached slot (or one JSON document)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from kvviz.cli.common import add_chat_arguments, chat_document, replay_chat
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_chat_arguments(parser)
+
+
+def print_transcript(document: dict) -> None:
+    print(f"model: {document['model']} on {document['device']}; cache length {document['cache_length']}")
+    for row in document["tokens"]:
+        print(f"{row['slot']:>5} pos {row['position']:>5}  turn {row['turn']:>2}  {row['segment']:<9}  "
+              f"{row['id']:>6}  {row['text']!r}")
+    if document["pending"]:
+        print(f"pending (not cached): {document['pending']['id']} {document['pending']['text']!r}")
+
+
+def run(args: argparse.Namespace) -> None:
+    def echo(text: str) -> None:
+        print(text, end="", flush=True)
+
+    session = replay_chat(args, None if args.json else echo)
+    document = chat_document(session)
+    if args.json:
+        print(json.dumps(document, ensure_ascii=False))
+    else:
+        print()
+        print_transcript(document)

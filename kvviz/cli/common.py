@@ -1,0 +1,53 @@
+"""What the commands share: the chat flags, replaying the turns, and the ``chat --json`` document."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from kvviz.errors import KvvizError
+from kvviz.session import Session
+
+
+def positive(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags shared by ``chat`` and the commands that replay a chat first."""
+    parser.add_argument("--turn", action="append", required=True, metavar="TEXT", help="a user message (repeatable)")
+    parser.add_argument("--max-new-tokens", type=positive, default=64, metavar="N")
+    parser.add_argument("--model", default=None, metavar="PATH", help="checkpoint folder or .gguf (default: bundled)")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def replay_chat(args: argparse.Namespace, on_text: Callable[[str], None] | None = None) -> Session:
+    """Load the model and run ``args.turn`` in order; returns the session."""
+    from kvviz.model import load_model
+
+    if any(not text.strip() for text in args.turn):
+        raise KvvizError("a turn is empty; type some text")
+    session = Session(load_model(args.model))
+    for text in args.turn:
+        session.add_user_turn(text)
+        for token in session.stream(args.max_new_tokens):
+            if on_text is not None:
+                on_text(token.text)
+    return session
+
+
+def chat_document(session: Session) -> dict:
+    """The ``chat --json`` document (field names are relied on by other tools)."""
+    pending = session.pending_token()
+    return {
+        "model": session.lm.name,
+        "device": session.lm.device_label,
+        "tokens": session.transcript.rows(),
+        "pending": None if pending is None else {"id": pending.id, "text": pending.text},
+        "turns": session.conversation(),
+        "cache_length": len(session),
+    }

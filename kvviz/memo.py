@@ -1,0 +1,42 @@
+"""Derived data of one session (attention rows, the what-if's kept full runs, the page's last what-if), kept until the
+session's cache changes. One rule for all of it: everything is dropped when the session's ``version`` moves; within
+a version each kind keeps its most recent entries (all, or at most ``keep``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class Memo:
+    """Values by ``(kind, key)`` for one cache version."""
+
+    def __init__(self) -> None:
+        self.version: int | None = None
+        self._kinds: dict[str, dict[Hashable, Any]] = {}
+
+    def get(self, version: int, kind: str, key: Hashable, compute: Callable[[], T], keep: int | None = None) -> T:
+        """The value of ``(kind, key)`` at cache ``version``, computed once; a kind keeps its ``keep`` most recently
+        used entries (all when None)."""
+        if version != self.version:
+            self.clear()
+            self.version = version
+        entries = self._kinds.setdefault(kind, {})
+        if key in entries:
+            entries[key] = entries.pop(key)  # most recently used last
+            return entries[key]
+        value = compute()
+        entries[key] = value
+        while keep is not None and len(entries) > keep:
+            del entries[next(iter(entries))]
+        return value
+
+    def entries(self, kind: str) -> dict[Hashable, Any]:
+        """The entries of ``kind`` kept now (for inspection), oldest first."""
+        return dict(self._kinds.get(kind, {}))
+
+    def clear(self) -> None:
+        """Drop everything (the next reads recompute)."""
+        self._kinds.clear()
