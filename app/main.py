@@ -14,13 +14,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 # spin. Measured on 2 cores: a click's what-if ran ~1.5x faster. Set before torch is first imported.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from app import housekeeping, state  # noqa: E402
-from app.plain import warn  # noqa: E402
+from app import housekeeping, launch, state  # noqa: E402
+from app.plain import plain, warn  # noqa: E402
 from app.views import attention, chat, growth, held, policies, sidebar, token_strip, toy, whatif  # noqa: E402
 from kvviz.errors import KvvizError  # noqa: E402
 from kvviz.model import load_model  # noqa: E402
 
 st.set_page_config(page_title="kvviz — the KV cache, visible", layout="wide")
+if problem := launch.refusal(st.get_option("server.address"), st.context.headers.get("Host")):
+    st.error(plain(problem))
+    st.stop()
 
 
 @st.cache_resource(show_spinner="Loading the model…")
@@ -54,8 +57,6 @@ state.init(lm)
 guarded(sidebar)
 if st.session_state.large:
     st.html("<style>html, .stMarkdown, .stText, p, code {font-size: 1.35rem !important;}</style>")
-if notice := state.take_notice():
-    warn(notice)
 
 st.title("kvviz — the KV cache, visible")
 guarded(held)
@@ -71,6 +72,8 @@ def editor() -> None:
     save is also the page's: nothing drawn after it changes the session or the draft without a rerun. The what-if
     is computed before anything is drawn (see ``whatif.prepare``), and its numbers are sent before the strip that
     stands above them (see ``whatif.summary``)."""
+    if notice := state.take_notice():  # e.g. a refused click, noted by its callback just before this run
+        warn(notice)
     guarded(whatif.prepare)
     strip = st.container()
     guarded(whatif.summary)

@@ -13,12 +13,13 @@ from pathlib import Path
 import streamlit as st
 
 from app.plain import plain
+from app.progress import replay_progress
 from kvviz.draft import EditDraft
 from kvviz.errors import KvvizError
 from kvviz.model import LoadedModel, cache_root
 from kvviz.sampling import Sampling
 from kvviz.session import Session
-from kvviz.session_file import export_session, import_session
+from kvviz.session_file import export_session, read_session
 
 SESSION_ID = re.compile(r"[0-9a-f]{32}")  # the ?s= URL parameter (full match); nothing else names an autosave file
 REVISION = re.compile(rb'\{"revision": (\d+)')  # autosaves start with it: a save knows if another tab wrote since
@@ -28,7 +29,7 @@ MEAN = -1  # the "head" setting that means the mean over query heads
 DEFAULTS = {"layer": 0, "head": MEAN, "at": None, "max_new_tokens": 48, "large": False, "notice": None,
             # the editor's settings, read before its widgets are drawn (see app/main.py's editor)
             "key_axis": "channel", "value_axis": "token", "group": 0, "symmetric": False, "pick_k": 4, "pick_v": 4,
-            "topk": 10, "continuation": 0}
+            "topk": 10, "continuation": 0, "raw_special_tokens": False}
 
 
 def init(lm: LoadedModel) -> None:
@@ -48,15 +49,18 @@ def init(lm: LoadedModel) -> None:
 
 
 def restore(lm: LoadedModel) -> None:
-    """Replace this page's session by the autosave of its id, if there is one. A restore that is refused or fails
-    holds the autosave: nothing is written over it until the person chooses (see :func:`held`)."""
+    """Replace this page's session by the autosave of its id, if there is one. A restore that is refused, fails or is
+    stopped holds the autosave: nothing is written over it until the person chooses (see :func:`held`)."""
     path = autosave_path(st.session_state.sid)
     if not path.is_file():
         return
+    st.session_state.held = ("restore", "The restore of the autosaved session was stopped. Its file is kept as it "
+                             "was: nothing is saved over it.")
     try:
         text = path.read_bytes()
-        session, draft, view = import_session(lm, json.loads(text))
-    except (KvvizError, ValueError, RecursionError, OSError) as exc:
+        with replay_progress("Restoring the autosaved session") as progress:
+            session, draft, view = read_session(lm, text, progress)
+    except Exception as exc:  # noqa: BLE001 — refused (KvvizError), unreadable or failed: the file stays as it is
         st.session_state.held = ("restore", f"The autosaved session could not be restored ({exc}). Its file is kept "
                                  "as it was: nothing is saved over it.")
         return

@@ -3,7 +3,8 @@
 import argparse
 import sys
 
-from benchmarks.bench import add_arguments, report
+from benchmarks.bench import report
+from benchmarks.flags import add_arguments
 from kvviz.errors import KvvizError
 
 parser = argparse.ArgumentParser(prog="python -m benchmarks", description="kvviz against plain transformers")

@@ -65,16 +65,6 @@ def run(quick: bool = False, browser: bool = True, only: Sequence[str] = (), rep
                                                                             "dtype": str(bench.lm.dtype)}}
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The benchmark's flags (shared by ``python -m benchmarks`` and ``python -m kvviz bench``)."""
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--quick", action="store_true", help="no 4k contexts and no browser rows")
-    parser.add_argument("--no-browser", action="store_true", help="skip the browser rows")
-    parser.add_argument("--only", action="append", default=[], metavar="TEXT",
-                        help="only the rows whose name contains TEXT (repeatable), e.g. --only quant")
-    parser.add_argument("--repeats", type=int, default=5, metavar="N", help="medians of at least N (default 5)")
-
-
 def report(args: argparse.Namespace) -> str:
     """Run the rows the flags choose; the table (or JSON) to print."""
     result = run(quick=args.quick, browser=not args.no_browser, only=args.only, repeats=args.repeats)

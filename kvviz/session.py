@@ -14,13 +14,13 @@ from typing import TypeVar
 import torch
 
 from kvviz import kv_cache
-from kvviz.attention_math import causal_weights, kv_head_of
 from kvviz.chat_template import chat_delta, check_unicode
 from kvviz.commits import CommitLog
 from kvviz.edits import Edit
 from kvviz.errors import KvvizError
 from kvviz.memo import Memo
 from kvviz.model import LoadedModel
+from kvviz.recorded_weights import recorded_weights
 from kvviz.recorder import QueryLog, QueryRecorder, probing
 from kvviz.sampling import Sampling
 from kvviz.transcript import Transcript, token_pieces
@@ -75,19 +75,24 @@ class Session:
 
     # --- turns -----------------------------------------------------------------------------------------------
 
-    def add_user_turn(self, text: str) -> list[int]:
+    def add_user_turn(self, text: str, raw_special_tokens: bool = False) -> list[int]:
         """Render the conversation with the chat template and prefill only the tokens not yet cached.
 
-        Returns the prefilled ids. Refuses empty text and text that does not fit the context window.
+        The text is tokenized as text: control strings typed in it (``<|im_end|>``) become ordinary tokens, so a
+        message cannot open a turn of another role. ``raw_special_tokens`` reads them as the real control tokens
+        (for studying them); the transcript notes which slots those are. Returns the prefilled ids. Refuses empty
+        text and text that does not fit the context window.
         """
         if not isinstance(text, str) or not text.strip():
             raise KvvizError("the message is empty; type some text")
         check_unicode(text)
-        messages = self.messages + self._reply_message() + [{"role": "user", "content": text}]
-        delta = chat_delta(self.lm.tokenizer, messages, self.transcript.ids)
-        self._check_room(len(delta))
+        message = {"role": "user", "content": text} | ({"raw": True} if raw_special_tokens else {})
+        messages = self.messages + self._reply_message() + [message]
+        delta, typed = chat_delta(self.lm.tokenizer, messages, self.transcript.ids)
+        self.check_room(len(delta))
         self._begin_turn(text)
         self._prefill(delta)
+        self.transcript.typed_control |= {len(self) - len(delta) + index for index in typed}
         self.messages = messages
         return delta
 
@@ -99,14 +104,15 @@ class Session:
         vocab = self.lm.model.config.vocab_size
         if any(not 0 <= i < vocab for i in ids):
             raise KvvizError(f"token ids must be in [0, {vocab})")
-        self._check_room(len(ids))
+        self.check_room(len(ids))
         self._begin_turn(self.lm.tokenizer.decode(ids))
         self._prefill(ids)
 
     def _reply_message(self) -> list[dict[str, str]]:
         return [{"role": "assistant", "content": self.reply}] if self.messages else []
 
-    def _check_room(self, count: int) -> None:
+    def check_room(self, count: int) -> None:
+        """Refuse ``count`` more tokens beyond the context window or this session's memory budget."""
         left = self.lm.context_window - self.transcript.next_position
         if count > left:
             raise KvvizError(f"the message needs {count} tokens but only {left} are left in the context window")
@@ -118,7 +124,7 @@ class Session:
     def has_room(self, count: int) -> bool:
         """Whether ``count`` more tokens fit the context window and the memory budget."""
         try:
-            self._check_room(count)
+            self.check_room(count)
         except KvvizError:
             return False
         return True
@@ -142,7 +148,7 @@ class Session:
             raise KvvizError("nothing to decode yet: add a turn first")
         if self.transcript.next_position >= self.lm.context_window:
             raise KvvizError("the context window is full")
-        self._check_room(1)
+        self.check_room(1)
         self._forward([self.pending], "decode")
         return self._token(self.pending)
 
@@ -248,29 +254,9 @@ class Session:
 
     def weights(self, layer: int, start: int = 0, stop: int | None = None, head: int | None = None) -> torch.Tensor:
         """Attention weights of the slots ``start..stop-1`` as queries: ``(H, stop - start, stop)`` float32, or
-        ``(1, stop - start, stop)`` for one query ``head``.
-
-        Recomputed from the recorded post-RoPE queries and the keys each slot saw when it was processed (the original
-        keys with the edit committed at that time): row ``i`` sees slots ``0..start+i`` except evicted ones.
-        """
-        stop = len(self) if stop is None else stop
-        if not 0 <= start < stop <= len(self):
-            raise KvvizError(f"slots {start}..{stop - 1} are not all cached (the cache holds {len(self)})")
-        keys, _ = self.commits.original_kv(layer, stop)
-        queries = self.queries.layer(layer)
-        if head is not None:  # one query head and the KV head it reads
-            kv_head = kv_head_of(head, self.lm.heads, self.lm.kv_heads)
-            queries, keys = queries[head : head + 1], keys[kv_head : kv_head + 1]
-        cuts = sorted({start, stop, *(b for b in self.commits.boundaries() if start < b < stop)})
-        rows = []
-        for first, end in zip(cuts, cuts[1:]):
-            edit = self.commits.edit_at(first)
-            evicted = edit.evicted_mask(end, self.lm.layers, self.lm.kv_heads, keys.device)[layer]
-            if head is not None:
-                evicted = evicted[kv_head : kv_head + 1]
-            part = causal_weights(queries[:, first:end], edit.quantized_keys(keys[:, :end]), self.lm.scaling, evicted)
-            rows.append(torch.nn.functional.pad(part, (0, stop - end)))
-        return torch.cat(rows, dim=1)
+        ``(1, stop - start, stop)`` for one query ``head`` (see :func:`~kvviz.recorded_weights.recorded_weights`)."""
+        lm = self.lm
+        return recorded_weights(self.commits, self.queries, lm.geometry, lm.scaling, layer, start, stop, head)
 
     # --- committed edits -------------------------------------------------------------------------------------
 

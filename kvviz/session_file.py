@@ -6,6 +6,7 @@ they were made — so the restored session computes what the original computed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -15,8 +16,7 @@ from kvviz.errors import KvvizError
 from kvviz.model import LoadedModel
 from kvviz.sampling import Sampling
 from kvviz.session import Session
-
-FORMAT, VERSION = "kvviz-session", 1
+from kvviz.session_schema import FORMAT, VERSION, parse, validate
 
 
 def export_session(session: Session, draft: EditDraft | None = None, view: dict | None = None) -> dict:
@@ -24,7 +24,8 @@ def export_session(session: Session, draft: EditDraft | None = None, view: dict 
     turns, slots = [], session.transcript.slots
     for number, (turn, (reply, shown)) in enumerate(zip(session.conversation(), session.replies())):
         prefilled = [s.id for s in slots if s.turn == number and s.kind == "prefill"]
-        turns.append({"user": turn["user"], "prefill_ids": prefilled, "reply_ids": reply, "shown": shown})
+        raw = {"raw": True} if session.messages and _raw(session, number) else {}
+        turns.append({"user": turn["user"], "prefill_ids": prefilled, "reply_ids": reply, "shown": shown} | raw)
     document: dict[str, Any] = {
         "format": FORMAT, "version": VERSION, "model": session.lm.name, "chat": bool(session.messages),
         "sampling": asdict(session.sampling), "turns": turns,
@@ -42,40 +43,58 @@ def _require(condition: bool, message: str) -> None:
         raise KvvizError(f"cannot import this session: {message}")
 
 
-def import_session(lm: LoadedModel, document: Any) -> tuple[Session, EditDraft, dict]:
-    """Rebuild a session from :func:`export_session`'s document; malformed or foreign documents are refused."""
-    _require(isinstance(document, dict) and document.get("format") == FORMAT, "it is not a kvviz session file")
-    _require(document.get("version") == VERSION, f"format version {document.get('version')!r} is not {VERSION}")
-    try:
-        turns = [(str(t["user"]), [int(i) for i in t["prefill_ids"]], [int(i) for i in t["reply_ids"]],
-                  int(t["shown"])) for t in document["turns"]]
-        commits = [(int(c["at"]), Edit.from_dict(c["edit"])) for c in document.get("commits", [])]
-        session = Session(lm, Sampling(**document.get("sampling", {})))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise KvvizError(f"cannot import this session: missing or malformed field ({exc})") from exc
-    for user, prefill, reply, shown in turns:
+def import_session(lm: LoadedModel, document: Any, progress: Callable[[int, int], None] | None = None
+                   ) -> tuple[Session, EditDraft, dict]:
+    """Rebuild a session from :func:`export_session`'s document, which is checked in full first (see
+    :mod:`kvviz.session_schema`): malformed, foreign or oversized documents are refused before anything runs.
+
+    ``progress(done, total)`` is called after each forward pass with the tokens replayed so far; an exception it
+    raises (e.g. the page's Stop) abandons the replay. Either way nothing but the returned session is touched.
+    """
+    validate(lm.geometry, document)
+    turns = document["turns"]
+    commits = [(c["at"], Edit.from_dict(c["edit"])) for c in document.get("commits", [])]
+    saved = document.get("draft")
+    draft_edit = None if saved is None else Edit.from_dict(saved["edit"])
+    session = Session(lm, Sampling(**document.get("sampling", {})))
+    total = sum(len(t["prefill_ids"]) + max(len(t["reply_ids"]) - 1, 0) for t in turns)
+    session.check_room(total)  # the memory budget, before hours of replay
+    report = progress or (lambda done, total: None)
+    for turn in turns:
         _apply_due(session, commits)
         if document.get("chat", True):
-            delta = session.add_user_turn(user)
-            _require(delta == prefill, "its tokens differ from this model's chat template (another model?)")
+            delta = session.add_user_turn(turn["user"], turn.get("raw", False))
+            _require(delta == turn["prefill_ids"], "its tokens differ from this model's chat template (another model?)")
         else:
-            session.add_ids(prefill)
-        for index, token in enumerate(reply):
+            session.add_ids(turn["prefill_ids"])
+        report(len(session), total)
+        for index, token in enumerate(turn["reply_ids"]):
             if index:
                 _apply_due(session, commits)
                 session.step()
+                report(len(session), total)
             session.force(token)
-        session.set_announced(shown)
+        session.set_announced(turn["shown"])
     _apply_due(session, commits)
     _require(not commits, "a committed edit lies beyond the conversation")
     draft = EditDraft()
-    if "draft" in document:
-        saved = document["draft"]
-        draft = EditDraft.from_edit(Edit.from_dict(saved["edit"]), saved.get("policy_name", ""),
-                                    saved.get("policy_settings", {}))
-        _require(all(s < len(session) for s in draft.evicted_somewhere() | set(draft.key_bits)),
+    if draft_edit is not None:
+        draft = EditDraft.from_edit(draft_edit, saved.get("policy_name", ""), saved.get("policy_settings", {}))
+        _require(all(s < len(session) for s in draft.evicted_somewhere() | set(draft.key_bits) | set(draft.value_bits)),
                  "its edit names slots beyond the transcript")
     return session, draft, dict(document.get("view", {}))
+
+
+def read_session(lm: LoadedModel, text: str | bytes, progress: Callable[[int, int], None] | None = None
+                 ) -> tuple[Session, EditDraft, dict]:
+    """:func:`import_session` of a file's text (parsed with the size and nesting limits of :func:`parse`)."""
+    return import_session(lm, parse(text), progress)
+
+
+def _raw(session: Session, turn: int) -> bool:
+    """Whether the user message of ``turn`` was read with raw special tokens."""
+    users = [m for m in session.messages if m["role"] == "user"]
+    return bool(users[turn].get("raw")) if turn < len(users) else False
 
 
 def _apply_due(session: Session, commits: list[tuple[int, Edit]]) -> None:

@@ -52,6 +52,7 @@ class Transcript:
     slots: list[Slot] = field(default_factory=list)
     growth: list[GrowthEvent] = field(default_factory=list)
     turn: int = -1
+    typed_control: set[int] = field(default_factory=set)  # slots of control tokens the user typed (raw mode)
 
     def __len__(self) -> int:
         return len(self.slots)

@@ -25,12 +25,14 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_app(env: dict[str, str] | None = None, startup_s: float = 120) -> Iterator[str]:
-    """Start ``streamlit run app/main.py`` on a free localhost port; yields its URL once it answers."""
+def app_process(env: dict[str, str] | None = None, startup_s: float = 120, cwd: Path = ROOT,
+                args: tuple[str, ...] = ()) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Start ``streamlit run app/main.py`` (from ``cwd``, with extra ``args``) on a free port; yields its loopback URL
+    and the server process once it answers."""
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "main.py"), "--server.port", str(port),
-         "--server.headless", "true"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+         "--server.headless", "true", *args], cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         env={**os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     try:
@@ -43,19 +45,28 @@ def running_app(env: dict[str, str] | None = None, startup_s: float = 120) -> It
                 if time.monotonic() > deadline or process.poll() is not None:
                     raise RuntimeError("the app did not start") from None
                 time.sleep(0.5)
-        yield url
+        yield url, process
     finally:
         process.terminate()
         process.wait(timeout=30)
 
 
 @contextmanager
-def browser_page(url: str, width: int = 1500, height: int = 1400) -> Iterator:
-    """A Playwright page on ``url`` in headless Chromium; ``page.dialogs`` collects (and dismisses) any dialog."""
+def running_app(env: dict[str, str] | None = None, startup_s: float = 120, cwd: Path = ROOT,
+                args: tuple[str, ...] = ()) -> Iterator[str]:
+    """:func:`app_process`, yielding only the URL."""
+    with app_process(env, startup_s, cwd, args) as (url, _):
+        yield url
+
+
+@contextmanager
+def browser_page(url: str, width: int = 1500, height: int = 1400, args: tuple[str, ...] = ()) -> Iterator:
+    """A Playwright page on ``url`` in headless Chromium (with extra command-line ``args``); ``page.dialogs`` collects
+    (and dismisses) any dialog."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=[*CHROMIUM_ARGS, *args])
         page = browser.new_page(viewport={"width": width, "height": height})
         page.dialogs = []
         page.on("dialog", lambda dialog: (page.dialogs.append(dialog.message), dialog.dismiss()))

@@ -104,3 +104,33 @@ def test_hostile_model_output_is_shown_literally(page, lm, tmp_path):
     assert page.locator("img[src=x]").count() == 0
     assert page.locator("[data-testid=stChatMessage] strong, [data-testid=stChatMessage] .katex").count() == 0
     assert page.dialogs == []
+
+
+def test_a_refused_import_with_markdown_fetches_nothing(page, tmp_path):
+    """A session file whose field holds a Markdown image: refused with one line, shown literally, no request made."""
+    requests = []
+    page.on("request", lambda request: requests.append(request.url))
+    path = tmp_path / "markdown.json"
+    path.write_text(json.dumps({"format": "kvviz-session", "version": 1, "turns": [
+        {"user": "hi", "prefill_ids": [1], "reply_ids": ["![x](http://example.com/x.png)"], "shown": 0}]}))
+    page.locator("[data-testid=stFileUploaderDropzoneInput]").set_input_files(str(path))
+    page.get_by_role("button", name="Load it").click()
+    warning = page.locator("[data-testid=stAlert]", has_text="cannot import this session")
+    expect(warning).to_have_count(1, timeout=60_000)
+    assert "![x](http://example.com/x.png)" in warning.inner_text()
+    page.wait_for_timeout(1000)
+    assert not [url for url in requests if "example.com" in url]
+    assert page.locator("[data-testid=stAlert] img").count() == 0
+
+
+@pytest.mark.parametrize("slot", ["-1", "abc", "99999"])
+def test_a_tampered_strip_event_shows_one_line_and_no_traceback(page, slot):
+    chip = page.locator(".kv-chip").nth(3)
+    chip.evaluate("(chip, slot) => { chip.dataset.slot = slot; }", slot)
+    chip.click()
+    notice = page.locator("[data-testid=stAlert]", has_text="ignored a click on the strip")
+    expect(notice).to_have_count(1, timeout=60_000)
+    assert page.locator("[data-testid=stException]").count() == 0
+    assert "Traceback" not in page.locator("[data-testid=stApp]").inner_text()
+    assert page.locator(".kv-chip.kv-evicted").count() == 0
+    chip.evaluate("(chip) => { chip.dataset.slot = '3'; }")

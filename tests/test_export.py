@@ -41,7 +41,7 @@ def test_round_trip_gives_identical_logits_and_edits(lm):
 @pytest.mark.parametrize("mutate, message", [
     (lambda d: d.update(format="other"), "not a kvviz session"),
     (lambda d: d.update(version=2), "format version"),
-    (lambda d: d.pop("turns"), "missing or malformed"),
+    (lambda d: d.pop("turns"), "'turns' is a required property"),
     (lambda d: d["turns"][0].update(prefill_ids=[1, 2, 3]), "another model"),
     (lambda d: d["draft"]["edit"].update(key_bits={"9999": 4}), "beyond the transcript"),
 ])

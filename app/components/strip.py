@@ -8,6 +8,8 @@ from pathlib import Path
 
 import streamlit as st
 
+from kvviz.errors import KvvizError
+
 _HERE = Path(__file__).parent
 _component = st.components.v2.component(
     "kvviz_strip", js=(_HERE / "strip.js").read_text(), css=(_HERE / "strip.css").read_text()
@@ -19,10 +21,25 @@ def token_strip(chips: list[list], at: int, on_click: Callable[[], None], large:
     return _component(data={"chips": chips, "at": at, "large": large}, key=key, on_click_change=on_click)
 
 
-def clicked(key: str = "strip") -> dict | None:
-    """The last click, ``{"slot", "shift"}``, inside the ``on_click`` callback."""
+def clicked(key: str = "strip") -> object:
+    """The last click as the page sent it (``{"slot", "shift", "nonce"}``, or anything a tampered page sends), inside
+    the ``on_click`` callback; check it with :func:`parse_click`."""
     state = st.session_state.get(key)
     value = getattr(state, "click", None) if state is not None else None
     if value is None and isinstance(state, dict):
         value = state.get("click")
     return value
+
+
+def parse_click(value: object, slots: int) -> tuple[int, bool]:
+    """``(slot, shift)`` of a click event; refuses (:class:`KvvizError`, one line) anything but a slot below
+    ``slots`` and a boolean shift."""
+    if not isinstance(value, dict):
+        raise KvvizError("ignored a malformed click on the strip (not an object)")
+    slot, shift = value.get("slot"), value.get("shift", False)
+    if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < slots:
+        raise KvvizError(f"ignored a click on the strip for slot {str(slot)[:20]!r}: "
+                         f"the strip holds slots 0..{slots - 1}")
+    if not isinstance(shift, bool):
+        raise KvvizError("ignored a malformed click on the strip (shift is not true or false)")
+    return slot, shift

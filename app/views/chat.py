@@ -18,6 +18,9 @@ def render() -> None:
         if turn["assistant"]:
             st.chat_message("assistant").text(turn["assistant"])
     pending = session.pending_token()
+    st.toggle("Read control tokens I type (e.g. <|im_end|>) as real ones", key="raw_special_tokens",
+              help="Off: what you type is text, so a message cannot end its turn or open a system turn. On: typed "
+                   "control strings become the model's control tokens (outlined in purple on the strip).")
     left, stop, right = st.columns([3, 1, 1])
     stop.button("Stop", help="Stops generation between two decode steps (the cache stays whole)")
     with right:
@@ -31,7 +34,7 @@ def render() -> None:
             st.caption(plain(f"Pending (chosen, not yet cached): {pending.text!r} · id {pending.id}"))
     if prompt := st.chat_input("Message the model (Stop: press any button while it writes)"):
         st.chat_message("user").text(prompt)
-        if _guard(lambda: session.add_user_turn(prompt)) is None:
+        if _guard(lambda: session.add_user_turn(prompt, st.session_state.raw_special_tokens)) is None:
             return
         state.travel(None)
         state.save()  # the message is kept before the reply starts, and the reply as it grows

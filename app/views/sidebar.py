@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import os
 
 import streamlit as st
 
 from app import state
 from app.plain import plain, warn
+from app.progress import replay_progress
 from kvviz.errors import KvvizError
 from kvviz.model import LoadedModel
 from kvviz.sampling import Sampling
 from kvviz.scenarios import load_scenarios, run_scenario, toy_example
-from kvviz.session_file import import_session
+from kvviz.session_file import read_session
 
 
 def render() -> None:
@@ -65,8 +65,9 @@ def _export_import(lm: LoadedModel) -> None:
     upload = st.file_uploader("Import session", type=["json"], key="import_file")
     if upload is not None and st.button("Load it"):
         try:
-            session, draft, view = import_session(lm, json.loads(upload.getvalue().decode("utf-8")))
-        except (KvvizError, ValueError, UnicodeDecodeError) as exc:
+            with replay_progress("Importing the session") as progress:
+                session, draft, view = read_session(lm, upload.getvalue(), progress)
+        except KvvizError as exc:
             warn(exc)
             return
         state.replace(session, draft, view)

@@ -7,7 +7,7 @@ import streamlit as st
 
 from app import state
 from app.plain import plain, warn
-from app.components.strip import clicked, token_strip
+from app.components.strip import clicked, parse_click, token_strip
 from kvviz.errors import KvvizError
 from kvviz.quant import Quantizer
 from kvviz.view_data import strip_chips
@@ -16,13 +16,17 @@ BITS = [16, 8, 4, 3, 2]
 
 
 def _on_click() -> None:
-    click = clicked()
-    if not click:
+    click, at = clicked(), state.step_slot()
+    if click is None:
         return
-    slot, at = int(click["slot"]), state.step_slot()
-    if slot >= at:
+    try:
+        slot, shift = parse_click(click, at + 1)
+    except KvvizError as exc:
+        state.notify(str(exc))
+        return
+    if slot == at:
         state.notify(f"slot {slot} is the token being processed at this step; it cannot be evicted")
-    elif click.get("shift"):
+    elif shift:
         state.draft().toggle_selected(slot)
     else:
         state.draft().toggle_evicted(slot)

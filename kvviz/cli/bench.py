@@ -4,6 +4,7 @@ drives plain transformers and, for its browser rows, the app in Chromium: toolin
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
 
@@ -12,22 +13,22 @@ from kvviz.errors import KvvizError
 CHECKOUT = Path(__file__).resolve().parents[2]
 
 
-def _benchmarks():
+def _benchmarks(module: str):
+    """``benchmarks.<module>`` of this checkout."""
     if str(CHECKOUT) not in sys.path:
         sys.path.insert(0, str(CHECKOUT))
     try:
-        from benchmarks import bench
+        return importlib.import_module(f"benchmarks.{module}")
     except ImportError:
         raise KvvizError("the benchmark is not here: run it from a checkout of kvviz (it lives in benchmarks/)") from None
-    return bench
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     try:
-        _benchmarks().add_arguments(parser)
+        _benchmarks("flags").add_arguments(parser)
     except KvvizError:  # an installed kvviz without its checkout: the other commands still work, this one says why
         parser.add_argument("rest", nargs=argparse.REMAINDER)
 
 
 def run(args: argparse.Namespace) -> None:
-    print(_benchmarks().report(args))
+    print(_benchmarks("bench").report(args))

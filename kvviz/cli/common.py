@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from typing import TYPE_CHECKING
+
 from kvviz.errors import KvvizError
-from kvviz.session import Session
+
+if TYPE_CHECKING:  # imported when a command runs: the CLI answers --help and refusals without loading torch
+    from kvviz.session import Session
 
 
 def positive(text: str) -> int:
@@ -28,6 +32,7 @@ def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
 def replay_chat(args: argparse.Namespace, on_text: Callable[[str], None] | None = None) -> Session:
     """Load the model and run ``args.turn`` in order; returns the session."""
     from kvviz.model import load_model
+    from kvviz.session import Session
 
     if any(not text.strip() for text in args.turn):
         raise KvvizError("a turn is empty; type some text")

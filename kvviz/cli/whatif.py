@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 
+from typing import TYPE_CHECKING
+
 from kvviz.cli.common import add_chat_arguments, replay_chat
-from kvviz.edits import Edit
 from kvviz.errors import KvvizError
-from kvviz.quant import Quantizer
-from kvviz.session import Session
+
+if TYPE_CHECKING:  # imported when the command runs (see kvviz/cli/common.py)
+    from kvviz.edits import Edit
+    from kvviz.session import Session
 
 
 def parse_slots(spec: str) -> list[int]:
@@ -67,6 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_edit(args: argparse.Namespace, session: Session, at: int) -> Edit:
     """The Edit the flags describe (policy first, hand edits on top)."""
+    from kvviz.edits import Edit
+    from kvviz.quant import Quantizer
+
     edit = Edit()
     if args.policy is not None:
         from kvviz.policies import POLICIES

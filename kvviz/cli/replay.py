@@ -1,0 +1,43 @@
+"""``python -m kvviz replay SESSION.json``: replay a session file with the app's own import checks (the same code
+path: :func:`kvviz.session_file.read_session`) and print its transcript like ``chat``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from kvviz.cli.chat import print_transcript
+from kvviz.cli.common import chat_document
+from kvviz.checkpoint import located_geometry
+from kvviz.errors import KvvizError
+from kvviz.session_schema import MAX_BYTES, parse, validate
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", type=Path, metavar="SESSION.json", help="a session file (export or autosave)")
+    parser.add_argument("--model", default=None, metavar="PATH", help="checkpoint folder or .gguf (default: bundled)")
+    parser.add_argument("--json", action="store_true", help="print one JSON document (as chat --json)")
+
+
+def run(args: argparse.Namespace) -> None:
+    try:
+        if args.file.stat().st_size > MAX_BYTES:
+            raise KvvizError(f"cannot import this session: the file has {args.file.stat().st_size:,} bytes, over "
+                             f"the limit of {MAX_BYTES:,}")
+        text = args.file.read_bytes()
+    except OSError as exc:
+        raise KvvizError(f"cannot read {args.file}: {exc.strerror}") from None
+    document = parse(text)
+    geometry = located_geometry(args.model)
+    if geometry is not None:  # refuse what does not fit before the (slow) imports and load
+        validate(geometry, document)
+    from kvviz.model import load_model
+    from kvviz.session_file import import_session
+
+    session, _, _ = import_session(load_model(args.model), document)
+    document = chat_document(session)
+    if args.json:
+        print(json.dumps(document, ensure_ascii=False))
+    else:
+        print_transcript(document)

@@ -1,0 +1,43 @@
+"""Attention weights recomputed on demand from a session's recorded post-RoPE queries and its cached keys (docs/math.md
+§2): no attention map is ever stored. Each row sees the keys as they were when its slot was processed — the original
+keys with the edit committed at that time (quantized keys, evicted slots hidden)."""
+
+from __future__ import annotations
+
+import torch
+
+from kvviz.attention_math import causal_weights, kv_head_of
+from kvviz.commits import CommitLog
+from kvviz.errors import KvvizError
+from kvviz.geometry import Geometry
+from kvviz.recorder import QueryLog
+
+
+def recorded_weights(commits: CommitLog, queries: QueryLog, shape: Geometry, scaling: float, layer: int,
+                     start: int = 0, stop: int | None = None, head: int | None = None) -> torch.Tensor:
+    """Attention weights of the slots ``start..stop-1`` as queries: ``(H, stop - start, stop)`` float32, or
+    ``(1, stop - start, stop)`` for one query ``head``.
+
+    Recomputed from the recorded post-RoPE queries and the keys each slot saw when it was processed (the original
+    keys with the edit committed at that time): row ``i`` sees slots ``0..start+i`` except evicted ones. ``commits``
+    and ``queries`` are a session's; ``shape`` and ``scaling`` its model's.
+    """
+    cached = queries.length
+    stop = cached if stop is None else stop
+    if not 0 <= start < stop <= cached:
+        raise KvvizError(f"slots {start}..{stop - 1} are not all cached (the cache holds {cached})")
+    keys, _ = commits.original_kv(layer, stop)
+    queries = queries.layer(layer)
+    if head is not None:  # one query head and the KV head it reads
+        kv_head = kv_head_of(head, shape.heads, shape.kv_heads)
+        queries, keys = queries[head : head + 1], keys[kv_head : kv_head + 1]
+    cuts = sorted({start, stop, *(b for b in commits.boundaries() if start < b < stop)})
+    rows = []
+    for first, end in zip(cuts, cuts[1:]):
+        edit = commits.edit_at(first)
+        evicted = edit.evicted_mask(end, shape.layers, shape.kv_heads, keys.device)[layer]
+        if head is not None:
+            evicted = evicted[kv_head : kv_head + 1]
+        part = causal_weights(queries[:, first:end], edit.quantized_keys(keys[:, :end]), scaling, evicted)
+        rows.append(torch.nn.functional.pad(part, (0, stop - end)))
+    return torch.cat(rows, dim=1)

@@ -1,0 +1,51 @@
+"""Safe however the server is started: from another directory it still binds loopback only; with another address it
+refuses every page; a page asked for under a foreign name (DNS rebinding) is refused."""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+from pathlib import Path
+
+import pytest
+
+from tests.browser import CHROMIUM, browser_page, running_app
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
+                                reason="Debian's chromium is not installed (scripts/test.sh installs it)")
+
+
+def listening_addresses(port: int) -> set[str]:
+    """Local addresses with a socket listening on ``port`` (IPv4 and IPv6, from /proc/net)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, port_hex = local.split(":")
+            if state == "0A" and int(port_hex, 16) == port:  # 0A: LISTEN
+                found.add(address)
+    return found
+
+
+def test_launched_from_another_directory_it_binds_loopback_only(tmp_path):
+    with running_app(cwd=tmp_path) as url:
+        port = urllib.parse.urlsplit(url).port
+        assert listening_addresses(port) == {"0100007F"}  # 127.0.0.1, nothing else
+
+
+def test_another_address_is_refused_with_the_fix(tmp_path):
+    with running_app(cwd=tmp_path, args=("--server.address", "0.0.0.0")) as url, browser_page(url) as page:
+        page.wait_for_selector("[data-testid=stAlert]", timeout=120_000)
+        text = page.locator("[data-testid=stAlert]").inner_text()
+        assert "listens on address 0.0.0.0" in text and "--server.address 127.0.0.1" in text
+        assert page.locator("textarea").count() == 0  # nothing of the app is drawn
+
+
+def test_a_foreign_host_name_is_refused():
+    with running_app() as url:
+        port = urllib.parse.urlsplit(url).port
+        rules = ("--host-resolver-rules=MAP rebind.example 127.0.0.1",)
+        with browser_page(f"http://rebind.example:{port}", args=rules) as page:
+            page.wait_for_selector("[data-testid=stAlert]", timeout=120_000)
+            assert "not a name of this computer" in page.locator("[data-testid=stAlert]").inner_text()
+            assert page.locator("textarea").count() == 0

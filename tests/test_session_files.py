@@ -1,0 +1,145 @@
+"""Crafted session files: every one is refused with one line naming what is wrong — before anything is replayed,
+leaving the session that was there unchanged — or imported into a page whose every view renders without a warning."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from kvviz.cli import main
+from kvviz.draft import EditDraft
+from kvviz.edits import Edit
+from kvviz.errors import KvvizError
+from kvviz.session import Session
+from kvviz.session_file import export_session, read_session
+
+APP = str(Path(__file__).resolve().parents[1] / "app" / "main.py")
+MARKUP = "![x](http://example.com/x.png) <img src=x onerror=alert(1)> $\\frac{a}{b}$ **bold** [link](http://e.com)"
+
+
+@pytest.fixture(scope="module")
+def valid(lm) -> dict:
+    """A real session's file: two turns, a committed eviction, a draft with bits and a policy's name."""
+    session = Session(lm)
+    session.add_user_turn("My name is Ada.")
+    session.generate(4)
+    session.commit(Edit.evict([3]))
+    session.add_user_turn("What is my name?")
+    session.generate(4)
+    draft = EditDraft.from_edit(Edit.quantize([5, 6], 4), "h2o", {"recent_fraction": 0.5})
+    return export_session(session, draft, {"layer": 2, "head": 1, "at": None})
+
+
+def changed(document: dict, path: str, value) -> dict:
+    """A copy of ``document`` with the field at ``path`` (dots; numbers index lists) set to ``value``."""
+    result = copy.deepcopy(document)
+    *parents, last = [int(p) if p.isdigit() else p for p in path.split(".")]
+    target = result
+    for part in parents:
+        target = target[part]
+    target[last] = value
+    return result
+
+
+REFUSED = {  # path, value, what the message must name
+    "wrong format": ("format", "other", "not a kvviz session file"),
+    "markdown version": ("version", MARKUP, "format version"),
+    "version as text": ("version", "1", "format version"),
+    "turns not a list": ("turns", {"a": 1}, "$.turns"),
+    "user not text": ("turns.0.user", 42, "$.turns[0].user"),
+    "negative reply id": ("turns.0.reply_ids.0", -1, "$.turns[0].reply_ids[0]"),
+    "reply id past vocab": ("turns.1.reply_ids.3", 49152, "$.turns[1].reply_ids[3]"),
+    "pending past vocab": ("turns.1.reply_ids.3", 10**12, "$.turns[1].reply_ids[3]"),
+    "id as float": ("turns.0.prefill_ids.0", 1.5, "$.turns[0].prefill_ids[0]"),
+    "id as text": ("turns.0.prefill_ids.0", "1", "$.turns[0].prefill_ids[0]"),
+    "huge number": ("turns.0.prefill_ids.0", 10**300, "$.turns[0].prefill_ids[0]"),
+    "100k reply tokens": ("turns.0.reply_ids", [5] * 100_000, "$.turns[0].reply_ids"),
+    "shown past reply": ("turns.0.shown", 99, "$.turns[0].shown"),
+    "view.at text": ("view.at", "zzz", "$.view.at"),
+    "view layer": ("view.layer", 30, "$.view.layer"),
+    "view head": ("view.head", 9, "$.view.head"),
+    "eviction layer 1e6": ("commits.0.edit.evict.0.layers", [1_000_000], "$.commits[0].edit.evict[0].layers[0]"),
+    "eviction KV head": ("commits.0.edit.evict.0.heads", [3], "$.commits[0].edit.evict[0].heads[0]"),
+    "unknown bits": ("draft.edit.key_bits", {"5": 5}, "bit-width must be one of"),
+    "bits key not a slot": ("draft.edit.key_bits", {"x": 4}, "$.draft.edit.key_bits"),
+    "draft slot past the end": ("draft.edit.key_bits", {"900": 4}, "slots beyond the transcript"),
+    "unknown field": ("view.extra", MARKUP, "a field kvviz does not know"),
+    "group size": ("draft.edit.keys.group_size", 65, "$.draft.edit.keys.group_size"),
+    "temperature out of range": ("sampling.temperature", 99.0, "temperature must be between 0 and 10"),
+    "commit past the end": ("commits.0.at", 5000, "a committed edit lies beyond the conversation"),
+    "nested deep": ("view", "DEEP", "nested too deeply"),
+    "policy name markup too long": ("draft.policy_name", MARKUP * 3, "$.draft.policy_name"),
+}
+
+
+def text_of(document: dict, name: str) -> str:
+    text = json.dumps(document)
+    if name == "nested deep":
+        text = text.replace('"DEEP"', "[" * 100_000 + "]" * 100_000)
+    return text
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_crafted_files_are_refused_naming_the_field_and_change_nothing(lm, valid, name):
+    path, value, expected = REFUSED[name]
+    keeper = Session(lm)
+    keeper.add_user_turn("This session is open while the file is imported.")
+    before = json.dumps(export_session(keeper, EditDraft()))
+    with pytest.raises(KvvizError) as refused:
+        read_session(lm, text_of(changed(valid, path, value), name))
+    message = str(refused.value)
+    assert expected in message and "\n" not in message and len(message) < 400, message
+    assert json.dumps(export_session(keeper, EditDraft())) == before
+
+
+@pytest.mark.parametrize("text", ["", "{", "NaN", '{"format": "kvviz-session", "version": 1, "turns": [], "x": NaN}',
+                                  b"\xff\xfe", "[" * 100_000])
+def test_text_that_is_not_a_session_is_refused_in_one_line(lm, text):
+    with pytest.raises(KvvizError, match="cannot import this session"):
+        read_session(lm, text)
+
+
+def test_oversized_text_is_refused_before_parsing(lm):
+    with pytest.raises(KvvizError, match="over the limit"):
+        read_session(lm, " " * (16 * 2**20 + 1))
+
+
+def test_markup_in_every_string_field_is_imported_and_every_view_renders(lm, valid, tmp_path, monkeypatch):
+    session = Session(lm)
+    session.add_user_turn(MARKUP)
+    session.generate(4)
+    draft = EditDraft.from_edit(Edit.evict([2]), MARKUP[:60])
+    document = changed(export_session(session, draft, {"layer": 2, "head": 1, "at": None}), "model", MARKUP)
+    read_session(lm, json.dumps(document))  # accepted
+    monkeypatch.setenv("KVVIZ_SESSIONS", str(tmp_path))
+    sid = "cd" * 16
+    (tmp_path / f"{sid}.json").write_text(json.dumps(document))
+    app = AppTest.from_file(APP, default_timeout=300)
+    app.query_params["s"] = sid
+    app.run()
+    assert not app.exception and not app.error and not app.warning, [w.value for w in app.warning]
+    assert app.session_state["session"].transcript.ids == session.transcript.ids
+    assert MARKUP in [m.value for m in app.get("text")]  # the chat shows the message as plain text
+
+
+def test_replay_prints_the_transcript_and_refuses_before_loading_the_model(valid, tmp_path, capsys, monkeypatch):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(valid))
+    assert main(["replay", str(good), "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert [t["user"] for t in document["turns"]] == ["My name is Ada.", "What is my name?"]
+    assert document["cache_length"] == len(document["tokens"])
+    import kvviz.model
+
+    monkeypatch.setattr(kvviz.model, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(changed(valid, "turns.0.reply_ids.0", -1)))
+    assert main(["replay", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: cannot import this session: $.turns[0].reply_ids[0]") and "\n" not in err
+    assert main(["replay", str(tmp_path / "missing.json")]) == 2
+    assert "cannot read" in capsys.readouterr().err
