@@ -1,9 +1,11 @@
-"""Memory of closed browser sessions comes back without slowing clicks.
+"""The server's housekeeping, off the click path: sessions whose browser is gone or that sat idle are released (see
+:mod:`app.server_memory`), and the memory of closed sessions is collected.
 
 Streamlit's per-session objects sit in reference cycles, so a dropped session (and the caches it holds) is freed only
 by the cyclic garbage collector. Collecting after every run (Streamlit's ``runner.postScriptGC``) costs ~0.1 s of CPU
-per click with torch, transformers and plotly loaded, so the shipped config turns it off; instead, one thread collects
-every ``KVVIZ_GC_SECONDS`` (default 30) while no script has run for a few seconds — off the click path.
+per click with torch, transformers and plotly loaded, so the shipped config turns it off; instead, one thread sweeps
+every few seconds and collects every ``KVVIZ_GC_SECONDS`` (default 30), or right after a release, while no script
+has started for a few seconds. Streamlit's runtime is read only here (which page runs, which browsers are connected).
 """
 
 from __future__ import annotations
@@ -13,7 +15,13 @@ import os
 import threading
 import time
 
+from streamlit import runtime
+from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+from app.server_memory import ServerMemory
+
 IDLE_SECONDS = 3.0  # no script run started for this long: collecting now delays no click
+SWEEP_SECONDS = 5.0
 _last_run = time.monotonic()
 _started = threading.Event()
 
@@ -24,19 +32,37 @@ def touch() -> None:
     _last_run = time.monotonic()
 
 
-def collect_when_idle(period: float) -> None:
-    """Forever: every ``period`` seconds, once the server has been idle for :data:`IDLE_SECONDS`, collect."""
+def page_id(sid: str) -> str:
+    """The key of this run's page for :class:`ServerMemory`: Streamlit's id of its browser session, then the page's
+    own session id ``sid`` (the ``?s=`` one; Streamlit's is the same for every page under AppTest)."""
+    context = get_script_run_ctx(suppress_warning=True)
+    return f"{context.session_id if context is not None else ''}/{sid}"
+
+
+def is_connected(page: str) -> bool:
+    """Whether the browser session of ``page`` (see :func:`page_id`) is still connected (Streamlit keeps a closed
+    one for a while)."""
+    return runtime.exists() and runtime.get_instance().is_active_session(page.split("/", 1)[0])
+
+
+def housekeeping(memory: ServerMemory, period: float) -> None:
+    """Forever: release what :meth:`ServerMemory.sweep` finds; collect after a release or every ``period`` s."""
+    collected = time.monotonic()
     while True:
-        time.sleep(period)
+        time.sleep(SWEEP_SECONDS)
+        released = memory.sweep(is_connected)
+        if not released and time.monotonic() - collected < period:
+            continue
         while time.monotonic() - _last_run < IDLE_SECONDS:
             time.sleep(IDLE_SECONDS)
         gc.collect()
+        collected = time.monotonic()
 
 
-def start() -> None:
-    """Start the collector thread once per server process (idempotent)."""
+def start(memory: ServerMemory) -> None:
+    """Start the housekeeping thread once per server process (idempotent)."""
     if _started.is_set():
         return
     _started.set()
     period = float(os.environ.get("KVVIZ_GC_SECONDS", "30"))
-    threading.Thread(target=collect_when_idle, args=(period,), name="kvviz-gc", daemon=True).start()
+    threading.Thread(target=housekeeping, args=(memory, period), name="kvviz-housekeeping", daemon=True).start()

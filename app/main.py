@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 # spin. Measured on 2 cores: a click's what-if ran ~1.5x faster. Set before torch is first imported.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from app import housekeeping, launch, state  # noqa: E402
+from app import housekeeping, launch, server_memory, state  # noqa: E402
 from app.plain import plain, warn  # noqa: E402
 from app.views import attention, chat, growth, held, policies, sidebar, token_strip, toy, whatif  # noqa: E402
 from kvviz.errors import KvvizError  # noqa: E402
@@ -29,8 +29,15 @@ if problem := launch.refusal(st.get_option("server.address"), st.context.headers
 @st.cache_resource(show_spinner="Loading the model…")
 def shared_model(path: str | None):
     """One model for all browser sessions (it holds no per-session state)."""
-    housekeeping.start()
     return load_model(path)
+
+
+@st.cache_resource
+def shared_memory(path: str | None) -> server_memory.ServerMemory:
+    """The memory budget of all browser sessions on this model, and the thread that keeps it."""
+    memory = server_memory.create(shared_model(path))
+    housekeeping.start(memory)
+    return memory
 
 
 def guarded(view) -> None:
@@ -46,14 +53,15 @@ def guarded(view) -> None:
 
 
 try:
-    lm = shared_model(state.model_path() or os.environ.get("KVVIZ_MODEL"))
+    model_path = state.model_path() or os.environ.get("KVVIZ_MODEL")
+    lm, memory = shared_model(model_path), shared_memory(model_path)
 except KvvizError as exc:
     state.choose_model(None)  # a bad path chosen in the page: back to the default next run
     warn(exc)
     st.stop()
 
 housekeeping.touch()
-state.init(lm)
+state.init(lm, memory)
 guarded(sidebar)
 if st.session_state.large:
     st.html("<style>html, .stMarkdown, .stText, p, code {font-size: 1.35rem !important;}</style>")
@@ -72,6 +80,7 @@ def editor() -> None:
     save is also the page's: nothing drawn after it changes the session or the draft without a rerun. The what-if
     is computed before anything is drawn (see ``whatif.prepare``), and its numbers are sent before the strip that
     stands above them (see ``whatif.summary``)."""
+    state.begin_run()  # a click reruns only this fragment: it is in use until its save
     if notice := state.take_notice():  # e.g. a refused click, noted by its callback just before this run
         warn(notice)
     guarded(whatif.prepare)

@@ -12,14 +12,17 @@ from pathlib import Path
 
 import streamlit as st
 
+from app import housekeeping
 from app.plain import plain
 from app.progress import replay_progress
+from app.server_memory import ServerMemory
 from kvviz.draft import EditDraft
 from kvviz.errors import KvvizError
 from kvviz.model import LoadedModel, cache_root
 from kvviz.sampling import Sampling
 from kvviz.session import Session
-from kvviz.session_file import export_session, read_session
+from kvviz.session_file import export_session, import_session
+from kvviz.session_schema import parse, token_count, validate
 
 SESSION_ID = re.compile(r"[0-9a-f]{32}")  # the ?s= URL parameter (full match); nothing else names an autosave file
 REVISION = re.compile(rb'\{"revision": (\d+)')  # autosaves start with it: a save knows if another tab wrote since
@@ -32,12 +35,22 @@ DEFAULTS = {"layer": 0, "head": MEAN, "at": None, "max_new_tokens": 48, "large":
             "topk": 10, "continuation": 0, "raw_special_tokens": False}
 
 
-def init(lm: LoadedModel) -> None:
+def init(lm: LoadedModel, memory: ServerMemory) -> None:
     """Create what this browser session needs, once (``if key not in st.session_state``); after a page reload the
-    autosaved session of this URL's ``?s=`` id is restored."""
+    autosaved session of this URL's ``?s=`` id is restored, and so is a session the server released meanwhile."""
     for key, value in DEFAULTS.items():
         st.session_state.setdefault(key, value)
+    st.session_state.server_memory = memory
     if "session" in st.session_state:
+        released = session().released
+        if released:
+            restore(lm)
+            if session().released:  # its file is gone or refused: start afresh, the reason is on the page
+                st.session_state.session = Session(lm)
+            else:
+                notify(f"This conversation was set aside to free the server's memory ({released}) and has been "
+                       "restored from its autosave.")
+        begin_run()
         return
     sid = st.query_params.get("s", "")
     if not SESSION_ID.fullmatch(sid):
@@ -46,6 +59,21 @@ def init(lm: LoadedModel) -> None:
     st.session_state.session, st.session_state.draft = Session(lm), EditDraft()
     st.session_state.held, st.session_state.revision = None, None
     restore(lm)
+    begin_run()
+
+
+def begin_run() -> None:
+    """This page's session is in use until the end of the run (the server never releases it meanwhile)."""
+    if st.session_state.get("server_memory") is not None:
+        st.session_state.server_memory.started(housekeeping.page_id(st.session_state.get("sid", "")), session())
+
+
+def make_room(tokens: int) -> None:
+    """Ask the server's memory budget for ``tokens`` more slots of this page's session (other sessions' derived data,
+    then idle sessions, are released for it); refuses with :class:`KvvizError` when it cannot."""
+    memory = st.session_state.get("server_memory")
+    if memory is not None:
+        memory.make_room(housekeeping.page_id(st.session_state.get("sid", "")), tokens, session().lm.bytes_per_slot)
 
 
 def restore(lm: LoadedModel) -> None:
@@ -58,8 +86,7 @@ def restore(lm: LoadedModel) -> None:
                              "was: nothing is saved over it.")
     try:
         text = path.read_bytes()
-        with replay_progress("Restoring the autosaved session") as progress:
-            session, draft, view = read_session(lm, text, progress)
+        session, draft, view = load(lm, text, "Restoring the autosaved session")
     except Exception as exc:  # noqa: BLE001 — refused (KvvizError), unreadable or failed: the file stays as it is
         st.session_state.held = ("restore", f"The autosaved session could not be restored ({exc}). Its file is kept "
                                  "as it was: nothing is saved over it.")
@@ -68,6 +95,16 @@ def restore(lm: LoadedModel) -> None:
     st.session_state.revision, st.session_state.held = _revision(text), None
     # what the file holds is saved already: a page that only restored it writes nothing (another tab's save stays)
     st.session_state.saved = json.dumps(document(), ensure_ascii=False)
+
+
+def load(lm: LoadedModel, text: str | bytes, label: str) -> tuple[Session, EditDraft, dict]:
+    """A session file's session, draft and view: checked in full, room made for it within the server's memory
+    budget, then replayed with a progress bar (``label``); refusals raise :class:`KvvizError`."""
+    document = parse(text)
+    validate(lm.geometry, document)
+    make_room(token_count(document))
+    with replay_progress(label) as progress:
+        return import_session(lm, document, progress)
 
 
 def held() -> tuple[str, str] | None:
@@ -102,6 +139,9 @@ def save() -> None:
         autosave(doc)
     except OSError as exc:  # a full or read-only disk must not take the page down
         st.caption(plain(f"Autosave failed: {exc}"))
+    memory = st.session_state.get("server_memory")
+    if memory is not None:
+        memory.finished(housekeeping.page_id(st.session_state.get("sid", "")), session(), releasable=not held())
     if held() and not was_held:
         st.rerun(scope="app")  # the banner at the top says why and offers the way on
 

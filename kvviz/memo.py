@@ -7,6 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
+import numpy as np
+import torch
+
 T = TypeVar("T")
 
 
@@ -40,3 +43,31 @@ class Memo:
     def clear(self) -> None:
         """Drop everything (the next reads recompute)."""
         self._kinds.clear()
+
+    def nbytes(self) -> int:
+        """Bytes of the tensors and arrays held (each storage counted once), for memory accounting."""
+        return held_bytes(self._kinds)
+
+
+def held_bytes(value: Any, seen: set[int] | None = None, depth: int = 6) -> int:
+    """Bytes of the torch tensors and numpy arrays reachable from ``value`` through containers, dataclasses and
+    plain objects' attributes (``depth`` levels; each storage once)."""
+    seen = set() if seen is None else seen
+    if depth < 0 or id(value) in seen or isinstance(value, (str, bytes, int, float, bool, type(None))):
+        return 0
+    seen.add(id(value))
+    if isinstance(value, torch.Tensor):
+        storage = value.untyped_storage()
+        if storage.data_ptr() in seen:
+            return 0
+        seen.add(storage.data_ptr())
+        return storage.nbytes()
+    if isinstance(value, np.ndarray):
+        return value.nbytes
+    if isinstance(value, dict):
+        children = list(value.values())
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        children = list(value)
+    else:
+        children = list(getattr(value, "__dict__", {}).values())
+    return sum(held_bytes(child, seen, depth - 1) for child in children)

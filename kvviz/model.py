@@ -84,6 +84,12 @@ class LoadedModel:
         ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
         return frozenset(i for i in ids if i is not None)
 
+    def memory_capacity(self) -> int:
+        """Bytes of memory on the model's device: the GPU's total on CUDA, else the machine's physical memory."""
+        if self.device.type == "cuda":
+            return torch.cuda.get_device_properties(self.device).total_memory
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
     @property
     def device_label(self) -> str:
         """Human-readable device and dtype, e.g. ``cpu · float32``."""

@@ -18,7 +18,7 @@ from kvviz.chat_template import chat_delta, check_unicode
 from kvviz.commits import CommitLog
 from kvviz.edits import Edit
 from kvviz.errors import KvvizError
-from kvviz.memo import Memo
+from kvviz.memo import Memo, held_bytes
 from kvviz.model import LoadedModel
 from kvviz.recorded_weights import recorded_weights
 from kvviz.recorder import QueryLog, QueryRecorder, probing
@@ -45,10 +45,6 @@ class Token:
     text: str
 
 
-def _default_budget() -> int:
-    return int(float(os.environ.get("KVVIZ_MEMORY_BUDGET_MB", "4096")) * 2**20)
-
-
 class Session:
     """A turn-by-turn conversation on a shared :class:`LoadedModel`."""
 
@@ -56,7 +52,8 @@ class Session:
         """``memory_budget``: bytes of cache + recorded queries this session may hold (default: the
         ``KVVIZ_MEMORY_BUDGET_MB`` environment variable, else 4096 MiB); a turn or step beyond it is refused."""
         self.lm = lm
-        self.memory_budget = memory_budget if memory_budget is not None else _default_budget()
+        default = int(float(os.environ.get("KVVIZ_MEMORY_BUDGET_MB", "4096")) * 2**20)
+        self.memory_budget = memory_budget if memory_budget is not None else default
         self.sampling = sampling or Sampling()
         self.transcript = Transcript()
         self.cache = kv_cache.roomy(lm.model.config)  # decode steps write into spare room, no copy of the cache
@@ -72,6 +69,7 @@ class Session:
         self.commits = CommitLog(self.cache, lm.layers, lm.kv_heads)
         self.version = 0  # bumped by every change of the cache (views key their caches on it)
         self.memo = Memo()  # derived data (views, the what-if's full runs), dropped when ``version`` moves
+        self.released: str | None = None  # why :meth:`release` freed this session's tensors, once it has
 
     # --- turns -----------------------------------------------------------------------------------------------
 
@@ -124,10 +122,9 @@ class Session:
     def has_room(self, count: int) -> bool:
         """Whether ``count`` more tokens fit the context window and the memory budget."""
         try:
-            self.check_room(count)
+            return self.check_room(count) is None
         except KvvizError:
             return False
-        return True
 
     def _begin_turn(self, user: str) -> None:
         if self.turns:
@@ -284,3 +281,18 @@ class Session:
     def memory(self) -> SessionBytes:
         """Bytes of the KV cache and of the recorded queries."""
         return SessionBytes(kv_cache.nbytes(self.cache), self.queries.nbytes)
+
+    def nbytes(self) -> int:
+        """Bytes of every tensor held: cache (with room), recorded queries, quantization originals, derived data."""
+        return held_bytes((self.cache.layers, self.queries, self.commits, self.memo, self.logits))
+
+    def release(self, why: str) -> int:
+        """Free every tensor (see :meth:`nbytes`, returned) while nothing uses the session, e.g. to make room for
+        others; afterwards it only says ``why`` (``released``): rebuild it from its session file."""
+        held = self.nbytes()
+        self.memo.clear()
+        self.cache = kv_cache.roomy(self.lm.model.config)
+        self.queries = QueryLog(self.lm.layers, self.lm.heads, self.lm.head_dim, self.lm.dtype, self.lm.device)
+        self.commits = CommitLog(self.cache, self.lm.layers, self.lm.kv_heads)
+        self.logits, self.released = None, why
+        return held

@@ -142,3 +142,8 @@ def _reason(error) -> str:
     if error.validator == "additionalProperties":
         return _short("has a field kvviz does not know (" + error.message.split("(")[-1])
     return error.message if len(error.message) <= 160 else f"{_short(error.instance)} is not allowed here"
+
+
+def token_count(document: dict) -> int:
+    """Tokens a validated document's turns hold (its prefills and replies): what replaying it caches, at most."""
+    return sum(len(turn["prefill_ids"]) + len(turn["reply_ids"]) for turn in document["turns"])

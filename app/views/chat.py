@@ -34,6 +34,9 @@ def render() -> None:
             st.caption(plain(f"Pending (chosen, not yet cached): {pending.text!r} · id {pending.id}"))
     if prompt := st.chat_input("Message the model (Stop: press any button while it writes)"):
         st.chat_message("user").text(prompt)
+        tokens = len(session.lm.tokenizer.encode(prompt)) + st.session_state.max_new_tokens
+        if _guard(lambda: state.make_room(tokens)) is None:
+            return
         if _guard(lambda: session.add_user_turn(prompt, st.session_state.raw_special_tokens)) is None:
             return
         state.travel(None)

@@ -8,12 +8,10 @@ import streamlit as st
 
 from app import state
 from app.plain import plain, warn
-from app.progress import replay_progress
 from kvviz.errors import KvvizError
 from kvviz.model import LoadedModel
 from kvviz.sampling import Sampling
 from kvviz.scenarios import load_scenarios, run_scenario, toy_example
-from kvviz.session_file import read_session
 
 
 def render() -> None:
@@ -65,8 +63,7 @@ def _export_import(lm: LoadedModel) -> None:
     upload = st.file_uploader("Import session", type=["json"], key="import_file")
     if upload is not None and st.button("Load it"):
         try:
-            with replay_progress("Importing the session") as progress:
-                session, draft, view = read_session(lm, upload.getvalue(), progress)
+            session, draft, view = state.load(lm, upload.getvalue(), "Importing the session")
         except KvvizError as exc:
             warn(exc)
             return

@@ -1,0 +1,137 @@
+"""One memory budget for every browser session on this server, and releasing the sessions nobody is using.
+
+Each page run reports its kvviz session here (a weak reference: this registry keeps nothing alive) with the bytes it
+holds (:meth:`kvviz.session.Session.nbytes`: cache, recorded queries, kept what-if runs, view memos). Before a page
+adds tokens it asks for room: derived data of other sessions goes first (it is recomputed on demand), then whole
+sessions, least recently used first — their state is autosaved, so releasing frees their tensors and the page
+restores them by replay when its person comes back. A session that is running, or whose autosave is held (a refused
+restore, another tab's save), is never released. If even that is not enough, the turn is refused with one line.
+Sessions whose browser is gone (Streamlit dropped the connection) or idle for ``KVVIZ_IDLE_MINUTES`` (15) are
+released by the housekeeping thread.
+
+Budget: ``KVVIZ_SERVER_MEMORY_MB``, default half of the machine's memory (of the GPU's, on CUDA) at start.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvviz.errors import KvvizError
+from kvviz.model import LoadedModel
+from kvviz.session import Session
+
+RUN_GRACE_SECONDS = 30.0  # a run that never said it finished (stopped mid-page) counts as running this long
+# a slot costs its K/V and query (LoadedModel.bytes_per_slot) plus spare room and the kept what-if runs: measured
+# 1.7-2.4x of bytes_per_slot in all (40 to 1,000 slots, after one what-if)
+HEADROOM = 2.5
+
+
+@dataclass
+class Entry:
+    session: weakref.ref
+    bytes: int
+    last_seen: float
+    running: bool
+    releasable: bool  # its autosave holds its current state
+
+
+class ServerMemory:
+    def __init__(self, budget: int, idle_seconds: float):
+        self.budget, self.idle_seconds = budget, idle_seconds
+        self._entries: dict[str, Entry] = {}
+        self._lock = threading.Lock()
+        self.released = 0  # sessions released so far (for the load script and the page)
+
+    def started(self, page: str, session: Session) -> None:
+        """A run of ``page`` (Streamlit's session id) began on ``session``: it is in use."""
+        with self._lock:
+            entry = self._entries.get(page)
+            bytes_ = entry.bytes if entry and entry.session() is session else 0
+            self._entries[page] = Entry(weakref.ref(session), bytes_, time.monotonic(), True, False)
+
+    def finished(self, page: str, session: Session, releasable: bool) -> None:
+        """The run ended: note what the session holds now, and whether its autosave is current; if the run took more
+        than it asked for (a what-if's kept runs), other sessions make up for it as in :meth:`make_room`."""
+        held = session.nbytes()
+        with self._lock:
+            self._entries[page] = Entry(weakref.ref(session), held, time.monotonic(), False, releasable)
+            self._free(page, 0)
+
+    def usage(self) -> int:
+        """Bytes accounted to the sessions alive now."""
+        with self._lock:
+            return sum(e.bytes for e in self._entries.values() if e.session() is not None)
+
+    def make_room(self, page: str, tokens: int, bytes_per_slot: int) -> None:
+        """Free memory of other sessions until ``tokens`` more slots fit the budget (with :data:`HEADROOM`): derived
+        data first, then the least recently used releasable sessions. Refuses (:class:`KvvizError`) when that is not
+        enough."""
+        needed = int(tokens * bytes_per_slot * HEADROOM)
+        with self._lock:
+            if not self._free(page, needed):
+                raise KvvizError(f"the server's memory budget ({self.budget / 2**20:,.0f} MiB, KVVIZ_SERVER_MEMORY_MB) "
+                                 f"is taken by sessions in use: this needs {needed / 2**20:,.0f} MiB more than fits; "
+                                 "try again later or with a shorter message")
+
+    def _free(self, page: str, needed: int) -> bool:
+        """Derived data, then whole sessions, of pages other than ``page`` until ``needed`` more bytes fit."""
+        others = sorted((e for p, e in self._entries.items() if p != page and self._idle(e)), key=lambda e: e.last_seen)
+        for step in (self._drop_derived, self._release):
+            for entry in others:
+                if self._total() + needed <= self.budget:
+                    return True
+                step(entry, "to make room for another session within the server's memory budget")
+        return self._total() + needed <= self.budget
+
+    def sweep(self, is_connected: Callable[[str], bool]) -> int:
+        """Release the sessions whose browser is gone or that were idle for ``idle_seconds``; returns how many."""
+        now, count = time.monotonic(), 0
+        with self._lock:
+            for page, entry in list(self._entries.items()):
+                session = entry.session()
+                if session is None or session.released:
+                    del self._entries[page]
+                    continue
+                gone, idle = not is_connected(page), now - entry.last_seen > self.idle_seconds
+                if (gone or idle) and self._idle(entry):
+                    self._release(entry, "its browser closed" if gone else
+                                  f"it was idle for more than {self.idle_seconds / 60:g} minutes")
+                    count += 1
+        return count
+
+    def _idle(self, entry: Entry) -> bool:
+        running = entry.running and time.monotonic() - entry.last_seen < RUN_GRACE_SECONDS
+        return entry.releasable and not running and entry.session() is not None
+
+    def _total(self) -> int:
+        return sum(e.bytes for e in self._entries.values() if e.session() is not None)
+
+    def _drop_derived(self, entry: Entry, why: str) -> None:
+        session = entry.session()
+        if session is not None and not session.released:
+            freed = session.memo.nbytes()
+            session.memo.clear()
+            entry.bytes = max(entry.bytes - freed, 0)
+
+    def _release(self, entry: Entry, why: str) -> None:
+        session = entry.session()
+        if session is not None and not session.released:
+            session.release(why)
+            entry.bytes = 0
+            self.released += 1
+
+
+def default_budget(lm: LoadedModel) -> int:
+    """``KVVIZ_SERVER_MEMORY_MB``, else half of the machine's memory (the GPU's on CUDA)."""
+    if os.environ.get("KVVIZ_SERVER_MEMORY_MB"):
+        return int(float(os.environ["KVVIZ_SERVER_MEMORY_MB"]) * 2**20)
+    return lm.memory_capacity() // 2
+
+
+def create(lm: LoadedModel) -> ServerMemory:
+    return ServerMemory(default_budget(lm), float(os.environ.get("KVVIZ_IDLE_MINUTES", "15")) * 60)
