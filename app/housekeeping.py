@@ -10,6 +10,7 @@ has started for a few seconds. Streamlit's runtime is read only here (which page
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
 import threading
@@ -56,7 +57,17 @@ def housekeeping(memory: ServerMemory, period: float) -> None:
         while time.monotonic() - _last_run < IDLE_SECONDS:
             time.sleep(IDLE_SECONDS)
         gc.collect()
+        _trim()
         collected = time.monotonic()
+
+
+def _trim() -> None:
+    """Hand freed heap memory back to the system (glibc's ``malloc_trim``; elsewhere nothing): without it the RSS of
+    a server whose sessions closed stayed ~640 MB above idle (the next sessions reused it)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def start(memory: ServerMemory) -> None:
