@@ -143,3 +143,21 @@ def test_replay_prints_the_transcript_and_refuses_before_loading_the_model(valid
     assert err.startswith("error: cannot import this session: $.turns[0].reply_ids[0]") and "\n" not in err
     assert main(["replay", str(tmp_path / "missing.json")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_a_replay_reports_progress_and_stops_when_asked(lm, valid):
+    """``progress(done, total)`` after each forward pass, rising to the total; an exception from it (the page's
+    Stop) abandons the replay, and nothing but the abandoned session was touched."""
+    seen = []
+    session, _, _ = read_session(lm, json.dumps(valid), lambda done, total: seen.append((done, total)))
+    assert seen == sorted(seen) and seen[-1] == (len(session), len(session)) and len(seen) > 3
+
+    class Stopped(Exception):
+        pass
+
+    def stop(done: int, total: int) -> None:
+        if done > 20:
+            raise Stopped
+
+    with pytest.raises(Stopped):
+        read_session(lm, json.dumps(valid), stop)
