@@ -38,6 +38,7 @@ class Entry:
     last_seen: float
     running: bool
     releasable: bool  # its autosave holds its current state
+    connected: bool = False  # seen connected by a sweep: only then can its browser be gone
 
 
 class ServerMemory:
@@ -51,15 +52,18 @@ class ServerMemory:
         """A run of ``page`` (Streamlit's session id) began on ``session``: it is in use."""
         with self._lock:
             entry = self._entries.get(page)
-            bytes_ = entry.bytes if entry and entry.session() is session else 0
-            self._entries[page] = Entry(weakref.ref(session), bytes_, time.monotonic(), True, False)
+            same = entry is not None and entry.session() is session
+            self._entries[page] = Entry(weakref.ref(session), entry.bytes if same else 0, time.monotonic(), True,
+                                        False, same and entry.connected)
 
     def finished(self, page: str, session: Session, releasable: bool) -> None:
         """The run ended: note what the session holds now, and whether its autosave is current; if the run took more
         than it asked for (a what-if's kept runs), other sessions make up for it as in :meth:`make_room`."""
         held = session.nbytes()
         with self._lock:
-            self._entries[page] = Entry(weakref.ref(session), held, time.monotonic(), False, releasable)
+            entry = self._entries.get(page)
+            connected = entry is not None and entry.session() is session and entry.connected
+            self._entries[page] = Entry(weakref.ref(session), held, time.monotonic(), False, releasable, connected)
             self._free(page, 0)
 
     def usage(self) -> int:
@@ -89,7 +93,8 @@ class ServerMemory:
         return self._total() + needed <= self.budget
 
     def sweep(self, is_connected: Callable[[str], bool]) -> int:
-        """Release the sessions whose browser is gone or that were idle for ``idle_seconds``; returns how many."""
+        """Release the sessions whose browser is gone (seen connected by an earlier sweep, not now) or that were idle
+        for ``idle_seconds``; returns how many. A page never seen connected (e.g. under AppTest) is only ever idle."""
         now, count = time.monotonic(), 0
         with self._lock:
             for page, entry in list(self._entries.items()):
@@ -97,7 +102,9 @@ class ServerMemory:
                 if session is None or session.released:
                     del self._entries[page]
                     continue
-                gone, idle = not is_connected(page), now - entry.last_seen > self.idle_seconds
+                connected = is_connected(page)
+                gone, idle = entry.connected and not connected, now - entry.last_seen > self.idle_seconds
+                entry.connected |= connected
                 if (gone or idle) and self._idle(entry):
                     self._release(entry, "its browser closed" if gone else
                                   f"it was idle for more than {self.idle_seconds / 60:g} minutes")

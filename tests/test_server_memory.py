@@ -84,6 +84,8 @@ def test_closed_and_idle_sessions_are_swept(lm):
     closed, open_ = chat(lm, "Closed."), chat(lm, "Open.")
     memory.finished("closed", closed, releasable=True)
     memory.finished("open", open_, releasable=True)
+    assert memory.sweep(lambda page: page == "open") == 0  # "closed" was never seen connected (as under AppTest)
+    assert memory.sweep(lambda page: True) == 0  # now both are
     assert memory.sweep(lambda page: page == "open") == 1
     assert closed.released == "its browser closed" and not open_.released
     memory.idle_seconds = 0
