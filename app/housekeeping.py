@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import logging
 import os
 import threading
 import time
@@ -25,6 +26,7 @@ IDLE_SECONDS = 3.0  # no script run started for this long: collecting now delays
 SWEEP_SECONDS = 5.0
 _last_run = time.monotonic()
 _started = threading.Event()
+_memories: list[ServerMemory] = []  # one budget per loaded model
 
 
 def touch() -> None:
@@ -46,19 +48,23 @@ def is_connected(page: str) -> bool:
     return runtime.exists() and runtime.get_instance().is_active_session(page.split("/", 1)[0])
 
 
-def housekeeping(memory: ServerMemory, period: float) -> None:
-    """Forever: release what :meth:`ServerMemory.sweep` finds; collect after a release or every ``period`` s."""
+def housekeeping(period: float) -> None:
+    """Forever: release what :meth:`ServerMemory.sweep` finds in every registered budget; collect after a release
+    or every ``period`` s. A failing pass is logged and the next one runs (the thread must not die)."""
     collected = time.monotonic()
     while True:
         time.sleep(SWEEP_SECONDS)
-        released = memory.sweep(is_connected)
-        if not released and time.monotonic() - collected < period:
-            continue
-        while time.monotonic() - _last_run < IDLE_SECONDS:
-            time.sleep(IDLE_SECONDS)
-        gc.collect()
-        _trim()
-        collected = time.monotonic()
+        try:
+            released = sum(memory.sweep(is_connected) for memory in list(_memories))
+            if not released and time.monotonic() - collected < period:
+                continue
+            while time.monotonic() - _last_run < IDLE_SECONDS:
+                time.sleep(IDLE_SECONDS)
+            gc.collect()
+            _trim()
+            collected = time.monotonic()
+        except Exception:  # noqa: BLE001
+            logging.getLogger(__name__).exception("kvviz housekeeping pass failed")
 
 
 def _trim() -> None:
@@ -71,9 +77,10 @@ def _trim() -> None:
 
 
 def start(memory: ServerMemory) -> None:
-    """Start the housekeeping thread once per server process (idempotent)."""
+    """Keep ``memory`` swept; the thread starts once per server process."""
+    _memories.append(memory)
     if _started.is_set():
         return
     _started.set()
     period = float(os.environ.get("KVVIZ_GC_SECONDS", "30"))
-    threading.Thread(target=housekeeping, args=(memory, period), name="kvviz-housekeeping", daemon=True).start()
+    threading.Thread(target=housekeeping, args=(period,), name="kvviz-housekeeping", daemon=True).start()

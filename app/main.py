@@ -80,7 +80,7 @@ def editor() -> None:
     save is also the page's: nothing drawn after it changes the session or the draft without a rerun. The what-if
     is computed before anything is drawn (see ``whatif.prepare``), and its numbers are sent before the strip that
     stands above them (see ``whatif.summary``)."""
-    state.begin_run()  # a click reruns only this fragment: it is in use until its save
+    state.begin_run()  # a click reruns only this fragment: the session is in use until its end
     if notice := state.take_notice():  # e.g. a refused click, noted by its callback just before this run
         warn(notice)
     guarded(whatif.prepare)
@@ -93,6 +93,7 @@ def editor() -> None:
         guarded(token_strip)
     guarded(whatif)
     state.save()
+    state.end_run()
 
 
 editor()
@@ -100,3 +101,4 @@ tabs = st.tabs(["Attention", "Cache growth", "Policies"])
 for tab, view in zip(tabs, (attention, growth, policies)):
     with tab:
         guarded(view)
+state.end_run()

@@ -25,7 +25,6 @@ from kvviz.errors import KvvizError
 from kvviz.model import LoadedModel
 from kvviz.session import Session
 
-RUN_GRACE_SECONDS = 30.0  # a run that never said it finished (stopped mid-page) counts as running this long
 # a slot costs its K/V and query (LoadedModel.bytes_per_slot) plus spare room and the kept what-if runs: measured
 # 1.7-2.4x of bytes_per_slot in all (40 to 1,000 slots, after one what-if)
 HEADROOM = 2.5
@@ -36,7 +35,7 @@ class Entry:
     session: weakref.ref
     bytes: int
     last_seen: float
-    running: bool
+    runs: int  # runs of the page under way (the page's and its fragment's)
     releasable: bool  # its autosave holds its current state
     connected: bool = False  # seen connected by a sweep: only then can its browser be gone
 
@@ -48,22 +47,29 @@ class ServerMemory:
         self._lock = threading.Lock()
         self.released = 0  # sessions released so far (for the load script and the page)
 
-    def started(self, page: str, session: Session) -> None:
-        """A run of ``page`` (Streamlit's session id) began on ``session``: it is in use."""
+    def started(self, page: str, session: Session, whole_page: bool) -> bool:
+        """A run of ``page`` began on ``session`` (``whole_page``: the page's own run, which ends any run before it;
+        else a fragment's): it is in use until :meth:`finished`. Returns whether the session was released already
+        (the page must restore it first)."""
         with self._lock:
             entry = self._entries.get(page)
-            same = entry is not None and entry.session() is session
-            self._entries[page] = Entry(weakref.ref(session), entry.bytes if same else 0, time.monotonic(), True,
-                                        False, same and entry.connected)
+            if entry is None or entry.session() is not session:
+                entry = self._entries[page] = Entry(weakref.ref(session), 0, 0.0, 0, False)
+            entry.runs = 1 if whole_page else entry.runs + 1
+            entry.last_seen, entry.releasable = time.monotonic(), False
+            return session.released is not None
 
     def finished(self, page: str, session: Session, releasable: bool) -> None:
-        """The run ended: note what the session holds now, and whether its autosave is current; if the run took more
-        than it asked for (a what-if's kept runs), other sessions make up for it as in :meth:`make_room`."""
+        """A run ended: note what the session holds now, and whether its autosave holds it (only then may it be
+        released); if the run took more than it asked for (a what-if's kept runs), other sessions make up for it
+        as in :meth:`make_room`."""
         held = session.nbytes()
         with self._lock:
             entry = self._entries.get(page)
-            connected = entry is not None and entry.session() is session and entry.connected
-            self._entries[page] = Entry(weakref.ref(session), held, time.monotonic(), False, releasable, connected)
+            if entry is None or entry.session() is not session:
+                entry = self._entries[page] = Entry(weakref.ref(session), 0, 0.0, 1, False)
+            entry.runs, entry.bytes = max(entry.runs - 1, 0), held
+            entry.last_seen, entry.releasable = time.monotonic(), releasable
             self._free(page, 0)
 
     def usage(self) -> int:
@@ -77,7 +83,10 @@ class ServerMemory:
         enough."""
         needed = int(tokens * bytes_per_slot * HEADROOM)
         with self._lock:
-            if not self._free(page, needed):
+            if self._free(page, needed):
+                if page in self._entries:  # reserved until the run that asked says what it holds
+                    self._entries[page].bytes += needed
+            else:
                 raise KvvizError(f"the server's memory budget ({self.budget / 2**20:,.0f} MiB, KVVIZ_SERVER_MEMORY_MB) "
                                  f"is taken by sessions in use: this needs {needed / 2**20:,.0f} MiB more than fits; "
                                  "try again later or with a shorter message")
@@ -112,8 +121,8 @@ class ServerMemory:
         return count
 
     def _idle(self, entry: Entry) -> bool:
-        running = entry.running and time.monotonic() - entry.last_seen < RUN_GRACE_SECONDS
-        return entry.releasable and not running and entry.session() is not None
+        """No run under way and its autosave holds it (a run stopped midway leaves it in use until the next one)."""
+        return entry.releasable and entry.runs == 0 and entry.session() is not None
 
     def _total(self) -> int:
         return sum(e.bytes for e in self._entries.values() if e.session() is not None)

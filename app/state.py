@@ -12,7 +12,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from app import housekeeping
+from app import autosave, housekeeping
 from app.plain import plain
 from app.progress import replay_progress
 from app.server_memory import ServerMemory
@@ -25,7 +25,6 @@ from kvviz.session_file import export_session, import_session
 from kvviz.session_schema import parse, token_count, validate
 
 SESSION_ID = re.compile(r"[0-9a-f]{32}")  # the ?s= URL parameter (full match); nothing else names an autosave file
-REVISION = re.compile(rb'\{"revision": (\d+)')  # autosaves start with it: a save knows if another tab wrote since
 
 MEAN = -1  # the "head" setting that means the mean over query heads
 
@@ -44,13 +43,13 @@ def init(lm: LoadedModel, memory: ServerMemory) -> None:
     if "session" in st.session_state:
         released = session().released
         if released:
+            # a fresh session first: a restore that is refused or stopped leaves a page that works (and holds the file)
+            st.session_state.session, st.session_state.draft = Session(lm), EditDraft()
             restore(lm)
-            if session().released:  # its file is gone or refused: start afresh, the reason is on the page
-                st.session_state.session = Session(lm)
-            else:
+            if not held():
                 notify(f"This conversation was set aside to free the server's memory ({released}) and has been "
                        "restored from its autosave.")
-        begin_run()
+        begin_run(whole_page=True)
         return
     sid = st.query_params.get("s", "")
     if not SESSION_ID.fullmatch(sid):
@@ -59,13 +58,27 @@ def init(lm: LoadedModel, memory: ServerMemory) -> None:
     st.session_state.session, st.session_state.draft = Session(lm), EditDraft()
     st.session_state.held, st.session_state.revision = None, None
     restore(lm)
-    begin_run()
+    begin_run(whole_page=True)
 
 
-def begin_run() -> None:
-    """This page's session is in use until the end of the run (the server never releases it meanwhile)."""
-    if st.session_state.get("server_memory") is not None:
-        st.session_state.server_memory.started(housekeeping.page_id(st.session_state.get("sid", "")), session())
+def begin_run(whole_page: bool = False) -> None:
+    """This page's session is in use until :func:`end_run` (the server never releases it meanwhile). A session the
+    server released just before is restored by a new run of the whole page."""
+    memory = st.session_state.get("server_memory")
+    if memory is not None and memory.started(_page(), session(), whole_page):
+        st.rerun(scope="app")
+
+
+def end_run() -> None:
+    """The run of the page (or of its fragment) is over: the server may release the session if its autosave holds
+    it."""
+    memory = st.session_state.get("server_memory")
+    if memory is not None:
+        memory.finished(_page(), session(), releasable=not held() and st.session_state.get("saved_current", False))
+
+
+def _page() -> str:
+    return housekeeping.page_id(st.session_state.get("sid", ""))
 
 
 def make_room(tokens: int) -> None:
@@ -73,7 +86,7 @@ def make_room(tokens: int) -> None:
     then idle sessions, are released for it); refuses with :class:`KvvizError` when it cannot."""
     memory = st.session_state.get("server_memory")
     if memory is not None:
-        memory.make_room(housekeeping.page_id(st.session_state.get("sid", "")), tokens, session().lm.bytes_per_slot)
+        memory.make_room(_page(), tokens, session().lm.bytes_per_slot)
 
 
 def restore(lm: LoadedModel) -> None:
@@ -92,7 +105,7 @@ def restore(lm: LoadedModel) -> None:
                                  "as it was: nothing is saved over it.")
         return
     replace(session, draft, view)
-    st.session_state.revision, st.session_state.held = _revision(text), None
+    st.session_state.revision, st.session_state.held = autosave.revision(text), None
     # what the file holds is saved already: a page that only restored it writes nothing (another tab's save stays)
     st.session_state.saved = json.dumps(document(), ensure_ascii=False)
 
@@ -133,15 +146,15 @@ def document() -> dict:
 
 def save() -> None:
     """End of the editor's run (a click's, or part of a page run): keep the export current and autosave it."""
+    if session().released:  # its tensors (and commits) are gone: the next run of the page restores it
+        return
     doc, was_held = document(), held()
     st.session_state.setdefault("export", {})["doc"] = doc  # read by the export button's deferred download
+    st.session_state.saved_current = False
     try:
-        autosave(doc)
-    except OSError as exc:  # a full or read-only disk must not take the page down
+        _autosave(doc)
+    except OSError as exc:  # a full or read-only disk must not take the page down (nor may the server release it)
         st.caption(plain(f"Autosave failed: {exc}"))
-    memory = st.session_state.get("server_memory")
-    if memory is not None:
-        memory.finished(housekeeping.page_id(st.session_state.get("sid", "")), session(), releasable=not held())
     if held() and not was_held:
         st.rerun(scope="app")  # the banner at the top says why and offers the way on
 
@@ -152,48 +165,29 @@ def export_json() -> Callable[[], str]:
     return lambda: json.dumps(holder.get("doc", {}), ensure_ascii=False, indent=1)
 
 
-def autosave(doc: dict) -> None:
+def _autosave(doc: dict) -> None:
     """Write ``doc`` for this URL's id when it changed: atomically (a reload never reads half a file), owner-only
     (folder 0700, file 0600), and never over a file another tab wrote since this page read or wrote it — that holds
     autosaving instead (see :func:`held`), so neither tab's work is lost."""
     text = json.dumps(doc, ensure_ascii=False)
     ss = st.session_state
+    if ss.get("saved") == text:
+        ss.saved_current = True
     if ss.get("saved") == text or not ss.get("sid") or held():
         return
-    path = autosave_path(ss.sid)
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    on_disk = _revision_of(path)
-    if on_disk is not None and on_disk != ss.get("revision"):
+    try:
+        revision = autosave.write(autosave_path(ss.sid), text, ss.get("revision"))
+    except autosave.Conflict:
         ss.held = ("conflict", "This conversation was saved from another tab or window since this page loaded it. "
                    "This page stopped autosaving, so neither version is lost.")
         return
-    revision = (on_disk or 0) + 1
-    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    descriptor = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-        handle.write(json.dumps({"revision": revision}, ensure_ascii=False)[:-1] + ", " + text[1:])
-    os.replace(staging, path)
-    ss.saved, ss.revision, ss.saved_at = text, revision, time.monotonic()
+    ss.saved, ss.revision, ss.saved_at, ss.saved_current = text, revision, time.monotonic(), True
 
 
 def save_every(seconds: float) -> None:
     """:func:`save` if the last autosave is older than ``seconds`` (a reply being written is saved as it grows)."""
     if time.monotonic() - st.session_state.get("saved_at", 0.0) >= seconds:
         save()
-
-
-def _revision(text: bytes) -> int:
-    """The revision an autosave starts with (0 for a file written before revisions were kept)."""
-    match = REVISION.match(text[:64])
-    return int(match.group(1)) if match else 0
-
-
-def _revision_of(path: Path) -> int | None:
-    try:
-        with path.open("rb") as handle:
-            return _revision(handle.read(64))
-    except FileNotFoundError:
-        return None
 
 
 def session() -> Session:

@@ -32,18 +32,26 @@ def rss_mb(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for process {pid}")
 
 
-def session_file(tokens: int, folder: Path) -> Path:
+def session_file(tokens: int, folder: Path, chat: bool = False) -> Path:
+    """A session of ``tokens`` ordinary tokens: raw ids, or (``chat``) a chat turn of that text and a short reply."""
     session = Session(load_model())
-    session.add_ids(token_ids(session.lm, tokens))
+    ids = token_ids(session.lm, tokens)
+    if chat:
+        session.add_user_turn(session.lm.tokenizer.decode(ids))
+        session.generate(8)
+    else:
+        session.add_ids(ids)
     path = folder / f"session-{tokens}.json"
     path.write_text(json.dumps(export_session(session, EditDraft())))
     return path
 
 
-def open_session(browser, url: str, path: Path, clicks: int) -> object:
-    """A new browser context on the app: import ``path``, click ``clicks`` chips, each until the what-if changed."""
+def open_session(browser, url: str, path: Path, clicks: int, message: str | None = None) -> object:
+    """A new browser context on the app: import ``path``, click ``clicks`` chips, each until the what-if changed, and
+    send ``message`` (if given) until its reply is written."""
     context = browser.new_context(viewport={"width": 1500, "height": 1200})
     page = context.new_page()
+    context.kvviz_page = page
     page.goto(url)
     page.wait_for_selector("textarea", timeout=300_000)
     page.locator("[data-testid=stFileUploaderDropzoneInput]").set_input_files(str(path))
@@ -61,7 +69,51 @@ def open_session(browser, url: str, path: Path, clicks: int) -> object:
             const m = [...document.querySelectorAll('[data-testid=stMetric]')].find(e => e.textContent.includes('KL(full'));
             return m && m.querySelector('[data-testid=stMetricValue]').textContent !== before; }""",
                                arg=before, timeout=300_000)
+    if message is not None:
+        messages = page.locator("[data-testid=stChatMessage]").count()
+        page.fill("textarea", message)
+        page.keyboard.press("Enter")
+        page.wait_for_function(f"document.querySelectorAll('[data-testid=stChatMessage]').length >= {messages + 2}",
+                               timeout=300_000)
+        settled(page)
     return context
+
+
+RUN_OVER = "document.querySelector('[data-testid=stApp]').dataset.testScriptState !== 'running'"
+
+
+def settled(page) -> None:
+    """Until Streamlit's runs are over and stay over for a second (the reply's rerun follows its stream)."""
+    for _ in range(2):
+        page.wait_for_function(RUN_OVER, timeout=300_000)
+        page.wait_for_timeout(1000)
+    page.wait_for_function(RUN_OVER, timeout=300_000)
+
+
+def reply_shown(page) -> str:
+    """The text of the last assistant message on the page."""
+    return page.locator("[data-testid=stChatMessage]").last.inner_text().strip()
+
+
+def expected_reply(path: Path, message: str) -> str:
+    """The greedy reply the library gives to ``message`` on the session in ``path`` (the CLI's code path)."""
+    from kvviz.session_file import read_session
+
+    session, _, _ = read_session(load_model(), path.read_bytes())
+    session.add_user_turn(message)
+    return session.generate(48).strip()
+
+
+def per_session_bytes(path: Path, clicks: int) -> int:
+    """What one page's session holds after the import and ``clicks`` what-ifs (as the registry accounts it)."""
+    from kvviz.edits import Edit
+    from kvviz.session_file import read_session
+    from kvviz.whatif import what_if
+
+    session, _, _ = read_session(load_model(), path.read_bytes())
+    for index in range(clicks):
+        what_if(session, Edit.evict([20 + 7 * index]))
+    return session.nbytes()
 
 
 def main() -> None:
@@ -72,7 +124,12 @@ def main() -> None:
     parser.add_argument("--ttl", type=int, default=10, help="server.disconnectedSessionTTL in seconds")
     parser.add_argument("--gc", type=int, default=10, help="KVVIZ_GC_SECONDS")
     parser.add_argument("--wait", type=int, default=60, help="seconds to follow RSS after closing the browsers")
+    parser.add_argument("--budget-sessions", type=float, default=0, metavar="K",
+                        help="set KVVIZ_SERVER_MEMORY_MB to K sessions' worth; each page also sends a message, whose "
+                             "reply must equal the library's, and every page is visited again at the end")
     args = parser.parse_args()
+    if args.budget_sessions:
+        return budgeted(args)
     from playwright.sync_api import sync_playwright
 
     folder = Path(tempfile.mkdtemp(prefix="kvviz-load-"))
@@ -112,6 +169,37 @@ def main() -> None:
     print(f"\nidle {idle:.0f} MB · {args.sessions} sessions {peak:.0f} MB (+{(peak - idle) / args.sessions:.0f} MB each) "
           f"· {args.wait} s after closing {after:.0f} MB ({after - idle:+.0f} MB vs idle) · "
           f"{args.sessions} new sessions {again:.0f} MB ({again - peak:+.0f} MB vs the first {args.sessions})")
+
+
+def budgeted(args: argparse.Namespace) -> None:
+    """N pages under a budget of K sessions' worth: replies equal the library's, released pages restore when
+    visited again (same reply, same cache length), RSS stays bounded."""
+    from playwright.sync_api import sync_playwright
+
+    folder = Path(tempfile.mkdtemp(prefix="kvviz-load-"))
+    path, message = session_file(args.tokens, folder, chat=True), "Say one more sentence about this."
+    expected = expected_reply(path, message)
+    budget_mb = args.budget_sessions * per_session_bytes(path, args.clicks) / 2**20
+    env = {"KVVIZ_SESSIONS": str(folder / "sessions"), "KVVIZ_SERVER_MEMORY_MB": f"{budget_mb:.0f}"}
+    print(f"budget {budget_mb:.0f} MB ({args.budget_sessions:g} sessions' worth); expected reply {expected[:60]!r}")
+    with app_process(env) as (url, server), sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        contexts, idle = [], rss_mb(server.pid)
+        for index in range(args.sessions):
+            contexts.append(open_session(browser, url, path, args.clicks, message))
+            shown = reply_shown(contexts[-1].kvviz_page)
+            print(f"page {index + 1}: RSS {rss_mb(server.pid):.0f} MB, reply equal: {shown == expected}"
+                  + ("" if shown == expected else f" (shown {shown[:80]!r})"), flush=True)
+        for index, context in enumerate(contexts):
+            page = context.kvviz_page
+            page.locator(".kv-chip").nth(30).click()  # a run: a released page restores itself first
+            settled(page)
+            restored = page.get_by_text("set aside to free the server").count() > 0
+            header = page.get_by_text("Cache:").first.inner_text()
+            print(f"page {index + 1} again: restored {restored}, {header}, reply equal: "
+                  f"{reply_shown(page) == expected}, RSS {rss_mb(server.pid):.0f} MB", flush=True)
+        print(f"idle {idle:.0f} MB, peak seen {rss_mb(server.pid):.0f} MB, budget {budget_mb:.0f} MB")
+        browser.close()
 
 
 if __name__ == "__main__":

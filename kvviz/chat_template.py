@@ -35,13 +35,8 @@ def render(tokenizer: PreTrainedTokenizerBase, messages: list[dict]) -> tuple[li
     rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     encoded = tokenizer(rendered, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = list(encoded["input_ids"]), [tuple(o) for o in encoded["offset_mapping"]]
-    control, typed_control, start = control_ids(tokenizer), set(), 0
-    spans = []
-    for message in messages:  # where each message's text stands in the rendered conversation
-        found = rendered.find(message["content"], start) if message["content"] else -1
-        if found >= 0:
-            start = found + len(message["content"])
-            spans.append((found, start, message))
+    control, typed_control = control_ids(tokenizer), set()
+    spans = _spans(tokenizer, messages, rendered)
     for first, end, message in reversed(spans):  # right to left: splicing keeps earlier offsets valid
         inside = [i for i, (a, b) in enumerate(offsets) if first <= a and b <= end and b > a]
         if message["role"] != "user" or not any(ids[i] in control for i in inside):
@@ -56,6 +51,34 @@ def render(tokenizer: PreTrainedTokenizerBase, messages: list[dict]) -> tuple[li
         text = tokenizer(rendered[first:end], add_special_tokens=False, split_special_tokens=True)["input_ids"]
         ids[low:high], offsets[low:high] = text, [(first, first)] * len(text)
     return ids, typed_control
+
+
+def _spans(tokenizer: PreTrainedTokenizerBase, messages: list[dict], rendered: str) -> list[tuple[int, int, dict]]:
+    """Where each message's text stands in ``rendered``: the template rendered with a unique mark for each content
+    says where (a content can also occur in the template's own text), checked against ``rendered``; when the template
+    changes the contents (so the marks do not say), the first match after the previous message."""
+    marks = [f"\ue000{index}\ue001" for index in range(len(messages))]
+    marked = tokenizer.apply_chat_template([m | {"content": mark} for m, mark in zip(messages, marks)],
+                                           add_generation_prompt=True, tokenize=False)
+    spans, pieces, cursor, length = [], [], 0, 0
+    for message, mark in zip(messages, marks):
+        at = marked.find(mark, cursor)
+        if at < 0:
+            break
+        pieces += [marked[cursor:at], message["content"]]
+        length += at - cursor
+        spans.append((length, length + len(message["content"]), message))
+        length += len(message["content"])
+        cursor = at + len(mark)
+    if len(spans) == len(messages) and "".join(pieces) + marked[cursor:] == rendered:
+        return spans
+    spans, start = [], 0
+    for message in messages:
+        found = rendered.find(message["content"], start) if message["content"] else -1
+        if found >= 0:
+            start = found + len(message["content"])
+            spans.append((found, start, message))
+    return spans
 
 
 def chat_delta(tokenizer: PreTrainedTokenizerBase, messages: list[dict], cached: list[int]

@@ -1,4 +1,5 @@
-"""How the next token is chosen: greedy, or temperature / top-p sampling from a seeded generator."""
+"""How the next token is chosen (greedy, or temperature / top-p sampling from a seeded generator), and the chosen
+token with its text."""
 
 from __future__ import annotations
 
@@ -37,3 +38,11 @@ class Sampling:
             scores = TopPLogitsWarper(self.top_p)(None, scores)
         probs = torch.softmax(scores[0], dim=-1).cpu()
         return int(torch.multinomial(probs, 1, generator=generator))
+
+
+@dataclass(frozen=True)
+class Token:
+    """A token chosen by the model and its text piece."""
+
+    id: int
+    text: str

@@ -22,7 +22,7 @@ from kvviz.memo import Memo, held_bytes
 from kvviz.model import LoadedModel
 from kvviz.recorded_weights import recorded_weights
 from kvviz.recorder import QueryLog, QueryRecorder, probing
-from kvviz.sampling import Sampling
+from kvviz.sampling import Sampling, Token
 from kvviz.transcript import Transcript, token_pieces
 
 
@@ -35,14 +35,6 @@ class SessionBytes:
 
     kv_bytes: int
     recorded_bytes: int
-
-
-@dataclass(frozen=True)
-class Token:
-    """A token chosen by the model and its text piece."""
-
-    id: int
-    text: str
 
 
 class Session:
@@ -150,6 +142,7 @@ class Session:
         return self._token(self.pending)
 
     def _forward(self, ids: list[int], kind: str) -> None:
+        self._check_held()
         length = self.cache.get_seq_length()
         start = self.transcript.next_position
         device = self.lm.device
@@ -259,6 +252,7 @@ class Session:
 
     def commit(self, edit: Edit) -> None:
         """Apply ``edit`` to the session's cache: every later step runs on the edited cache (positions unchanged)."""
+        self._check_held()
         edit.validate(len(self), self.lm.layers, self.lm.kv_heads, self.lm.head_dim)
         self.commits.push(edit, len(self))
         self.version += 1
@@ -285,6 +279,10 @@ class Session:
     def nbytes(self) -> int:
         """Bytes of every tensor held: cache (with room), recorded queries, quantization originals, derived data."""
         return held_bytes((self.cache.layers, self.queries, self.commits, self.memo, self.logits))
+
+    def _check_held(self) -> None:
+        if self.released:
+            raise KvvizError(f"this session was released ({self.released}); rebuild it from its session file")
 
     def release(self, why: str) -> int:
         """Free every tensor (see :meth:`nbytes`, returned) while nothing uses the session, e.g. to make room for

@@ -21,6 +21,8 @@ from kvviz.session_schema import FORMAT, VERSION, parse, validate
 
 def export_session(session: Session, draft: EditDraft | None = None, view: dict | None = None) -> dict:
     """A JSON-ready document of ``session`` (plus the dashboard's draft edit and view settings)."""
+    if session.released:  # its commits are gone with its tensors: a document of it would lose them
+        raise KvvizError(f"this session was released ({session.released}); its last session file holds it")
     turns, slots = [], session.transcript.slots
     for number, (turn, (reply, shown)) in enumerate(zip(session.conversation(), session.replies())):
         prefilled = [s.id for s in slots if s.turn == number and s.kind == "prefill"]

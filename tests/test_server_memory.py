@@ -49,7 +49,7 @@ def test_six_sessions_in_a_budget_of_three(lm):
     memory, sessions, saved = ServerMemory(budget, idle_seconds=3600), [], []
     for page, text in enumerate(texts):
         memory.make_room(str(page), 60, lm.bytes_per_slot)
-        memory.started(str(page), session := Session(lm))
+        memory.started(str(page), session := Session(lm), True)
         session.add_user_turn(text)
         session.generate(4)
         what_if(session, Edit.evict([3]))
@@ -68,7 +68,7 @@ def test_six_sessions_in_a_budget_of_three(lm):
 def test_derived_data_goes_first_and_busy_or_unsaved_sessions_stay(lm):
     memory = ServerMemory(budget=0, idle_seconds=3600)
     busy, unsaved, idle = chat(lm, "One."), chat(lm, "Two."), chat(lm, "Three.")
-    memory.started("busy", busy)
+    memory.started("busy", busy, True)
     memory.finished("unsaved", unsaved, releasable=False)
     memory.finished("idle", idle, releasable=True)
     memory.budget = memory.usage() - idle.memo.nbytes() + 1  # dropping the idle page's derived data is enough
@@ -117,3 +117,26 @@ def test_a_released_page_is_restored_by_replay_with_a_line_saying_why(tmp_path, 
     restored = first.session_state["session"]
     assert restored is not original and restored.transcript.ids == ids and torch.equal(restored.logits, logits)
     assert any("set aside to free the server" in w.value for w in first.warning)
+
+
+def test_a_released_session_refuses_to_run_or_be_saved(lm):
+    from kvviz.session_file import export_session as export
+
+    session = chat(lm, "Soon released.")
+    session.release("a test")
+    for action in (session.step, lambda: session.add_user_turn("More."), lambda: session.commit(Edit.evict([2])),
+                   lambda: export(session)):
+        with pytest.raises(KvvizError, match="released"):
+            action()
+
+
+def test_autosave_writes_are_revisioned_private_and_refuse_another_tabs_revision(tmp_path):
+    from app import autosave
+
+    path = tmp_path / "sessions" / "ab.json"
+    assert autosave.write(path, '{"a": 1}', None) == 1
+    assert autosave.write(path, '{"a": 2}', 1) == 2
+    with pytest.raises(autosave.Conflict):
+        autosave.write(path, '{"a": 3}', 1)  # this page last saw revision 1; another tab wrote 2
+    assert path.read_text() == '{"revision": 2, "a": 2}' and (path.stat().st_mode & 0o777) == 0o600
+    assert (path.parent.stat().st_mode & 0o777) == 0o700 and not list(path.parent.glob(".*.tmp"))

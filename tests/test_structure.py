@@ -87,8 +87,8 @@ def test_modules_are_short():
 def test_nothing_points_outside_the_repository():
     texts = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "kvviz").rglob("*.py"),
              *(ROOT / "app").rglob("*.py"), *(ROOT / "tests").glob("*.py")]
-    outside = re.compile(r"\.\./shared|seed §|kv-math")
-    assert not [str(p.relative_to(ROOT)) for p in texts if p != Path(__file__) and outside.search(p.read_text())]
+    outside = re.compile("|".join([r"\.\./" + "shared", "seed" + " §", "kv" + "-math"]))  # spelt apart: not a hit here
+    assert not [str(p.relative_to(ROOT)) for p in texts if outside.search(p.read_text())]
 
 
 def test_the_readme_module_map_matches_the_tree():

@@ -28,9 +28,10 @@ def render() -> None:
         st.toggle("Presentation mode (large type)", key="large")
         st.slider("Max new tokens", 1, 512, key="max_new_tokens")
         with st.expander("Sampling"):
-            temperature = st.slider("Temperature (0 = greedy)", 0.0, 2.0, session.sampling.temperature, 0.05)
-            top_p = st.slider("Top-p", 0.05, 1.0, session.sampling.top_p, 0.05)
-            seed = st.number_input("Seed", 0, 2**31 - 1, session.sampling.seed)
+            sampling = session.sampling  # a session file may hold values past the widgets' ranges: start inside them
+            temperature = st.slider("Temperature (0 = greedy)", 0.0, 2.0, min(sampling.temperature, 2.0), 0.05)
+            top_p = st.slider("Top-p", 0.05, 1.0, max(sampling.top_p, 0.05), 0.05)
+            seed = st.number_input("Seed", 0, 2**31 - 1, min(sampling.seed, 2**31 - 1))
             if st.button("New conversation with these settings"):
                 state.new_conversation(lm, Sampling(temperature, top_p, int(seed)))
                 st.rerun()
