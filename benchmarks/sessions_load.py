@@ -92,7 +92,7 @@ def settled(page) -> None:
 
 def reply_shown(page) -> str:
     """The text of the last assistant message on the page."""
-    return page.locator("[data-testid=stChatMessage]").last.inner_text().strip()
+    return page.locator("[data-testid=stChatMessage]").last.locator("[data-testid=stText]").inner_text().strip()
 
 
 def expected_reply(path: Path, message: str) -> str:
@@ -184,7 +184,7 @@ def budgeted(args: argparse.Namespace) -> None:
     print(f"budget {budget_mb:.0f} MB ({args.budget_sessions:g} sessions' worth); expected reply {expected[:60]!r}")
     with app_process(env) as (url, server), sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        contexts, idle = [], rss_mb(server.pid)
+        contexts = []
         for index in range(args.sessions):
             contexts.append(open_session(browser, url, path, args.clicks, message))
             shown = reply_shown(contexts[-1].kvviz_page)
@@ -198,7 +198,7 @@ def budgeted(args: argparse.Namespace) -> None:
             header = page.get_by_text("Cache:").first.inner_text()
             print(f"page {index + 1} again: restored {restored}, {header}, reply equal: "
                   f"{reply_shown(page) == expected}, RSS {rss_mb(server.pid):.0f} MB", flush=True)
-        print(f"idle {idle:.0f} MB, peak seen {rss_mb(server.pid):.0f} MB, budget {budget_mb:.0f} MB")
+        print(f"RSS at the end {rss_mb(server.pid):.0f} MB for a budget of {budget_mb:.0f} MB")
         browser.close()
 
 

@@ -49,3 +49,37 @@ def test_a_foreign_host_name_is_refused():
             page.wait_for_selector("[data-testid=stAlert]", timeout=120_000)
             assert "not a name of this computer" in page.locator("[data-testid=stAlert]").inner_text()
             assert page.locator("textarea").count() == 0
+
+
+def test_a_kill_during_a_restore_keeps_the_autosave_and_it_restores(lm, tmp_path):
+    """The server is killed (SIGKILL) while a page replays an autosave (a prompt and a 300-token reply, decoded step by
+    step): the file is byte for byte as it was, and a new server restores it. (A release never writes the file: it
+    frees tensors in memory.)"""
+    import json
+
+    from benchmarks.harness import token_ids
+    from kvviz.draft import EditDraft
+    from kvviz.session import Session
+    from kvviz.session_file import export_session
+    from tests.browser import app_process
+
+    session = Session(lm)
+    session.add_ids(token_ids(lm, 200))
+    for index, token in enumerate(token_ids(lm, 300)):
+        if index:
+            session.step()
+        session.force(token)
+    sid = "ef" * 16
+    path = tmp_path / f"{sid}.json"
+    path.write_text('{"revision": 1, ' + json.dumps(export_session(session, EditDraft()))[1:])
+    saved = path.read_bytes()
+    env = {"KVVIZ_SESSIONS": str(tmp_path)}
+    with app_process(env) as (url, server), browser_page(f"{url}/?s={sid}") as page:
+        page.get_by_text("Restoring the autosaved session").wait_for(timeout=120_000)
+        server.kill()
+        server.wait(timeout=30)
+    assert path.read_bytes() == saved
+    with app_process(env) as (url, _), browser_page(f"{url}/?s={sid}") as page:
+        page.locator(".kv-chip").nth(len(session) - 1).wait_for(state="attached", timeout=300_000)
+        assert page.get_by_text(f"Cache: {len(session)} slots").count() == 1
+    assert path.read_bytes() == saved  # restoring writes nothing: the file already holds the session
