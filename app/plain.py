@@ -2,7 +2,8 @@
 
 ``st.warning``, ``st.info`` and friends render Markdown and LaTeX: a quoted file field such as
 ``![x](http://host/x.png)`` would make the browser fetch that URL. :func:`plain` backslash-escapes every ASCII
-punctuation character (CommonMark renders an escaped one literally), so such text shows as typed and runs nothing.
+punctuation character (CommonMark renders an escaped one literally), so such text shows as typed and runs nothing;
+web addresses go into code spans, which are not turned into links.
 """
 
 from __future__ import annotations
@@ -12,11 +13,23 @@ import re
 import streamlit as st
 
 _PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")  # every ASCII punctuation character
+_ADDRESS = re.compile(r"(?:[a-z][a-z0-9+.-]*://|www\.)\S+", re.IGNORECASE)  # what GFM would make a link
 
 
 def plain(text: object) -> str:
     """``text`` as Markdown source that renders as the text itself."""
-    return _PUNCTUATION.sub(r"\\\1", str(text))
+    text, parts, last = str(text), [], 0
+    for address in _ADDRESS.finditer(text):
+        parts += [_PUNCTUATION.sub(r"\\\1", text[last:address.start()]), _code(address.group())]
+        last = address.end()
+    return "".join(parts) + _PUNCTUATION.sub(r"\\\1", text[last:])
+
+
+def _code(text: str) -> str:
+    """``text`` as a code span: fenced by one more backtick than its longest run of them."""
+    fence = "`" * (max(map(len, re.findall("`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def warn(text: object) -> None:

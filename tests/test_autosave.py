@@ -121,7 +121,7 @@ def test_text_from_a_file_is_never_markdown(sessions):
         {"format": "kvviz-session", "version": "![x](http://example.com/x.png) $x^2$ **bold**"}))
     app = open_page(sid)
     shown = next(w.value for w in app.warning if "could not be restored" in w.value)
-    assert r"\!\[x\]\(http\:\/\/example\.com\/x\.png\)" in shown and r"\$x\^2\$" in shown and r"\*\*bold\*\*" in shown
+    assert r"\!\[x\]\(`http://example.com/x.png)`" in shown and r"\$x\^2\$" in shown and r"\*\*bold\*\*" in shown
 
 
 def test_plain_escapes_every_markdown_character():
@@ -133,3 +133,6 @@ def test_plain_escapes_every_markdown_character():
     assert plain("a_b*c`d[e](f)<g>$h$ #i |j| ~k~ :l: !m") == \
         r"a\_b\*c\`d\[e\]\(f\)\<g\>\$h\$ \#i \|j\| \~k\~ \:l\: \!m"
     assert plain("no punctuation here") == "no punctuation here"
+    # web addresses go into code spans (GFM would make them links), with a fence longer than any backtick run
+    assert plain("see http://e.com/a_b and www.x.org!") == r"see `http://e.com/a_b` and `www.x.org!`"
+    assert plain("ftp://a`b") == "``ftp://a`b``"

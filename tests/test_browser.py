@@ -120,7 +120,7 @@ def test_a_refused_import_with_markdown_fetches_nothing(page, tmp_path):
     assert "![x](http://example.com/x.png)" in warning.inner_text()
     page.wait_for_timeout(1000)
     assert not [url for url in requests if "example.com" in url]
-    assert page.locator("[data-testid=stAlert] img").count() == 0
+    assert page.locator("[data-testid=stAlert] img, [data-testid=stAlert] a").count() == 0  # no image, no link
 
 
 @pytest.mark.parametrize("slot", ["-1", "abc", "99999"])
