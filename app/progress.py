@@ -18,7 +18,7 @@ EVERY_SECONDS = 0.2  # the bar moves at most this often
 
 @contextmanager
 def replay_progress(label: str) -> Iterator[Callable[[int, int], None]]:
-    """A ``progress(done, total)`` callback for :func:`kvviz.session_file.read_session`."""
+    """A ``progress(done, total)`` callback for :func:`kvviz.session_file.import_session`."""
     start, last = time.monotonic(), [0.0]
     bar, stop = st.empty(), st.empty()
 

@@ -52,9 +52,7 @@ class ServerMemory:
         else a fragment's): it is in use until :meth:`finished`. Returns whether the session was released already
         (the page must restore it first)."""
         with self._lock:
-            entry = self._entries.get(page)
-            if entry is None or entry.session() is not session:
-                entry = self._entries[page] = Entry(weakref.ref(session), 0, 0.0, 0, False)
+            entry = self._entry(page, session, runs=0)
             entry.runs = 1 if whole_page else entry.runs + 1
             entry.last_seen, entry.releasable = time.monotonic(), False
             return session.released is not None
@@ -65,9 +63,7 @@ class ServerMemory:
         as in :meth:`make_room`."""
         held = session.nbytes()
         with self._lock:
-            entry = self._entries.get(page)
-            if entry is None or entry.session() is not session:
-                entry = self._entries[page] = Entry(weakref.ref(session), 0, 0.0, 1, False)
+            entry = self._entry(page, session, runs=1)
             entry.runs, entry.bytes = max(entry.runs - 1, 0), held
             entry.last_seen, entry.releasable = time.monotonic(), releasable
             self._free(page, 0)
@@ -75,7 +71,7 @@ class ServerMemory:
     def usage(self) -> int:
         """Bytes accounted to the sessions alive now."""
         with self._lock:
-            return sum(e.bytes for e in self._entries.values() if e.session() is not None)
+            return self._total()
 
     def make_room(self, page: str, tokens: int, bytes_per_slot: int) -> None:
         """Free memory of other sessions until ``tokens`` more slots fit the budget (with :data:`HEADROOM`): derived
@@ -123,6 +119,13 @@ class ServerMemory:
     def _idle(self, entry: Entry) -> bool:
         """No run under way and its autosave holds it (a run stopped midway leaves it in use until the next one)."""
         return entry.releasable and entry.runs == 0 and entry.session() is not None
+
+    def _entry(self, page: str, session: Session, runs: int) -> Entry:
+        """The entry of ``page`` for ``session``; a new one (with ``runs`` under way) for a page or session not seen."""
+        entry = self._entries.get(page)
+        if entry is None or entry.session() is not session:
+            entry = self._entries[page] = Entry(weakref.ref(session), 0, 0.0, runs, False)
+        return entry
 
     def _total(self) -> int:
         return sum(e.bytes for e in self._entries.values() if e.session() is not None)

@@ -173,7 +173,8 @@ def _autosave(doc: dict) -> None:
     ss = st.session_state
     if ss.get("saved") == text:
         ss.saved_current = True
-    if ss.get("saved") == text or not ss.get("sid") or held():
+        return
+    if not ss.get("sid") or held():
         return
     try:
         revision = autosave.write(autosave_path(ss.sid), text, ss.get("revision"))

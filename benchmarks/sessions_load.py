@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.browser_rows import RUN_OVER
 from benchmarks.harness import token_ids
 from kvviz.draft import EditDraft
 from kvviz.model import load_model
@@ -77,9 +78,6 @@ def open_session(browser, url: str, path: Path, clicks: int, message: str | None
                                timeout=300_000)
         settled(page)
     return context
-
-
-RUN_OVER = "document.querySelector('[data-testid=stApp]').dataset.testScriptState !== 'running'"
 
 
 def settled(page) -> None:

@@ -1,5 +1,6 @@
-"""``python -m kvviz replay SESSION.json``: replay a session file with the app's own import checks (the same code
-path: :func:`kvviz.session_file.read_session`) and print its transcript like ``chat``."""
+"""``python -m kvviz replay SESSION.json``: replay a session file with the app's own import checks (the same code:
+:func:`~kvviz.session_schema.parse`, :func:`~kvviz.session_schema.validate`, :func:`kvviz.session_file.import_session`)
+and print its transcript like ``chat``."""
 
 from __future__ import annotations
 
