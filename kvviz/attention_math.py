@@ -55,12 +55,16 @@ def visible_softmax(
     s: torch.Tensor, evicted: torch.Tensor | None = None, dtype: torch.dtype | None = None
 ) -> torch.Tensor:
     """Softmax of scores ``(..., H, q, n)`` over the slots row ``i`` sees (causal: ``0..n-q+i``), except those
-    ``evicted`` (bool ``(..., KV, n)``, per KV head); leading dimensions (e.g. layers) batched."""
+    ``evicted`` (bool ``(..., KV, n)`` per KV head, or ``(..., KV, q, n)`` per KV head and row); leading dimensions
+    (e.g. layers) batched."""
     s = s if dtype is None else s.to(dtype)
     *lead, heads, q_len, n = s.shape
     if q_len > 1:  # row i must not see slots after n - q + i (a single row sees them all)
         s = s.masked_fill(~causal_mask(q_len, n, s.device), float("-inf"))
-    if evicted is not None:  # per KV group: (..., KV, G, q, n), without copying the mask per query head
+    if evicted is not None and evicted.dim() == s.dim():  # per KV head and row: (..., KV, q, n)
+        kv = evicted.shape[-3]
+        s = s.view(*lead, kv, heads // kv, q_len, n).masked_fill(evicted[..., None, :, :], float("-inf")).view(s.shape)
+    elif evicted is not None:  # per KV group: (..., KV, G, q, n), without copying the mask per query head
         kv = evicted.shape[-2]
         s = s.view(*lead, kv, heads // kv, q_len, n).masked_fill(evicted[..., None, None, :], float("-inf")).view(s.shape)
     return torch.softmax(s, dim=-1)

@@ -51,6 +51,19 @@ class CommitLog:
         full = self.edit_at(at).resolved(at)
         return full, full.merged(edit.resolved(at))
 
+    def hidden(self, slot: int, length: int) -> torch.Tensor:
+        """Bool ``(L, KV, length)``: the slots hidden from the step of slot ``slot``."""
+        return self.edit_at(slot).evicted_mask(length, self.layers, self.kv_heads,
+                                               kv_cache.layer_kv(self.cache, 0)[0].device)
+
+    def keys_at(self, layer: int, slot: int, stop: int) -> torch.Tensor:
+        """Keys ``(KV, stop, D)`` of ``layer`` as the step of slot ``slot`` saw them (quantized as committed then)."""
+        return self.edit_at(slot).quantized_keys(self.original_kv(layer, stop)[0])
+
+    def key_version(self, slot: int) -> int:
+        """Equal for slots whose steps saw the same keys (the commit in force)."""
+        return sum(commit.at <= slot for commit in self.stack)
+
     def boundaries(self) -> list[int]:
         return [commit.at for commit in self.stack]
 

@@ -82,6 +82,23 @@ class Edit:
         value_bits = key_bits if value_bits is None else value_bits
         return cls(key_bits=dict.fromkeys(slots, key_bits), value_bits=dict.fromkeys(slots, value_bits), **settings)
 
+    @classmethod
+    def from_evicted(cls, evicted: torch.Tensor) -> Edit:
+        """Evictions from a boolean mask ``(L, KV, n)``: one eviction everywhere when every layer and KV head hides
+        the same slots, one per layer when the KV heads of each layer agree, else one per (layer, KV head)."""
+        layers, heads, _ = evicted.shape
+        mask = evicted.cpu()
+        if bool((mask == mask[:1, :1]).all()):
+            return cls.evict(mask[0, 0].nonzero()[:, 0].tolist()) if bool(mask.any()) else cls()
+        per_layer = bool((mask == mask[:, :1]).all())
+        evictions = []
+        for layer in range(layers):
+            for head in range(1 if per_layer else heads):
+                slots = mask[layer, head].nonzero()[:, 0].tolist()
+                if slots:
+                    evictions.append(Eviction(tuple(slots), (layer,), None if per_layer else (head,)))
+        return cls(evictions=tuple(evictions))
+
     def merged(self, other: Edit) -> Edit:
         """This edit with ``other`` on top: evictions add up, ``other``'s bit-widths and settings win."""
         if not (self.evictions or self.key_bits or self.value_bits):
@@ -130,7 +147,14 @@ class Edit:
                 raise KvvizError(f"the edit evicts every cached slot of layer {layer}, KV head {head}; keep at least one")
 
     def evicted_mask(self, n: int, layers: int, kv_heads: int, device: torch.device | None = None) -> torch.Tensor:
-        """Boolean ``(L, KV, n)``: True where slot ``j`` is evicted from that layer and KV head."""
+        """Boolean ``(L, KV, n)``: True where slot ``j`` is evicted from that layer and KV head (computed once per
+        shape and device; do not modify it)."""
+        key = ("mask", n, layers, kv_heads, str(device))
+        if key not in self._plans:
+            self._plans[key] = self._evicted_mask(n, layers, kv_heads, device)
+        return self._plans[key]
+
+    def _evicted_mask(self, n: int, layers: int, kv_heads: int, device: torch.device | None) -> torch.Tensor:
         mask = torch.zeros(layers, kv_heads, n, dtype=torch.bool, device=device)
         for eviction in self.evictions:
             in_layer, in_head, in_slots = (_flags(layers, eviction.layers, device), _flags(kv_heads, eviction.heads, device),
@@ -175,10 +199,19 @@ class Edit:
         quantizer = self.keys if kind == "key" else self.values
         source = x if source is None else source
         for width, slots in self.groups(kind, x.shape[1]):
-            if isinstance(slots, slice):
-                fake_quantize_(x[:, slots], width, quantizer, source[:, slots])
-            else:
-                x[:, slots] = fake_quantize(source[:, slots], width, quantizer)
+            if quantizer.axis == "channel" and quantizer.block:  # one scale per block of slots (KIVI)
+                for block in _blocks(range(x.shape[1])[slots] if isinstance(slots, slice) else slots, quantizer.block):
+                    self._quantize_part(x, block, width, quantizer, source)
+                continue
+            self._quantize_part(x, slots, width, quantizer, source)
+
+    @staticmethod
+    def _quantize_part(x: torch.Tensor, slots: slice | list[int], width: int, quantizer: Quantizer,
+                       source: torch.Tensor) -> None:
+        if isinstance(slots, slice):
+            fake_quantize_(x[:, slots], width, quantizer, source[:, slots])
+        else:
+            x[:, slots] = fake_quantize(source[:, slots], width, quantizer)
 
     def groups(self, kind: str, n: int) -> list[tuple[int, slice | list[int]]]:
         """The slots below ``n`` that ``kind`` (``"key"`` or ``"value"``) stores at fewer than 16 bits, as
@@ -227,6 +260,14 @@ def _groups(bits: Mapping[int, int], n: int) -> list[tuple[int, slice | list[int
             by_width.setdefault(width, []).append(slot)
     return [(width, slice(slots[0], slots[-1] + 1) if slots[-1] - slots[0] + 1 == len(slots) else slots)
             for width, slots in sorted(by_width.items())]
+
+
+def _blocks(slots: Iterable[int], block: int) -> list[slice | list[int]]:
+    """Sorted ``slots`` split by ``slot // block``, each part a slice when contiguous (else a list)."""
+    parts: dict[int, list[int]] = {}
+    for slot in slots:
+        parts.setdefault(slot // block, []).append(slot)
+    return [slice(p[0], p[-1] + 1) if p[-1] - p[0] + 1 == len(p) else p for p in parts.values()]
 
 
 def _flags(size: int, chosen: Iterable[int] | None, device: torch.device | None) -> torch.Tensor:

@@ -1,8 +1,9 @@
 """Uniform quantizers for cached keys and values (docs/math.md §4), and the bytes they really take when packed.
 
 Granularity, KIVI style: ``channel`` shares one scale (and zero point) per (KV head, channel) across the quantized
-slots — keys have outlier channels, so this suits them; ``token`` shares one per (KV head, slot, group of
-``group_size`` channels) — this suits values. Scales and zero points are stored as fp16.
+slots — keys have outlier channels, so this suits them; with ``block`` = G, KIVI's token-blocked groups: one scale per
+(KV head, channel, block of G slots ``bG..bG+G-1``). ``token`` shares one per (KV head, slot, group of ``group_size``
+channels) — this suits values. Scales and zero points are stored as fp16.
 """
 
 from __future__ import annotations
@@ -23,17 +24,21 @@ _TINY = torch.finfo(torch.float32).tiny
 @dataclass(frozen=True)
 class Quantizer:
     """How to quantize one tensor kind. ``group_size`` (channels per group, for ``token``) must divide the head dim;
-    ``None`` means one group over the whole head dim."""
+    ``None`` means one group over the whole head dim. ``block`` (for ``channel``): slots per scale, in blocks counted
+    from slot 0 (KIVI); ``None`` shares one scale across all slots quantized together."""
 
     axis: Axis = "token"
     group_size: int | None = None
     symmetric: bool = False
+    block: int | None = None
 
     def __post_init__(self) -> None:
         if self.axis not in ("channel", "token"):
             raise KvvizError(f"granularity must be 'channel' or 'token', got {self.axis!r}")
         if self.group_size is not None and (not isinstance(self.group_size, int) or self.group_size < 1):
             raise KvvizError(f"group size must be a positive integer, got {self.group_size!r}")
+        if self.block is not None and (isinstance(self.block, bool) or not isinstance(self.block, int) or self.block < 1):
+            raise KvvizError(f"the block of slots must be a positive integer, got {self.block!r}")
 
     def check(self, head_dim: int) -> None:
         if self.group_size is not None and head_dim % self.group_size:
@@ -126,5 +131,8 @@ def packed_bytes(slots: int, bits: int, head_dim: int, quantizer: Quantizer, nat
         return slots * head_dim * native_bytes
     codes = -(-slots * head_dim * bits // 8)  # bit-packed, rounded up to whole bytes
     params = 1 if quantizer.symmetric else 2
-    groups = head_dim if quantizer.axis == "channel" else slots * quantizer.groups_per_slot(head_dim)
+    if quantizer.axis == "channel":
+        groups = head_dim * (1 if quantizer.block is None else -(-slots // quantizer.block))
+    else:
+        groups = slots * quantizer.groups_per_slot(head_dim)
     return codes + groups * params * PARAM_BYTES

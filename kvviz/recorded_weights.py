@@ -26,18 +26,26 @@ def recorded_weights(commits: CommitLog, queries: QueryLog, shape: Geometry, sca
     stop = cached if stop is None else stop
     if not 0 <= start < stop <= cached:
         raise KvvizError(f"slots {start}..{stop - 1} are not all cached (the cache holds {cached})")
-    keys, _ = commits.original_kv(layer, stop)
     queries = queries.layer(layer)
+    kv_head = None
     if head is not None:  # one query head and the KV head it reads
         kv_head = kv_head_of(head, shape.heads, shape.kv_heads)
-        queries, keys = queries[head : head + 1], keys[kv_head : kv_head + 1]
+        queries = queries[head : head + 1]
     cuts = sorted({start, stop, *(b for b in commits.boundaries() if start < b < stop)})
+    segments = list(zip(cuts, cuts[1:]))
+    groups: list[list[tuple[int, int]]] = []  # consecutive segments that saw the same keys
+    for segment in segments:
+        if groups and commits.key_version(groups[-1][0][0]) == commits.key_version(segment[0]):
+            groups[-1].append(segment)
+        else:
+            groups.append([segment])
     rows = []
-    for first, end in zip(cuts, cuts[1:]):
-        edit = commits.edit_at(first)
-        evicted = edit.evicted_mask(end, shape.layers, shape.kv_heads, keys.device)[layer]
-        if head is not None:
-            evicted = evicted[kv_head : kv_head + 1]
-        part = causal_weights(queries[:, first:end], edit.quantized_keys(keys[:, :end]), scaling, evicted)
+    for group in groups:
+        first, end = group[0][0], group[-1][1]
+        keys = commits.keys_at(layer, first, end)  # (KV, end, D)
+        evicted = torch.cat([commits.hidden(a, end)[layer, :, None, :].expand(-1, b - a, -1) for a, b in group], dim=1)
+        if kv_head is not None:
+            keys, evicted = keys[kv_head : kv_head + 1], evicted[kv_head : kv_head + 1]
+        part = causal_weights(queries[:, first:end], keys, scaling, evicted.to(keys.device))  # (H, end - first, end)
         rows.append(torch.nn.functional.pad(part, (0, stop - end)))
     return torch.cat(rows, dim=1)

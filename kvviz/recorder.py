@@ -33,7 +33,9 @@ class Probe:
         """Called with ``query`` ``(B, H, q, D)`` post-RoPE and the whole ``key``/``value`` ``(B, KV, n, D)`` after
         the cache update.
 
-        May return a boolean visibility mask ``(B, KV, n)`` (True = attend) applied on top of the causal mask.
+        May return a boolean visibility mask ``(B, KV, n)`` (True = attend) applied on top of the causal mask, or
+        ``(B, KV, q, n)``: the whole mask of every query row, replacing the causal one (e.g. rows that are variants
+        of one step, each seeing itself only).
         """
         return None
 
@@ -61,6 +63,8 @@ def _full_mask(
     ``visible`` ``(B, KV, n)`` when given."""
     q_len, n = query.shape[2], key.shape[2]
     per_head = None  # (B, H, 1, n); GQA: query head h reads KV head h // n_rep
+    if visible is not None and visible.dim() == 4:  # every row's mask, given whole
+        return expand_kv(visible.to(key.device), query.shape[1], dim=1)
     if visible is not None:
         per_head = expand_kv(visible.to(key.device), query.shape[1], dim=1)[:, :, None, :]
         if mask is None and q_len == 1:  # a decode step sees every cached slot: `visible` is the whole mask

@@ -1,8 +1,11 @@
-"""The shared base of eviction policies: a policy scores the cached slots, the base keeps the best ``budget``.
+"""The shared base of eviction policies: a policy scores the candidate slots, the base keeps the best of them.
 
-Scores are ``(L | 1, KV | 1, at)`` — a size-1 axis means the policy decides for all layers / KV heads at once.
-Higher scores are kept. Only the slots before ``at`` (the step being re-run) are candidates, so no policy can evict
-the token being processed. The result is an :class:`~kvviz.edits.Edit` the person can change by hand.
+A policy is a frozen dataclass whose fields are its parameters and whose one required method, :meth:`Policy.score`,
+receives :class:`Candidates` — the keys, values, queries and attention it may use, like kvpress' ``ScorerPress.score``
+— and returns keep-scores ``(L | 1, KV | 1, at)`` (a size-1 axis decides for all layers / KV heads at once; higher is
+kept). :meth:`Policy.budgets` may share the budget unevenly between layers or KV heads (PyramidKV, AdaKV). The same
+policy serves a one-shot mask at one step (:meth:`Policy.edit`) and a policy run (kvviz/runs), where it decides again
+and again on the already compressed cache: slots evicted earlier are not candidates any more.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from typing import ClassVar
 
 import torch
 
-from kvviz.edits import Edit, Eviction
+from kvviz.edits import Edit
 from kvviz.errors import KvvizError
 from kvviz.session import Session
 
@@ -30,10 +33,43 @@ def slots_kept(budget: int | float, at: int) -> int:
     return min(budget, at)
 
 
+@dataclass
+class Candidates:
+    """What a policy sees when it decides which of the slots ``0..at-1`` to keep: the cache as it stands (quantized
+    where the run quantized it), the recorded queries and the attention each slot received, nothing after ``at``."""
+
+    session: Session
+    at: int  # slots 0..at-1 are candidates; ``at`` is the slot about to be processed
+    keep: int  # slots to keep per layer and KV head (on average, for uneven budgets)
+    alive: torch.Tensor  # (L, KV, at) bool: not evicted earlier (a run's evictions are final)
+    running: torch.Tensor | None = None  # (L, KV, at) attention received so far, kept up to date by a policy run
+
+    def keys(self, layer: int) -> torch.Tensor:
+        """Cached keys (post-RoPE) of ``layer``: ``(KV, at, D)``."""
+        return self.session.layer_kv(layer)[0][:, : self.at]
+
+    def values(self, layer: int) -> torch.Tensor:
+        """Cached values of ``layer``: ``(KV, at, D)``."""
+        return self.session.layer_kv(layer)[1][:, : self.at]
+
+    def queries(self, layer: int, rows: slice) -> torch.Tensor:
+        """Recorded post-RoPE queries of the slots ``rows`` (all before ``at``): ``(H, len(rows), D)``."""
+        return self.session.queries.layer(layer)[:, rows]
+
+    def attention(self, rows: slice) -> torch.Tensor:
+        """Attention the candidates received from the query slots ``rows``, as those steps computed it (on the cache
+        as it stood then), summed over the rows and the query heads of each KV group: ``(L, KV, at)``."""
+        return received_attention(self.session, self.at, rows)
+
+    def accumulated(self) -> torch.Tensor:
+        """Attention each candidate received from every query so far: ``(L, KV, at)`` (H2O's heavy hitters)."""
+        return self.running if self.running is not None else self.attention(slice(0, self.at))
+
+
 @dataclass(frozen=True)
 class Policy:
     """Base class. Subclasses are frozen dataclasses whose fields are the policy's parameters (validated in
-    ``__post_init__``); they set ``name`` and implement :meth:`scores`."""
+    ``__post_init__``); they set ``name`` and implement :meth:`score`."""
 
     name: ClassVar[str] = ""
 
@@ -41,12 +77,26 @@ class Policy:
         """The parameters, by field name (JSON-ready: saved with a session, shown as widgets)."""
         return asdict(self)
 
-    def scores(self, session: Session, at: int, keep: int) -> torch.Tensor:
-        """Keep-scores of slots ``0..at-1``: ``(L | 1, KV | 1, at)``; ``keep`` is the number of slots kept."""
+    def score(self, candidates: Candidates) -> torch.Tensor:
+        """Keep-scores of the candidates: ``(L | 1, KV | 1, at)``, higher is kept."""
         raise NotImplementedError
 
+    def budgets(self, candidates: Candidates, scores: torch.Tensor) -> torch.Tensor:
+        """Slots kept per layer and KV head, ``(L, KV)`` integers, from the scores ``(L, KV, at)`` (``-inf`` where
+        not alive); the default keeps ``candidates.keep`` everywhere."""
+        return torch.full(scores.shape[:2], candidates.keep, dtype=torch.long)
+
+    def evicted(self, candidates: Candidates) -> torch.Tensor:
+        """The candidates this policy evicts now: bool ``(L, KV, at)``, only alive slots. Ties keep the earlier slot."""
+        alive = candidates.alive
+        scores = checked_scores(self, candidates).masked_fill(~alive, float("-inf"))
+        budgets = self.budgets(candidates, scores).clamp(min=1)[..., None]  # (L, KV, 1)
+        order = torch.argsort(scores, dim=-1, descending=True, stable=True)
+        rank = torch.empty_like(order).scatter_(-1, order, torch.arange(alive.shape[-1]).expand_as(order))
+        return alive & (rank >= budgets)
+
     def edit(self, session: Session, budget: int | float, at: int | None = None) -> Edit:
-        """Evict all but the ``budget`` best-scored slots before ``at`` (default: the newest cached slot)."""
+        """One-shot: evict all but the ``budget`` best-scored slots before ``at`` (default: the newest cached slot)."""
         at = len(session) - 1 if at is None else at
         if not 0 <= at < len(session):
             raise KvvizError(f"slot {at} is not cached")
@@ -55,16 +105,28 @@ class Policy:
             return Edit()
         if keep == 0:
             raise KvvizError("the budget keeps no slot; keep at least one")
-        scores = self.scores(session, at, keep).float()
-        layers, heads, _ = scores.shape
-        order = torch.argsort(scores, dim=-1, descending=True, stable=True)  # ties: the earlier slot is kept
-        evictions = []
-        for layer in range(layers):
-            for head in range(heads):
-                evicted = sorted(order[layer, head, keep:].tolist())
-                evictions.append(Eviction(tuple(evicted), None if layers == 1 else (layer,),
-                                          None if heads == 1 else (head,)))
-        return Edit(evictions=tuple(evictions))
+        lm = session.lm
+        alive = torch.ones(lm.layers, lm.kv_heads, at, dtype=torch.bool)
+        return Edit.from_evicted(self.evicted(Candidates(session, at, keep, alive)))
+
+
+def checked_scores(policy: Policy, candidates: Candidates) -> torch.Tensor:
+    """``policy.score`` as float32 ``(L, KV, at)`` on the CPU; a policy that fails or returns another shape is
+    refused with one line naming it."""
+    lm = candidates.session.lm
+    try:
+        scores = policy.score(candidates)
+    except KvvizError:
+        raise
+    except Exception as exc:
+        raise KvvizError(f"policy {policy.name or type(policy).__name__} failed: {type(exc).__name__}: {exc}") from exc
+    shape = (lm.layers, lm.kv_heads, candidates.at)
+    if not isinstance(scores, torch.Tensor) or scores.dim() != 3 or any(
+            size not in (1, full) for size, full in zip(scores.shape, shape)) or scores.shape[-1] != shape[-1]:
+        got = tuple(scores.shape) if isinstance(scores, torch.Tensor) else type(scores).__name__
+        raise KvvizError(f"policy {policy.name or type(policy).__name__} returned scores of shape {got}; "
+                         f"expected (L | 1, KV | 1, at) = ({shape[0]} | 1, {shape[1]} | 1, {shape[2]})")
+    return scores.float().cpu().expand(shape)
 
 
 def protect(scores: torch.Tensor, slots: slice) -> torch.Tensor:

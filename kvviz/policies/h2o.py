@@ -11,8 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from kvviz.errors import KvvizError
-from kvviz.policies.base import Policy, protect, received_attention
-from kvviz.session import Session
+from kvviz.policies.base import Candidates, Policy, protect
 
 
 @dataclass(frozen=True)
@@ -25,7 +24,7 @@ class H2O(Policy):
         if not 0 <= self.recent_fraction <= 1:
             raise KvvizError(f"h2o's recent_fraction must be in [0, 1], got {self.recent_fraction!r}")
 
-    def scores(self, session: Session, at: int, keep: int) -> torch.Tensor:
-        accumulated = received_attention(session, at, slice(0, at))
-        recent = int(keep * self.recent_fraction)
+    def score(self, candidates: Candidates) -> torch.Tensor:
+        at, accumulated = candidates.at, candidates.accumulated()  # (L, KV, at)
+        recent = int(candidates.keep * self.recent_fraction)
         return protect(accumulated, slice(at - recent, at)) if recent else accumulated

@@ -10,14 +10,13 @@ from dataclasses import dataclass
 
 import torch
 
-from kvviz.policies.base import Policy
-from kvviz.session import Session
+from kvviz.policies.base import Candidates, Policy
 
 
 @dataclass(frozen=True)
 class KeyNorm(Policy):
     name = "key_norm"
 
-    def scores(self, session: Session, at: int, keep: int) -> torch.Tensor:
-        norms = [session.commits.original_kv(layer, at)[0].float().norm(dim=-1) for layer in range(session.lm.layers)]
-        return -torch.stack(norms).cpu()  # (L, KV, at)
+    def score(self, candidates: Candidates) -> torch.Tensor:
+        layers = candidates.session.lm.layers
+        return -torch.stack([candidates.keys(layer).float().norm(dim=-1) for layer in range(layers)])  # (L, KV, at)

@@ -6,8 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvviz.policies.base import Policy
-from kvviz.session import Session
+from kvviz.policies.base import Candidates, Policy
 
 
 @dataclass(frozen=True)
@@ -16,5 +15,5 @@ class RandomPolicy(Policy):
 
     seed: int = 0
 
-    def scores(self, session: Session, at: int, keep: int) -> torch.Tensor:
-        return torch.rand(1, 1, at, generator=torch.Generator().manual_seed(self.seed))
+    def score(self, candidates: Candidates) -> torch.Tensor:
+        return torch.rand(1, 1, candidates.at, generator=torch.Generator().manual_seed(self.seed))

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from kvviz.errors import KvvizError
-from kvviz.policies.base import Policy, positive, protect, received_attention
-from kvviz.session import Session
+from kvviz.policies.base import Candidates, Policy, positive, protect
 
 
 @dataclass(frozen=True)
@@ -29,9 +28,10 @@ class SnapKV(Policy):
         if self.kernel % 2 == 0:
             raise KvvizError(f"snapkv's kernel must be odd (centred pooling), got {self.kernel}")
 
-    def scores(self, session: Session, at: int, keep: int) -> torch.Tensor:
+    def score(self, candidates: Candidates) -> torch.Tensor:
+        at = candidates.at
         window = min(self.window, at)
-        votes = received_attention(session, at, slice(at - window, at))  # (L, KV, at)
+        votes = candidates.attention(slice(at - window, at))  # (L, KV, at)
         pooled = torch.nn.functional.max_pool1d(votes, self.kernel, stride=1, padding=self.kernel // 2)
-        recent = min(window, keep // 2)
+        recent = min(window, candidates.keep // 2)
         return protect(pooled, slice(at - recent, at)) if recent else pooled

@@ -11,8 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from kvviz.errors import KvvizError
-from kvviz.policies.base import Policy
-from kvviz.session import Session
+from kvviz.policies.base import Candidates, Policy
 
 
 @dataclass(frozen=True)
@@ -25,6 +24,6 @@ class StreamingLLM(Policy):
         if isinstance(self.sinks, bool) or not isinstance(self.sinks, int) or self.sinks < 0:
             raise KvvizError(f"streaming_llm's sinks must be a non-negative integer, got {self.sinks!r}")
 
-    def scores(self, session: Session, at: int, keep: int) -> torch.Tensor:
-        slots = torch.arange(at, dtype=torch.float32)
+    def score(self, candidates: Candidates) -> torch.Tensor:
+        slots = torch.arange(candidates.at, dtype=torch.float32)  # the most recent score highest
         return torch.where(slots < self.sinks, torch.inf, slots)[None, None]

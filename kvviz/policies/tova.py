@@ -10,15 +10,13 @@ from dataclasses import dataclass
 
 import torch
 
-from kvviz.policies.base import Policy, received_attention
-from kvviz.session import Session
+from kvviz.policies.base import Candidates, Policy
 
 
 @dataclass(frozen=True)
 class TOVA(Policy):
     name = "tova"
 
-    def scores(self, session: Session, at: int, keep: int) -> torch.Tensor:
-        if at == 0:
-            return received_attention(session, at, slice(0, 0)).sum(1, keepdim=True)
-        return received_attention(session, at, slice(at - 1, at)).sum(1, keepdim=True)  # (L, 1, at)
+    def score(self, candidates: Candidates) -> torch.Tensor:
+        at = candidates.at
+        return candidates.attention(slice(max(at - 1, 0), at)).sum(1, keepdim=True)  # (L, 1, at)

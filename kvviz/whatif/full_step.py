@@ -92,7 +92,7 @@ class FullStep:
         own = tuple(t[:, :, self.at].clone() for t in self.buffers)  # (L, KV, D) each: the run overwrites it
         self.edited = self.buffers
         try:
-            yield kv_cache.over(_layers(self.buffers), self.at)
+            yield kv_cache.over(layer_views(self.buffers), self.at)
         finally:
             for buffer, slot in zip(self.buffers, own):
                 buffer[:, :, self.at] = slot
@@ -101,7 +101,7 @@ class FullStep:
         """The scratch cache holding ``edit``'s quantization ``plan`` (see :meth:`lent`)."""
         if self.originals is None:
             self.originals = (tuple(t[:, :, :self.at] for t in self.buffers) if not self.committed.quantizes
-                              else _stacked(_prefix(session, self.at)))
+                              else stacked(prefix_kv(session, self.at)))
         if self.scratch is None:
             self.scratch = tuple(torch.empty_like(t) for t in self.buffers)
             for scratch, originals in zip(self.scratch, self.originals):
@@ -118,11 +118,11 @@ class FullStep:
             edit.quantize_(keys, values, source=tuple(t.flatten(0, 1) for t in self.originals))
             self.finished = True
         self.edited = self.scratch
-        return kv_cache.over(_layers(self.scratch), self.at)
+        return kv_cache.over(layer_views(self.scratch), self.at)
 
     def continuation(self, session: Session, steps: int) -> list[int]:
         if steps not in self.continuations:
-            cache = kv_cache.build(session.lm.config, _layers(self.buffers))
+            cache = kv_cache.build(session.lm.config, layer_views(self.buffers))
             self.continuations[steps] = greedy(session, cache, self.hidden, self.logits, self.position, steps)
         return self.continuations[steps]
 
@@ -138,9 +138,9 @@ def kept_full_step(session: Session, at: int, full: Edit, hidden: torch.Tensor |
     warm."""
     def compute() -> FullStep:
         slot = session.transcript.slots[at]
-        buffers = _stacked(_prefix(session, at, full), room=1)
+        buffers = stacked(prefix_kv(session, at, full), room=1)
         probe = FullStepProbe(hidden, session.lm.scaling)
-        out, _ = run(session, kv_cache.over(_layers(buffers), at), slot.id, slot.position, probe)
+        out, _ = run(session, kv_cache.over(layer_views(buffers), at), slot.id, slot.position, probe)
         probe.finish(buffers)
         return FullStep(at, slot.position, probe, out.logits[0, -1].float(), out.hidden_states, hidden,
                         session.transcript.segments()[:at], full, buffers)
@@ -148,14 +148,14 @@ def kept_full_step(session: Session, at: int, full: Edit, hidden: torch.Tensor |
     return session.memoized("full_steps", (at, full.key, hidden is not None), compute, keep=2)
 
 
-def _prefix(session: Session, at: int, edit: Edit | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def prefix_kv(session: Session, at: int, edit: Edit | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per layer, the K/V ``(KV, at, D)`` of slots ``0..at-1`` as the model computed them (views), with ``edit``'s
     quantization applied (copies) when given."""
     originals = [session.commits.original_kv(layer, at) for layer in range(session.lm.layers)]
     return originals if edit is None else [edit.quantized(*kv) for kv in originals]
 
 
-def _stacked(prefix: list[KV], room: int = 0) -> KV:
+def stacked(prefix: list[KV], room: int = 0) -> KV:
     """Per-layer K/V ``(KV, n, D)`` → keys and values ``(L, KV, n + room, D)`` holding them first (the room unset),
     so that what follows is computed for all layers at once."""
     keys = prefix[0][0]
@@ -167,7 +167,7 @@ def _stacked(prefix: list[KV], room: int = 0) -> KV:
     return buffers
 
 
-def _layers(buffers: KV) -> list[KV]:
+def layer_views(buffers: KV) -> list[KV]:
     """Keys and values ``(L, KV, n, D)`` → per layer the views ``(1, KV, n, D)`` a cache is built over."""
     return [(keys[None], values[None]) for keys, values in zip(*buffers)]
 

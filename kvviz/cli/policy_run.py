@@ -1,0 +1,80 @@
+"""``python -m kvviz policy-run``: answer turns with the full cache and with a policy compressing it as it runs;
+print the aligned replies, the divergence, per-step KL / agreement, the eviction log and the blame table."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from kvviz.cli.common import add_chat_arguments, positive
+from kvviz.cli.whatif import _budget
+from kvviz.errors import KvvizError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_chat_arguments(parser)
+    parser.add_argument("--policy", default=None, help="eviction policy (built-in or from KVVIZ_POLICIES)")
+    parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="a policy parameter")
+    parser.add_argument("--budget", default=None, type=_budget, help="slots kept (e.g. 64) or a fraction (e.g. 0.5)")
+    parser.add_argument("--mode", choices=("prefill", "decode", "both"), default="decode")
+    parser.add_argument("--every", type=positive, default=1, help="compress every N decode steps (decode mode)")
+    parser.add_argument("--kivi-bits", type=int, default=None, help="quantize as KIVI does, keys and values at B bits")
+    parser.add_argument("--kivi-group", type=positive, default=32, help="KIVI's group of slots (G)")
+    parser.add_argument("--kivi-residual", type=int, default=128, help="KIVI's full-precision recent slots (R)")
+    parser.add_argument("--kivi-grouping", choices=("blocks", "shared"), default="blocks",
+                        help="key scales per group of G slots (KIVI) or one shared by all quantized slots")
+    parser.add_argument("--blame-step", type=int, default=None, help="step to blame (default: the divergence)")
+    parser.add_argument("--blame-unit", choices=("slot", "word"), default="slot")
+    parser.add_argument("--blame-limit", type=positive, default=32, help="candidates re-run by the blame")
+
+
+def _params(pairs: list[str]) -> dict[str, str]:
+    params = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise KvvizError(f"bad --param {pair!r}; use NAME=VALUE, e.g. --param window=16")
+        params[name.strip()] = value.strip()
+    return params
+
+
+def run(args: argparse.Namespace) -> None:
+    if any(not text.strip() for text in args.turn):
+        raise KvvizError("a turn is empty; type some text")
+    if args.policy is None and args.kivi_bits is None:
+        raise KvvizError("give --policy (with --budget), --kivi-bits, or both")
+    from kvviz.model import load_model
+    from kvviz.policies.user import available
+    from kvviz.runs.blame import blame
+    from kvviz.runs.compressed import RunSettings
+    from kvviz.runs.kivi import Kivi
+    from kvviz.runs.policy_run import run_policy
+    from kvviz.runs.report import document, make_policy
+
+    policy = make_policy(available(), args.policy, _params(args.param)) if args.policy else None
+    kivi = None if args.kivi_bits is None else Kivi(args.kivi_bits, args.kivi_bits, args.kivi_group,
+                                                    args.kivi_residual, args.kivi_grouping)
+    settings = RunSettings(policy, args.budget, args.mode, args.every, kivi)
+    result = run_policy(load_model(args.model), args.turn, settings, args.max_new_tokens)
+    last = result.last
+    step = args.blame_step if args.blame_step is not None else last.divergence
+    ranked = blame(result, step=step, unit=args.blame_unit, limit=args.blame_limit) \
+        if last.steps and (step is None or step >= 0) and settings.policy is not None else None
+    report = document(result, ranked)
+    if args.json:
+        print(json.dumps(report))
+        return
+    print(f"{result.model} · {settings.label}")
+    for index, turn in enumerate(report["turns"]):
+        print(f"\nturn {index + 1}: {turn['user']}")
+        print(f"  full:   {turn['full']['text']}")
+        print(f"  policy: {turn['policy_run']['text']}")
+        print(f"  divergence: {'none' if turn['divergence'] is None else 'step ' + str(turn['divergence'])}")
+    print("\nstep  slot  visible      KL  top-1")
+    for s in report["steps"]:
+        print(f"{s['step']:>4}  {s['slot']:>4}  {s['visible']:>7}  {s['kl']:>6.3f}  {'=' if s['top1_agree'] else '≠'}")
+    print(f"\n{len(report['evictions'])} evictions in the last turn")
+    if ranked is not None:
+        print(f"\nblame at step {ranked.step} (KL {ranked.kl:.3f}): restoring one candidate at a time")
+        for row in ranked.rows[:10]:
+            print(f"  slots {row.slots}: KL {row.kl_after_restore:.3f}, top-1 {'back' if row.top1_restored else 'not back'}")

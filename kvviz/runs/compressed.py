@@ -1,0 +1,142 @@
+"""One side of a policy run: a :class:`~kvviz.session.Session` whose cache a policy compresses as a real
+implementation would, turn by turn and step by step (docs/math.md §9).
+
+- The prompt of a turn is prefilled with full attention on whatever the cache still holds.
+- ``prefill`` mode compresses once right after it; ``decode`` mode before every ``every``-th decode step while the
+  cache is over the budget; ``both`` does both. The budget bounds the slots a step sees besides its own.
+- The policy decides on the compressed cache: scores come from attention as the steps computed it, evicted slots
+  never come back and accumulate nothing, nothing after the step is seen.
+- KIVI quantizes whole groups as they leave the full-precision window, before the step that first sees them so.
+- Positions stay the original absolute ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from kvviz import attention_math as am
+from kvviz import kv_cache
+from kvviz.errors import KvvizError
+from kvviz.model import LoadedModel
+from kvviz.policies.base import Candidates, Policy, received_attention, slots_kept
+from kvviz.runs.kivi import Kivi
+from kvviz.runs.timeline import Timeline
+from kvviz.sampling import Sampling
+from kvviz.session import Session
+
+Mode = Literal["prefill", "decode", "both"]
+MODES = ("prefill", "decode", "both")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """How a policy run compresses. ``policy`` None runs KIVI alone; ``budget`` is a slot count or a fraction of the
+    slots cached after each turn's prompt."""
+
+    policy: Policy | None = None
+    budget: int | float | None = None
+    mode: Mode = "decode"
+    every: int = 1
+    kivi: Kivi | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise KvvizError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
+            raise KvvizError(f"every must be a positive integer, got {self.every!r}")
+        if self.policy is None and self.kivi is None:
+            raise KvvizError("a run needs a policy, KIVI quantization, or both")
+        if self.policy is not None:
+            if self.budget is None:
+                raise KvvizError("a policy run needs a budget (a slot count or a fraction)")
+            slots_kept(self.budget, 1)  # refuses a malformed budget now, not in the middle of a run
+
+    @property
+    def label(self) -> str:
+        parts = []
+        if self.policy is not None:
+            every = f" every {self.every} steps" if self.every > 1 else ""
+            parts.append(f"{self.policy.name}, budget {self.budget}, {self.mode}{every}")
+        if self.kivi is not None:
+            parts.append(self.kivi.label)
+        return "; ".join(parts) + " · original positions"
+
+
+class CompressedSession:
+    """A greedy session compressed by ``settings`` (see the module doc)."""
+
+    def __init__(self, lm: LoadedModel, settings: RunSettings):
+        self.lm, self.settings = lm, settings
+        self.session = Session(lm, Sampling())
+        self.timeline = Timeline(self.session.cache, lm.layers, lm.kv_heads, settings.kivi)
+        self.session.commits = self.timeline
+        self.running = torch.zeros(lm.layers, lm.kv_heads, 0, dtype=torch.float64)  # attention received so far
+        self.keep = 0  # this turn's budget in slots
+        self.steps = 0  # decode steps of this turn so far
+        self.prompt_end: list[int] = []  # per turn: slots cached after its prompt
+        self.seen: torch.Tensor | None = None  # (L, KV, n): what the last step saw besides its own slot
+
+    def __len__(self) -> int:
+        return len(self.session)
+
+    def add_turn(self, text: str) -> None:
+        """Prefill a user turn (full attention on the cache as it stands), then compress as the mode says."""
+        start = len(self.session)
+        self.session.add_user_turn(text)
+        self._received(slice(start, len(self.session)))
+        self.prompt_end.append(len(self.session))
+        budget = self.settings.budget
+        if self.settings.policy is not None:  # a count stands as it is; a fraction is of this prompt's slots
+            self.keep = max(1, budget if isinstance(budget, int) else slots_kept(budget, len(self.session)))
+        self.steps = 0
+        self._compress(self.settings.mode in ("prefill", "both"))
+
+    def step(self, token: int | None = None) -> torch.Tensor:
+        """Decode one step — of ``token`` instead of the chosen one when given (teacher forcing) — after the
+        compression due before it. Returns the step's next-token logits ``(V,)`` float32."""
+        due = self.settings.mode in ("decode", "both") and self.steps % self.settings.every == 0
+        self._compress(due)
+        self.seen = self.alive()
+        if token is not None:
+            self.session.force(token)
+        self.session.step()
+        self._received(slice(len(self.session) - 1, len(self.session)))
+        self.steps += 1
+        return self.session.logits
+
+    # --- compression -----------------------------------------------------------------------------------------
+
+    def alive(self) -> torch.Tensor:
+        """Bool ``(L, KV, n)``: the cached slots the next step sees."""
+        n = len(self.session)
+        return ~self.timeline.hidden(n, n)
+
+    def _compress(self, evict: bool) -> None:
+        at = len(self.session)
+        evicted = None
+        if evict and self.settings.policy is not None:
+            alive = self.alive()
+            if int(alive.sum(-1).max()) > self.keep:
+                candidates = Candidates(self.session, at, self.keep, alive, self.running.float())
+                evicted = self.settings.policy.evicted(candidates)
+        kivi = self.settings.kivi
+        if self.timeline.record(at, evicted, kivi.quantized_prefix(at) if kivi else 0):
+            self.session.version += 1
+            self.session.memo.clear()
+
+    def _received(self, rows: slice) -> None:
+        """Add the attention the slots got from the query slots ``rows`` (just processed) to :attr:`running`."""
+        lm, n = self.lm, rows.stop
+        self.running = torch.nn.functional.pad(self.running, (0, n - self.running.shape[-1]))
+        if rows.stop - rows.start > 1:  # a prompt: its rows as they were computed
+            self.running += received_attention(self.session, n, rows).double()
+            return
+        hidden = self.timeline.hidden(rows.start, n).to(lm.device)
+        for layer in range(lm.layers):
+            keys = kv_cache.layer_kv(self.session.cache, layer)[0][0]  # (KV, n, D): what the step just saw
+            query = self.session.queries.layer(layer)[:, rows]  # (H, 1, D)
+            weights = am.causal_weights(query, keys, lm.scaling, hidden[layer])[:, 0]  # (H, n)
+            self.running[layer] += weights.double().cpu().view(lm.kv_heads, -1, n).sum(1)

@@ -1,0 +1,197 @@
+"""A policy run beside the full-cache run, turn by turn (docs/math.md §9).
+
+For every turn: the full session answers greedily; the compressed session is teacher-forced on that reply, so every
+decode step ``s`` (it processes the reply's token ``s`` and predicts token ``s + 1``) compares the two next-token
+distributions on the same prefix — KL(full ‖ policy) and top-1 agreement stay comparable after the answers part.
+Where the policy's own choice first differs (the divergence) the run forks: the free run continues on its own
+tokens, and it is the free run that carries the conversation into the next turn, as a real deployment would.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from kvviz.errors import KvvizError
+from kvviz.model import LoadedModel
+from kvviz.runs.compressed import CompressedSession, RunSettings
+from kvviz.runs.timeline import NEVER
+from kvviz.session import Session
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """Decode step ``step`` of the teacher-forced run: it processes ``slot`` and sees ``visible`` other slots (mean
+    over layers and KV heads; ``by_segment`` splits them into history / query / generated)."""
+
+    step: int
+    slot: int
+    visible: float
+    by_segment: dict[str, float]
+    kl: float
+    top1_agree: bool
+    full_top1: int
+    policy_top1: int
+
+
+@dataclass
+class TurnRun:
+    """One turn: the full reply, the policy's own (free) reply, and the teacher-forced comparison."""
+
+    user: str
+    prompt_ids: list[int]  # everything the full session cached before the turn's first decode step
+    prompt_end: int  # slots the compressed session cached then: decode step s processes slot prompt_end + s
+    full_ids: list[int]
+    policy_ids: list[int]
+    full_text: str
+    policy_text: str
+    divergence: int | None  # the step whose choice first differs (-1: the prefill's, only in follow-up turns)
+    steps: list[StepRecord]
+    forced: CompressedSession  # its slots hold the full reply: the steps' caches, for what-ifs and blame
+
+    @property
+    def changed(self) -> bool:
+        return self.full_ids != self.policy_ids
+
+
+@dataclass
+class PolicyRun:
+    settings: RunSettings
+    model: str
+    turns: list[TurnRun] = field(default_factory=list)
+
+    @property
+    def last(self) -> TurnRun:
+        return self.turns[-1]
+
+    def evictions(self, turn: int = -1) -> list[dict]:
+        """When each slot left the cache during ``turn``: ``{"slot", "step", "layer", "kv_head"}`` with ``step`` the
+        first decode step of the turn that no longer sees it (0 for a compression right after the prompt) and
+        ``layer`` / ``kv_head`` None where it left every layer / KV head at once."""
+        run = self.turns[turn]
+        timeline = run.forced.timeline
+        start, stop = run.prompt_end, run.prompt_end + len(run.steps) + 1
+        records = []
+        for k, at in enumerate(timeline.at):
+            if not start <= at < stop:
+                continue
+            hit = timeline.evicted_at == k  # (L, KV, n)
+            for slot in hit.any(0).any(0).nonzero()[:, 0].tolist():
+                where = hit[:, :, slot]
+                if bool(where.all()):
+                    records.append({"slot": slot, "step": at - start, "layer": None, "kv_head": None})
+                    continue
+                for layer in where.any(1).nonzero()[:, 0].tolist():
+                    heads = where[layer]
+                    if bool(heads.all()):
+                        records.append({"slot": slot, "step": at - start, "layer": layer, "kv_head": None})
+                    else:
+                        records.extend({"slot": slot, "step": at - start, "layer": layer, "kv_head": h}
+                                       for h in heads.nonzero()[:, 0].tolist())
+        return records
+
+    def eviction_steps(self, turn: int = -1) -> torch.Tensor:
+        """The timeline picture of ``turn``: ``(L, KV, n)`` int, the turn's decode step from which each slot is
+        hidden (``-1``: before the turn; ``NEVER``: still cached at the end)."""
+        run = self.turns[turn]
+        timeline = run.forced.timeline
+        at = torch.tensor(timeline.at + [NEVER], dtype=torch.long)
+        n = run.prompt_end + len(run.steps)
+        commits = timeline.evicted_at[:, :, :n].long()
+        commits = torch.nn.functional.pad(commits, (0, n - commits.shape[-1]), value=NEVER)
+        slots = at[commits.clamp(max=len(timeline.at))]
+        return torch.where(commits >= NEVER, NEVER, torch.where(slots < run.prompt_end, -1, slots - run.prompt_end))
+
+
+def kl_divergence(full: torch.Tensor, policy: torch.Tensor) -> float:
+    """KL(p_full ‖ p_policy) in nats from two logit vectors ``(V,)``, in float64."""
+    log_p, log_q = torch.log_softmax(full.double(), -1), torch.log_softmax(policy.double(), -1)
+    return float((log_p.exp() * (log_p - log_q)).sum().clamp(min=0))
+
+
+def run_policy(lm: LoadedModel, turns: Sequence[str], settings: RunSettings, max_new_tokens: int = 64,
+               on_step: Callable[[int, int], None] | None = None) -> PolicyRun:
+    """Answer ``turns`` with the full cache and with ``settings``' compression, side by side (module doc).
+    ``on_step(turn, step)`` reports progress."""
+    if not turns:
+        raise KvvizError("a policy run needs at least one turn")
+    if max_new_tokens < 1:
+        raise KvvizError("max_new_tokens must be at least 1")
+    full = Session(lm)
+    policy = CompressedSession(lm, settings)
+    result = PolicyRun(settings, lm.name)
+    for index, text in enumerate(turns):
+        full.add_user_turn(text)
+        prompt_ids = list(full.transcript.ids)
+        policy.add_turn(text)
+        full_ids, full_logits = _full_reply(full, max_new_tokens)
+        forced, free, turn = _compare(policy, full_ids, full_logits, max_new_tokens,
+                                      lambda step: on_step and on_step(index, step))
+        lm_decode = lambda ids: lm.tokenizer.decode([i for i in ids if i not in lm.stop_ids],  # noqa: E731
+                                                    skip_special_tokens=True)
+        result.turns.append(TurnRun(text, prompt_ids, forced.prompt_end[-1],
+                                    full_ids, turn["policy_ids"], lm_decode(full_ids), lm_decode(turn["policy_ids"]),
+                                    turn["divergence"], turn["steps"], forced))
+        policy = free
+    return result
+
+
+def _full_reply(full: Session, max_new_tokens: int) -> tuple[list[int], list[torch.Tensor]]:
+    """The full session's greedy reply (ids, end-of-turn included) and the logits before each of its tokens."""
+    ids, logits = [full.pending], [full.logits]
+    while len(ids) < max_new_tokens and ids[-1] not in full.lm.stop_ids and full.has_room(1):
+        full.step()
+        ids.append(full.pending)
+        logits.append(full.logits)
+    full.set_announced(len(ids))
+    return ids, logits
+
+
+def _compare(policy: CompressedSession, full_ids: list[int], full_logits: list[torch.Tensor], max_new_tokens: int,
+             on_step: Callable[[int], None]) -> tuple[CompressedSession, CompressedSession, dict]:
+    """Teacher-force ``policy`` on the full reply; fork the free run where its choice first differs. Returns the
+    forced side, the free side (the same object when they never part) and the turn's records."""
+    session = policy.session
+    free: CompressedSession | None = None
+    divergence = None
+    if session.pending != full_ids[0]:  # a follow-up turn whose prefill already chose otherwise
+        divergence, free = -1, _fork(policy)
+    steps = []
+    for step in range(len(full_ids) - 1):
+        segments = session.transcript.segments()
+        logits = policy.step(full_ids[step])
+        visible = policy.seen.float().mean((0, 1))  # (n,) share of layers and KV heads that see each slot
+        by_segment = {name: float(sum(v for v, s in zip(visible.tolist(), segments) if s == name))
+                      for name in ("history", "query", "generated")}
+        choice = int(logits.argmax())
+        steps.append(StepRecord(step, len(session) - 1, float(visible.sum()), by_segment,
+                                kl_divergence(full_logits[step + 1], logits), choice == full_ids[step + 1],
+                                full_ids[step + 1], choice))
+        if free is None and choice != full_ids[step + 1]:
+            divergence, free = step, _fork(policy)
+        on_step(step)
+    if free is None:
+        session.set_announced(len(full_ids))
+        return policy, policy, {"policy_ids": list(full_ids), "divergence": None, "steps": steps}
+    own = _free_reply(free, max_new_tokens)
+    return policy, free, {"policy_ids": own, "divergence": divergence, "steps": steps}
+
+
+def _fork(policy: CompressedSession) -> CompressedSession:
+    """An independent copy of ``policy`` (the model is shared, not copied)."""
+    lm = policy.lm
+    return copy.deepcopy(policy, memo={id(lm): lm})
+
+
+def _free_reply(free: CompressedSession, max_new_tokens: int) -> list[int]:
+    """The forked run's own greedy reply: it forked right after choosing a token of its own."""
+    session = free.session
+    ids = list(session.produced)
+    while len(ids) < max_new_tokens and ids[-1] not in free.lm.stop_ids and session.has_room(1):
+        free.step()
+        ids.append(session.pending)
+    session.set_announced(len(ids))
+    return ids

@@ -1,0 +1,66 @@
+"""A policy run as one JSON-ready document (the ``policy-run --json`` fields other tools rely on), and policies built
+from names and text parameters (the CLI's and the app's)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from kvviz.errors import KvvizError
+from kvviz.policies.base import Policy
+from kvviz.runs.blame import Blame
+from kvviz.runs.policy_run import PolicyRun, TurnRun
+
+
+def make_policy(classes: Mapping[str, type[Policy]], name: str, params: Mapping[str, object] | None = None) -> Policy:
+    """``classes[name]`` with ``params`` (text values are converted to the type of the field's default)."""
+    if name not in classes:
+        raise KvvizError(f"unknown policy {name!r}; choose one of {', '.join(classes)}")
+    cls = classes[name]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    values = {}
+    for key, value in (params or {}).items():
+        if key not in fields:
+            raise KvvizError(f"{name} has no parameter {key!r}; its parameters: {', '.join(fields) or 'none'}")
+        default = fields[key].default
+        try:
+            values[key] = type(default)(value) if isinstance(value, str) and default is not dataclasses.MISSING \
+                else value
+        except ValueError:
+            raise KvvizError(f"{name}'s {key} must be a {type(default).__name__}, got {value!r}") from None
+    try:
+        return cls(**values)
+    except KvvizError:
+        raise
+    except Exception as exc:
+        raise KvvizError(f"cannot make policy {name}: {type(exc).__name__}: {exc}") from None
+
+
+def _turn(run: TurnRun) -> dict:
+    return {"user": run.user, "prompt_ids": run.prompt_ids,
+            "full": {"ids": run.full_ids, "text": run.full_text},
+            "policy_run": {"ids": run.policy_ids, "text": run.policy_text},
+            "divergence": run.divergence, "changed": run.changed,
+            "steps": [{"step": s.step, "slot": s.slot, "visible": round(s.visible), "kl": s.kl,
+                       "top1_agree": s.top1_agree, "by_segment": s.by_segment} for s in run.steps]}
+
+
+def document(result: PolicyRun, blame: Blame | None = None) -> dict:
+    """The run's document: the last turn's fields at the top level, every turn under ``turns``."""
+    settings = result.settings
+    policy = settings.policy
+    last = _turn(result.last)
+    return {
+        "model": result.model,
+        "policy": policy.name if policy is not None else None,
+        "params": policy.settings() if policy is not None else {},
+        "budget": settings.budget, "mode": settings.mode, "every": settings.every,
+        "kivi": settings.kivi.settings() if settings.kivi is not None else None,
+        "positions": "original",
+        **{key: last[key] for key in ("prompt_ids", "full", "policy_run", "divergence", "steps")},
+        "evictions": result.evictions(),
+        "blame": [] if blame is None else [{"slots": r.slots, "kl_after_restore": r.kl_after_restore,
+                                            "top1_restored": r.top1_restored, "mass": r.mass} for r in blame.rows],
+        "blame_step": None if blame is None else blame.step,
+        "turns": [_turn(run) for run in result.turns],
+    }

@@ -1,0 +1,148 @@
+"""What a policy run did to its session's cache, step by step: the read side of a session's
+:class:`~kvviz.commits.CommitLog`, so that the session's attention weights, what-ifs and time travel see the cache as
+it stood at every step.
+
+Commit ``k`` is a compression made when ``at[k]`` slots were cached; it applies to the steps of slots ``≥ at[k]``.
+Evictions are final, so one tensor holds them all: ``evicted_at`` ``(L, KV, n)``, the commit that evicted each slot
+from each layer and KV head (``NEVER`` if none). Quantization (KIVI) covers a growing prefix of slots; the live cache
+holds the quantized K/V, the originals are kept to reproduce any step exactly.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import torch
+from transformers import Cache
+
+from kvviz import kv_cache
+from kvviz.edits import Edit
+from kvviz.errors import KvvizError
+from kvviz.runs.kivi import Kivi
+
+NEVER = torch.iinfo(torch.int32).max
+
+
+class Timeline:
+    """The commits of one policy run (see the module doc); a session's ``commits`` that the user cannot push to."""
+
+    stack = ()  # no hand-made commits: a run's cache is edited by its policy only
+
+    def __init__(self, cache: Cache, layers: int, kv_heads: int, kivi: Kivi | None = None):
+        self.cache, self.layers, self.kv_heads, self.kivi = cache, layers, kv_heads, kivi
+        self.evicted_at = torch.full((layers, kv_heads, 0), NEVER, dtype=torch.int32)
+        self.at: list[int] = []  # slots cached when commit k was made
+        self.quantized: list[int] = []  # slots 0..q-1 quantized after commit k
+        self.originals: tuple[torch.Tensor, torch.Tensor] | None = None  # (L, KV, q, D): quantized slots as computed
+        self._edits: dict[int, Edit] = {}
+
+    # --- the CommitLog read side -----------------------------------------------------------------------------
+
+    def index(self, slot: int) -> int:
+        """The commit in force when slot ``slot`` is processed (-1: none)."""
+        return bisect.bisect_right(self.at, slot) - 1
+
+    def edit_at(self, slot: int) -> Edit:
+        """The cumulative edit in force when slot ``slot`` was (or will be) processed."""
+        k = self.index(slot)
+        if k < 0:
+            return Edit()
+        if k not in self._edits:
+            if len(self._edits) >= 8:
+                self._edits.pop(next(iter(self._edits)))
+            evictions = Edit.from_evicted(self.evicted_at[:, :, : self.at[k]] <= k).evictions
+            quantized = self.kivi.edit(range(self.quantized[k])) if self.kivi and self.quantized[k] else Edit()
+            self._edits[k] = Edit(evictions=evictions, key_bits=quantized.key_bits, value_bits=quantized.value_bits,
+                                  keys=quantized.keys, values=quantized.values)
+        return self._edits[k]
+
+    @property
+    def current(self) -> Edit:
+        return self.edit_at(self.at[-1]) if self.at else Edit()
+
+    def step_edits(self, at: int, edit: Edit) -> tuple[Edit, Edit]:
+        """For the step of slot ``at``: the run's edit then, and ``edit`` on top of it."""
+        full = self.edit_at(at).resolved(at)
+        return full, full.merged(edit.resolved(at))
+
+    def boundaries(self) -> list[int]:
+        return list(self.at)
+
+    def hidden(self, slot: int, length: int) -> torch.Tensor:
+        """Bool ``(L, KV, length)``: the slots hidden from the step of slot ``slot``."""
+        mask = torch.zeros(self.layers, self.kv_heads, length, dtype=torch.bool)
+        known = min(length, self.evicted_at.shape[-1])
+        mask[:, :, :known] = self.evicted_at[:, :, :known] <= self.index(slot)
+        return mask
+
+    def key_version(self, slot: int) -> int:
+        """Equal for slots whose steps saw the same keys: how many slots were quantized then."""
+        k = self.index(slot)
+        return self.quantized[k] if k >= 0 else 0
+
+    def keys_at(self, layer: int, slot: int, stop: int) -> torch.Tensor:
+        """Keys ``(KV, stop, D)`` of ``layer`` as the step of slot ``slot`` saw them."""
+        quantized = min(self.key_version(slot), stop)
+        if not quantized:
+            return self.original_kv(layer, stop)[0]
+        if self.kivi.grouping == "shared":  # the scales depended on every slot quantized then
+            return self.kivi.edit(range(quantized)).quantized_keys(self.original_kv(layer, stop)[0])
+        live = kv_cache.layer_kv(self.cache, layer)[0][0, :, :stop]  # blocks: quantized once, never again
+        return torch.cat([live[:, :quantized], self.original_kv(layer, stop)[0][:, quantized:]], dim=1)
+
+    def evicted(self, length: int) -> torch.Tensor | None:
+        """Bool ``(L, KV, length)`` of the slots hidden from the next step, or None when none is."""
+        mask = self.hidden(length - 1, length) if self.at else None
+        return mask.to(kv_cache.layer_kv(self.cache, 0)[0].device) if mask is not None and bool(mask.any()) else None
+
+    def original_kv(self, layer: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values ``(KV, stop, D)`` of ``layer`` as the model computed them (before quantization)."""
+        keys, values = (t[0, :, :stop] for t in kv_cache.layer_kv(self.cache, layer))
+        q = min(self.quantized[-1] if self.quantized else 0, stop)
+        if not q:
+            return keys, values
+        return tuple(torch.cat([original[layer, :, :q], live[:, q:]], dim=1)
+                     for original, live in zip(self.originals, (keys, values)))
+
+    def push(self, edit: Edit, at: int) -> None:
+        raise KvvizError("a policy run's cache is edited by its policy; try edits of a step in its what-if instead")
+
+    def pop(self) -> None:
+        raise KvvizError("a policy run has no hand-made commit to undo")
+
+    # --- what the run writes ---------------------------------------------------------------------------------
+
+    def record(self, at: int, evict: torch.Tensor | None, quantize: int = 0) -> bool:
+        """Compress before the step of slot ``at``: evict ``evict`` (bool ``(L, KV, at)``, alive slots) and quantize
+        the slots ``0..quantize-1`` (KIVI). Returns whether anything changed."""
+        old_q = self.quantized[-1] if self.quantized else 0
+        new = evict is not None and bool(evict.any())
+        if not new and quantize <= old_q:
+            return False
+        if self.at and self.at[-1] == at:  # a second compression before the same step joins the first
+            k = len(self.at) - 1
+            self._edits.pop(k, None)
+        else:
+            k = len(self.at)
+            self.at.append(at)
+            self.quantized.append(old_q)
+        if self.evicted_at.shape[-1] < at:
+            self.evicted_at = torch.nn.functional.pad(self.evicted_at, (0, at - self.evicted_at.shape[-1]), value=NEVER)
+        if new:
+            self.evicted_at[:, :, :at][evict.cpu() & (self.evicted_at[:, :, :at] == NEVER)] = k
+        if quantize > old_q:
+            self._quantize(old_q, quantize)
+            self.quantized[k] = quantize
+        return True
+
+    def _quantize(self, old: int, new: int) -> None:
+        """Keep the originals of slots ``old..new-1`` and write the quantized K/V of the prefix into the live cache."""
+        live = [kv_cache.layer_kv(self.cache, layer) for layer in range(self.layers)]
+        added = tuple(torch.stack([kv[i][0, :, old:new] for kv in live]) for i in (0, 1))  # (L, KV, new-old, D)
+        self.originals = added if self.originals is None else tuple(
+            torch.cat([o, a], dim=2) for o, a in zip(self.originals, added))
+        first = old if self.kivi.grouping == "blocks" else 0  # shared scales: the whole prefix again
+        edit = self.kivi.edit(range(first, new))
+        for layer, (keys, values) in enumerate(live):
+            edit.quantize_(keys[0, :, :new], values[0, :, :new],
+                           source=(self.originals[0][layer], self.originals[1][layer]))
