@@ -254,6 +254,23 @@ def comparison():
     return st.session_state.get("policy_compare")
 
 
+def keep_policy_run(result, blame=None) -> None:
+    """The last policy run (and the blame of one of its steps), shown until the next one; recomputed, not saved."""
+    st.session_state.policy_run, st.session_state.policy_blame = result, blame
+
+
+def policy_run():
+    return st.session_state.get("policy_run")
+
+
+def keep_blame(blame) -> None:
+    st.session_state.policy_blame = blame
+
+
+def policy_blame():
+    return st.session_state.get("policy_blame")
+
+
 def take_notice() -> str | None:
     """The message noted for this run (see :func:`notify`), once."""
     message, st.session_state.notice = st.session_state.notice, None

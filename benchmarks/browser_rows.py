@@ -93,7 +93,7 @@ def browser_rows(lm, counts: tuple[int, ...] = (1024, 2048), repeats: int = 5) -
     files = {count: _session_file(lm, count, folder) for count in counts}
     rows = []
     with running_app({"KVVIZ_SESSIONS": str(folder)}) as url, browser_page(url) as page:
-        page.wait_for_selector("textarea", timeout=180_000)
+        page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=180_000)
         for count in counts:
             page.locator("[data-testid=stFileUploaderDropzoneInput]").set_input_files(str(files[count]))
             # the upload reruns the page: click "Load it" once the new file is listed and that run is over (the

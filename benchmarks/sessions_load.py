@@ -54,7 +54,7 @@ def open_session(browser, url: str, path: Path, clicks: int, message: str | None
     page = context.new_page()
     context.kvviz_page = page
     page.goto(url)
-    page.wait_for_selector("textarea", timeout=300_000)
+    page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=300_000)
     page.locator("[data-testid=stFileUploaderDropzoneInput]").set_input_files(str(path))
     page.locator("[data-testid=stFileUploader]", has_text=path.name).wait_for(timeout=300_000)
     page.wait_for_timeout(500)
@@ -72,7 +72,7 @@ def open_session(browser, url: str, path: Path, clicks: int, message: str | None
                                arg=before, timeout=300_000)
     if message is not None:
         messages = page.locator("[data-testid=stChatMessage]").count()
-        page.fill("textarea", message)
+        page.fill("[data-testid=stChatInputTextArea]", message)
         page.keyboard.press("Enter")
         page.wait_for_function(f"document.querySelectorAll('[data-testid=stChatMessage]').length >= {messages + 2}",
                                timeout=300_000)

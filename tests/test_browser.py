@@ -32,8 +32,8 @@ def kl_text(page) -> str:
 
 
 def test_send_click_chip_and_numbers_change(page):
-    page.wait_for_selector("textarea", timeout=120_000)
-    page.fill("textarea", PAYLOAD)
+    page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=120_000)
+    page.fill("[data-testid=stChatInputTextArea]", PAYLOAD)
     page.keyboard.press("Enter")
     page.wait_for_selector(".kv-chip", timeout=180_000)
     page.wait_for_function("document.querySelectorAll('[data-testid=stMetric]').length >= 5", timeout=180_000)

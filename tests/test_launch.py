@@ -38,7 +38,7 @@ def test_another_address_is_refused_with_the_fix(tmp_path):
         page.wait_for_selector("[data-testid=stAlert]", timeout=120_000)
         text = page.locator("[data-testid=stAlert]").inner_text()
         assert "listens on address 0.0.0.0" in text and "--server.address 127.0.0.1" in text
-        assert page.locator("textarea").count() == 0  # nothing of the app is drawn
+        assert page.locator("[data-testid=stChatInputTextArea]").count() == 0  # nothing of the app is drawn
 
 
 def test_a_foreign_host_name_is_refused():
@@ -48,7 +48,7 @@ def test_a_foreign_host_name_is_refused():
         with browser_page(f"http://rebind.example:{port}", args=rules) as page:
             page.wait_for_selector("[data-testid=stAlert]", timeout=120_000)
             assert "not a name of this computer" in page.locator("[data-testid=stAlert]").inner_text()
-            assert page.locator("textarea").count() == 0
+            assert page.locator("[data-testid=stChatInputTextArea]").count() == 0
 
 
 def test_a_kill_during_a_restore_keeps_the_autosave_and_it_restores(lm, tmp_path):

@@ -190,6 +190,9 @@ def test_blame_restoring_all_gives_zero_and_none_the_policy_kl(lm, h2o_run):
     everything = hidden.any(0).any(0).nonzero()[:, 0].tolist()
     assert restore(h2o_run, everything, step=0).kl_after_restore == 0.0
     assert abs(restore(h2o_run, [], step=0).kl_after_restore - ranked.kl) <= 1e-9
+    words = blame(h2o_run, step=0, unit="word", limit=8)
+    assert all(r.slots == list(range(r.slots[0], r.slots[-1] + 1)) for r in words.rows)
+    assert {s for r in words.rows for s in r.slots} <= set(everything) and len(words.rows) <= 8
     best = ranked.rows[0]
     # a batch of another size rounds differently (measured 3e-9 here)
     assert restore(h2o_run, best.slots, step=0).kl_after_restore == pytest.approx(best.kl_after_restore, abs=1e-6)

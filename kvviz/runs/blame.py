@@ -96,7 +96,7 @@ def units(run: TurnRun, hidden: torch.Tensor, unit: str) -> list[list[int]]:
     pieces = run.forced.session.transcript.slots
     words: list[list[int]] = []
     for s in slots:
-        text = pieces[s].piece
+        text = pieces[s].text
         if words and words[-1][-1] == s - 1 and not text[:1].isspace():
             words[-1].append(s)
         else:

@@ -1,0 +1,138 @@
+"""Policy run: a policy compresses the cache as it runs; the replies side by side, per-step KL, the cache size, the
+eviction timeline, and a step's blame (which evicted slots mattered)."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import pandas as pd
+import streamlit as st
+
+from app import state
+from app.plain import plain, warn
+from kvviz import figures
+from kvviz.errors import KvvizError
+from kvviz.policies.user import available
+from kvviz.runs.blame import blame, restore, variants
+from kvviz.runs.compressed import RunSettings
+from kvviz.runs.kivi import Kivi
+from kvviz.runs.policy_run import run_policy
+from kvviz.whatif.metrics import compare
+
+
+def render() -> None:
+    session = state.session()
+    try:
+        classes = available()
+    except KvvizError as exc:  # a bad KVVIZ_POLICIES: the built-ins still work
+        warn(exc)
+        from kvviz.policies import POLICIES as classes
+    turns = [turn["user"] for turn in session.turns]
+    with st.form("policy-run"):
+        cols = st.columns(4)
+        names = ["(none: KIVI only)", *classes]
+        name = cols[0].selectbox("Policy", names, index=names.index("h2o"))
+        budget = cols[1].number_input("Budget (slots)", min_value=1, value=32, step=8)
+        mode = cols[2].selectbox("Compress", ["decode", "prefill", "both"],
+                                 help="prefill: once after the prompt; decode: before every step over the budget")
+        every = cols[3].number_input("Every N steps", min_value=1, value=1)
+        quant = st.columns(4)
+        kivi_on = quant[0].checkbox("KIVI quantization")
+        bits = quant[1].selectbox("KIVI bits", [2, 4], index=0)
+        group = quant[2].number_input("Group G", min_value=1, value=32)
+        residual = quant[3].number_input("Full-precision R", min_value=0, value=128)
+        grouping = st.radio("Key scales", ["blocks", "shared"], horizontal=True,
+                            help="blocks: one scale per channel and group of G slots (KIVI); shared: one for all")
+        policy = None
+        if name in classes:
+            params = _parameters(classes[name])
+        prompt = st.text_area("Turns (one per line; default: this conversation's messages)", "\n".join(turns))
+        max_new = st.number_input("New tokens per turn", min_value=2, max_value=512, value=32)
+        submitted = st.form_submit_button("Run the policy")
+    if submitted:
+        try:
+            if name in classes:
+                policy = classes[name](**params)
+            kivi = Kivi(bits, bits, int(group), int(residual), grouping) if kivi_on else None
+            settings = RunSettings(policy, int(budget), mode, int(every), kivi)
+            lines = [line for line in prompt.splitlines() if line.strip()]
+            state.make_room(3 * (len(session) + int(max_new) * len(lines)))  # full, forced and free runs
+            with st.spinner("Running the full cache and the policy side by side…"):
+                state.keep_policy_run(run_policy(session.lm, lines, settings, int(max_new)))
+        except KvvizError as exc:
+            warn(exc)
+    result = state.policy_run()
+    if result is not None:
+        _show(result)
+
+
+def _parameters(cls) -> dict:
+    values = {}
+    for parameter in fields(cls):
+        default = parameter.default
+        step = 1 if isinstance(default, int) else 0.05
+        values[parameter.name] = st.number_input(f"{cls.name}: {parameter.name}", value=default, step=step,
+                                                 key=f"run-{cls.name}-{parameter.name}")
+    return values
+
+
+def _show(result) -> None:
+    st.caption(plain(result.settings.label))
+    for index, turn in enumerate(result.turns):
+        left, right = st.columns(2)
+        mark = "same answer" if not turn.changed else (
+            "differs from the prefill on" if turn.divergence == -1 else f"diverges at step {turn.divergence}")
+        left.markdown(f"**Turn {index + 1} · full cache**  \n{plain(turn.full_text)}")
+        right.markdown(f"**Policy · {mark}**  \n{plain(turn.policy_text)}")
+    run = result.last
+    if not run.steps:
+        return
+    st.plotly_chart(figures.kl_steps(result), key="run-kl")
+    st.plotly_chart(figures.cache_size(result), key="run-size")
+    pieces = [slot.text for slot in run.forced.session.transcript.slots]
+    lm = run.forced.session.lm
+    cols = st.columns(2)
+    layer = cols[0].selectbox("Timeline of layer", ["all", *range(lm.layers)], key="run-layer")
+    head = cols[1].selectbox("KV head", ["all", *range(lm.kv_heads)], key="run-head")
+    st.plotly_chart(figures.timeline(result, pieces, layer=None if layer == "all" else layer,
+                                     kv_head=None if head == "all" else head), key="run-timeline")
+    default = run.divergence if run.divergence is not None and run.divergence >= 0 else 0
+    step = st.number_input("Open step", min_value=0, max_value=len(run.steps) - 1, value=default, key="run-step")
+    _step(result, int(step))
+
+
+def _step(result, step: int) -> None:
+    run = result.last
+    record = run.steps[step]
+    session = run.forced.session
+    token = session.transcript.slots[record.slot]
+    st.markdown(f"**Step {step}** processes slot {record.slot} {plain(repr(token.text))} and sees "
+                f"{record.visible:.0f} of {record.slot} cached slots · KL {record.kl:.4f} · "
+                f"top-1 {'agrees' if record.top1_agree else 'differs'}")
+    logits, _, _ = variants(run, step, [set()])
+    table = compare(logits[0], logits[1], 8, session.piece)
+    st.dataframe(pd.DataFrame({"full cache": [c.text for c in table.full], "p full": [c.prob for c in table.full],
+                               "policy cache": [c.text for c in table.edited],
+                               "p policy": [c.prob for c in table.edited]}), hide_index=True)
+    if result.settings.policy is None:
+        return
+    cols = st.columns(3)
+    unit = cols[0].radio("Blame unit", ["slot", "word"], horizontal=True, key="run-unit")
+    if cols[1].button("Blame this step", key="run-blame"):
+        try:
+            state.keep_blame(blame(result, step=step, unit=unit))
+        except KvvizError as exc:
+            warn(exc)
+    ranked = state.policy_blame()
+    if ranked is None or ranked.step != step:
+        return
+    st.markdown(f"Restoring one evicted {unit} at a time (KL with nothing restored: {ranked.kl:.4f})")
+    st.dataframe(pd.DataFrame([{"slots": ", ".join(map(str, r.slots)),
+                                "text": "".join(session.transcript.slots[s].text for s in r.slots),
+                                "KL after restore": r.kl_after_restore, "top-1 back": r.top1_restored,
+                                "attention (full)": r.mass} for r in ranked.rows]), hide_index=True)
+    if cols[2].button("Restore the top 3", key="run-top3") and ranked.rows:
+        slots = sorted({s for r in ranked.rows[:3] for s in r.slots})
+        row = restore(result, slots, step=step)
+        st.success(f"Slots {slots} restored together: KL {row.kl_after_restore:.4f}, "
+                   f"top-1 {'back' if row.top1_restored else 'still different'}")

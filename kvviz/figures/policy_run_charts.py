@@ -1,0 +1,69 @@
+"""Figures of a policy run: per-step KL and top-1 agreement, the cache size over steps, and the eviction timeline."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+import torch
+
+from kvviz.figures.growth import SEGMENT_COLOURS
+from kvviz.runs.policy_run import PolicyRun
+from kvviz.runs.timeline import NEVER
+
+_LAYOUT = dict(height=260, margin=dict(l=10, r=10, t=30, b=10), legend_orientation="h")
+
+
+def kl_steps(result: PolicyRun, turn: int = -1) -> go.Figure:
+    """KL(full ‖ policy) per decode step (teacher-forced), steps where the top-1 differs marked."""
+    run = result.turns[turn]
+    steps = [s.step for s in run.steps]
+    kl = [s.kl for s in run.steps]
+    flips = [s for s in run.steps if not s.top1_agree]
+    data = [dict(type="scatter", mode="lines+markers", x=steps, y=kl, name="KL(full ‖ policy)",
+                 hovertemplate="step %{x}: KL %{y:.4f}<extra></extra>"),
+            dict(type="scatter", mode="markers", x=[s.step for s in flips], y=[s.kl for s in flips],
+                 name="top-1 differs", marker=dict(color="#d62728", size=11, symbol="x"),
+                 hovertemplate="step %{x}: top-1 differs<extra></extra>")]
+    if run.divergence is not None and run.divergence >= 0:
+        data.append(dict(type="scatter", mode="lines", x=[run.divergence] * 2, y=[0, max(kl, default=1)],
+                         name="divergence", line=dict(dash="dot", color="#d62728")))
+    return go.Figure(dict(data=data, layout=dict(**_LAYOUT, xaxis_title="decode step", yaxis_title="nats")))
+
+
+def cache_size(result: PolicyRun, turn: int = -1) -> go.Figure:
+    """Slots each step sees: the policy's by segment (mean over layers and KV heads), the full cache's, the budget."""
+    run = result.turns[turn]
+    steps = [s.step for s in run.steps]
+    data = [dict(type="bar", x=steps, y=[s.by_segment[name] for s in run.steps], name=f"policy: {name}",
+                 marker_color=colour) for name, colour in SEGMENT_COLOURS.items()]
+    data.append(dict(type="scatter", mode="lines", x=steps, y=[s.slot for s in run.steps], name="full cache",
+                     line=dict(color="#222")))
+    budget = result.settings.budget
+    if isinstance(budget, int):
+        data.append(dict(type="scatter", mode="lines", x=steps, y=[budget] * len(steps), name="budget",
+                         line=dict(dash="dash", color="#d62728")))
+    layout = dict(**_LAYOUT, barmode="stack", bargap=0.05, xaxis_title="decode step", yaxis_title="slots seen")
+    return go.Figure(dict(data=data, layout=layout))
+
+
+def timeline(result: PolicyRun, pieces: list[str], turn: int = -1, layer: int | None = None,
+             kv_head: int | None = None) -> go.Figure:
+    """Slot × step: the share of layers and KV heads that still see each slot at each decode step (or, for one
+    ``layer`` / ``kv_head``, whether it does); a slot's token text on hover."""
+    run = result.turns[turn]
+    evicted = result.eviction_steps(turn)  # (L, KV, n): the step from which each slot is hidden
+    if layer is not None:
+        evicted = evicted[layer : layer + 1]
+    if kv_head is not None:
+        evicted = evicted[:, kv_head : kv_head + 1]
+    steps = torch.arange(len(run.steps))
+    n = evicted.shape[-1]
+    seen = (evicted[..., None] > steps).float().mean((0, 1))  # (n, steps)
+    seen[torch.arange(n)[:, None] >= run.prompt_end + steps] = float("nan")  # not cached yet
+    labels = [f"{slot} {pieces[slot]!r}" for slot in range(n)]  # unique: a hover names the slot and its text
+    data = [dict(type="heatmap", z=seen.numpy(), x=steps.numpy(), y=labels, zmin=0, zmax=1,
+                 colorscale=[[0, "#f4f4f4"], [1, "#2f80ed"]], colorbar=dict(title="seen"),
+                 hovertemplate="step %{x} · slot %{y}<br>seen by %{z:.0%}<extra></extra>")]
+    gone = int((evicted < NEVER).any(0).any(0).sum())
+    layout = dict(height=min(900, 200 + 2 * n), margin=dict(l=10, r=10, t=30, b=10), xaxis_title="decode step",
+                  yaxis=dict(title="slot", autorange="reversed", type="category", showticklabels=n <= 80), title=f"{gone} slots evicted somewhere")
+    return go.Figure(dict(data=data, layout=layout))

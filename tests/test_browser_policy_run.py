@@ -1,0 +1,52 @@
+"""The Policy run tab in a real headless Chromium: a user policy from KVVIZ_POLICIES runs, the timeline is drawn, a
+step opens with its next-token comparison, and its blame ranks the evicted slots."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.browser import CHROMIUM
+from tests.test_policy_run import USER_POLICY
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
+                                reason="Debian's chromium is not installed (scripts/test.sh installs it)")
+
+
+def test_run_a_policy_open_a_step_and_blame_it(tmp_path):
+    from tests.browser import browser_page, running_app
+
+    policy = tmp_path / "mine.py"
+    policy.write_text(USER_POLICY)
+    with running_app(env={"KVVIZ_POLICIES": f"{policy}:Newest"}) as url, browser_page(url, height=2200) as page:
+        page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=120_000)
+        page.fill("[data-testid=stChatInputTextArea]", "My name is Zorblax and I live in Quintara. I like green tea. What is my name?")
+        page.keyboard.press("Enter")
+        page.wait_for_selector(".kv-chip", timeout=180_000)
+        page.get_by_role("tab", name="Policy run").click()
+        form = page.locator("[data-testid=stForm]")
+        form.wait_for(timeout=60_000)
+        form.locator("[data-testid=stSelectbox]").first.click()
+        page.keyboard.type("newest")  # the user's policy is offered beside the built-ins
+        page.keyboard.press("Enter")
+        budget = form.get_by_label("Budget (slots)")
+        budget.fill("16")
+        form.get_by_label("New tokens per turn").fill("8")
+        form.get_by_role("button", name="Run the policy").click()
+        page.get_by_text("Turn 1 · full cache").wait_for(timeout=180_000)
+        assert page.get_by_text("newest, budget 16, decode").count() == 1
+        page.wait_for_function("document.querySelectorAll('.js-plotly-plot .heatmaplayer, .js-plotly-plot .hm')"
+                               ".length >= 1", timeout=60_000)
+        page.get_by_label("Open step").fill("2")
+        page.get_by_label("Open step").press("Enter")
+        page.get_by_text("Step 2 processes slot").wait_for(timeout=60_000)
+        page.get_by_role("button", name="Blame this step").click()
+        page.get_by_text("Restoring one evicted slot at a time").wait_for(timeout=120_000)
+        page.get_by_role("button", name="Restore the top 3").click()
+        page.get_by_text("restored together").wait_for(timeout=120_000)
+        assert page.locator("[data-testid=stException]").count() == 0
+        page.screenshot(path=str(ROOT / "assets" / "screenshot-policy-run.png"), full_page=True)
