@@ -126,7 +126,9 @@ def _step(result, step: int) -> None:
     ranked = state.policy_blame()
     if ranked is None or ranked.step != step:
         return
-    st.markdown(f"Restoring one evicted {unit} at a time (KL with nothing restored: {ranked.kl:.4f})")
+    st.markdown(f"Restoring one evicted {unit} at a time into the policy's cache of this step · KL to the full run "
+                f"with nothing restored {ranked.kl:.4f}, with every evicted slot back {ranked.kl_all_restored:.4f} "
+                "(the rest comes from slots the run wrote on its compressed cache)")
     st.dataframe(pd.DataFrame([{"slots": ", ".join(map(str, r.slots)),
                                 "text": "".join(session.transcript.slots[s].text for s in r.slots),
                                 "KL after restore": r.kl_after_restore, "top-1 back": r.top1_restored,

@@ -1,11 +1,15 @@
 """Blame: at one step of a policy run, which evicted slots mattered (docs/math.md §9).
 
-Each candidate — an evicted slot, or a word of evicted slots — is put back alone, and the step is re-run; the report
-says how much of the KL to the full cache each restore removes and whether it brings the full cache's top-1 token
-back. All variants of the step run in one batched forward pass: the step's token is fed once per variant, at its true
-position, on the step's cache (shared, not copied), and a probe gives every variant its own mask — its restored slots
-visible, and of the new slots only its own. The reference is the variant that restores every slot (the full cache of
-that step; quantization, if the run had any, stays as the run had it).
+Each candidate — an evicted slot, or a word of evicted slots — is put back alone into the policy's cache of that step,
+and the step is re-run; the report says how much KL to the full run's next-token distribution is left after each
+restore and whether the full run's token comes back on top. All variants of the step run in one batched forward pass:
+the step's token is fed once per variant, at its true position, on the step's cache (shared, not copied), and a probe
+gives every variant its own mask — its restored slots visible, and of the new slots only its own.
+
+Restoring nothing gives the run's own KL at that step. Restoring everything gives KL 0 at the first step after a
+compression of the prompt; later, the slots the run wrote itself hold K/V computed on the compressed cache, and the
+KL left with everything restored (``kl_all_restored``) is what eviction at this step cannot explain. Quantization, if
+the run had any, stays as the run had it.
 """
 
 from __future__ import annotations
@@ -35,14 +39,15 @@ class Blame:
     step: int
     slot: int
     kl: float  # the policy's KL at this step, nothing restored
+    kl_all_restored: float  # every evicted slot back (see the module doc)
     top1_full: int
     top1_policy: int
     rows: list[BlameRow]  # best restore first
 
 
 class _Variants(Probe):
-    """Gives variant ``i`` the mask ``visible[i]`` over the step's cache and its own new slot; keeps the reference
-    variant's attention weights."""
+    """Gives variant ``i`` the mask ``visible[i]`` over the step's cache and its own new slot; keeps the attention
+    weights of variant 0 (everything restored), summed over query heads and layers by the caller."""
 
     def __init__(self, visible: torch.Tensor, scaling: float):
         self.visible, self.scaling = visible, scaling  # (B, L, KV, at)
@@ -53,7 +58,7 @@ class _Variants(Probe):
         own = torch.eye(batch, dtype=torch.bool, device=key.device)[None].expand(key.shape[1], -1, -1)
         mask = torch.cat([self.visible[:, layer].to(key.device).transpose(0, 1), own], dim=-1)  # (KV, B, at + B)
         scores = (query[0, :, :1].float() @ key[0, :, : at + 1].float().repeat_interleave(
-            query.shape[1] // key.shape[1], 0).transpose(-1, -2)) * self.scaling  # (H, 1, at + 1): the reference
+            query.shape[1] // key.shape[1], 0).transpose(-1, -2)) * self.scaling  # (H, 1, at + 1): variant 0
         self.mass.append(torch.softmax(scores, -1)[:, 0, :at].sum(0).cpu())
         return mask[None]
 
@@ -65,9 +70,9 @@ def _slot_of(run: TurnRun, step: int) -> int:
 
 
 def variants(run: TurnRun, step: int, restores: list[set[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Re-run decode step ``step`` once with every slot restored (the reference) and once per set in ``restores``.
+    """Re-run decode step ``step`` once with every slot restored and once per set in ``restores``.
     Returns the logits ``(1 + len(restores), V)``, the evicted mask of the step ``(L, KV, at)`` and the attention
-    mass the reference paid each slot ``(at,)``."""
+    mass variant 0 (everything restored) paid each slot ``(at,)``."""
     session = run.forced.session
     at = _slot_of(run, step)
     hidden = session.commits.hidden(at, at).cpu()  # (L, KV, at)
@@ -117,18 +122,23 @@ def blame(result: PolicyRun, turn: int = -1, step: int | None = None, unit: str 
     candidates = units(run, hidden, unit)
     candidates.sort(key=lambda slots: -float(mass[slots].sum()))
     candidates = candidates[:limit]
-    logits = torch.cat([logits, variants(run, step, [set(c) for c in candidates])[0][1:]])
-    reference, top1 = logits[0], int(logits[0].argmax())
-    rows = [BlameRow(c, kl_divergence(reference, logits[2 + i]), int(logits[2 + i].argmax()) == top1,
-                     float(mass[c].sum())) for i, c in enumerate(candidates)]
+    restored = variants(run, step, [set(c) for c in candidates])[0][1:]
+    rows = [_row(run, step, c, restored[i], mass) for i, c in enumerate(candidates)]
     rows.sort(key=lambda r: (r.kl_after_restore, -r.mass))
+    target = run.full_logits[step + 1]
     return Blame(turn if turn >= 0 else len(result.turns) + turn, step, _slot_of(run, step),
-                 kl_divergence(reference, logits[1]), top1, int(logits[1].argmax()), rows)
+                 kl_divergence(target, logits[1]), kl_divergence(target, logits[0]), run.full_ids[step + 1],
+                 int(logits[1].argmax()), rows)
+
+
+def _row(run: TurnRun, step: int, slots: list[int], logits: torch.Tensor, mass: torch.Tensor) -> BlameRow:
+    """One restore measured against the full run's next-token distribution at ``step``."""
+    return BlameRow(sorted(slots), kl_divergence(run.full_logits[step + 1], logits),
+                    int(logits.argmax()) == run.full_ids[step + 1], float(mass[sorted(slots)].sum()))
 
 
 def restore(result: PolicyRun, slots: list[int], turn: int = -1, step: int = 0) -> BlameRow:
-    """The step re-run with ``slots`` restored together (e.g. the top 3 of a blame), against its full cache."""
+    """The step re-run with ``slots`` restored together (e.g. the top 3 of a blame)."""
     run = result.turns[turn]
     logits, _, mass = variants(run, step, [set(slots)])
-    return BlameRow(sorted(slots), kl_divergence(logits[0], logits[1]), int(logits[1].argmax()) == int(logits[0].argmax()),
-                    float(mass[sorted(slots)].sum()))
+    return _row(run, step, slots, logits[1], mass)

@@ -51,6 +51,7 @@ class TurnRun:
     divergence: int | None  # the step whose choice first differs (-1: the prefill's, only in follow-up turns)
     steps: list[StepRecord]
     forced: CompressedSession  # its slots hold the full reply: the steps' caches, for what-ifs and blame
+    full_logits: torch.Tensor  # (len(full_ids), V) float32: the full run's logits before each of its tokens
 
     @property
     def changed(self) -> bool:
@@ -134,7 +135,7 @@ def run_policy(lm: LoadedModel, turns: Sequence[str], settings: RunSettings, max
                                                     skip_special_tokens=True)
         result.turns.append(TurnRun(text, prompt_ids, forced.prompt_end[-1],
                                     full_ids, turn["policy_ids"], lm_decode(full_ids), lm_decode(turn["policy_ids"]),
-                                    turn["divergence"], turn["steps"], forced))
+                                    turn["divergence"], turn["steps"], forced, torch.stack(full_logits).cpu()))
         policy = free
     return result
 

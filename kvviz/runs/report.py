@@ -62,5 +62,6 @@ def document(result: PolicyRun, blame: Blame | None = None) -> dict:
         "blame": [] if blame is None else [{"slots": r.slots, "kl_after_restore": r.kl_after_restore,
                                             "top1_restored": r.top1_restored, "mass": r.mass} for r in blame.rows],
         "blame_step": None if blame is None else blame.step,
+        "blame_kl": None if blame is None else {"none_restored": blame.kl, "all_restored": blame.kl_all_restored},
         "turns": [_turn(run) for run in result.turns],
     }
