@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 
 from benchmarks.harness import Row, machine, table
+from benchmarks import policy_rows
 from benchmarks.model_rows import Bench
 from kvviz.errors import KvvizError
 
@@ -25,8 +26,10 @@ def planned(quick: bool = False, browser: bool = True) -> dict[str, Callable[[Be
              "whatif evict 1024 cold": lambda b: b.whatif(1024, cold=True)}
     rows |= {} if quick else {"whatif evict 4096": lambda b: b.whatif(4096)}
     rows |= {"whatif quant 1024": lambda b: b.whatif(1024, quantize=True), f"memory {memory}": lambda b: b.memory(memory)}
+    rows |= {"policy run decode 64, h2o, 1k": policy_rows.policy_run, "blame 32 slots at 1k": policy_rows.blame_row}
     if browser and not quick:
         rows["browser click 1024, 2048 and overview draw"] = _browser
+        rows["timeline draw 1k × 256"] = policy_rows.timeline_draw
     return rows
 
 

@@ -186,13 +186,14 @@ def test_blame_restoring_all_gives_zero_and_none_the_policy_kl(lm, h2o_run):
     """Step 0 is the first step after the prompt was compressed: with every slot back its cache is the full one."""
     ranked = blame(h2o_run, step=0)
     assert ranked.rows and ranked.rows == sorted(ranked.rows, key=lambda r: (r.kl_after_restore, -r.mass))
-    # batched variants round differently from the run's single decode step (float32; measured 2.4e-6 nats of 4.9)
-    assert abs(ranked.kl - h2o_run.last.steps[0].kl) <= 1e-5
+    # batched variants round differently from the run's single decode step (float32 logits; measured 1.3e-5 nats
+    # of 4.92 with 34 variants on the lent cache)
+    assert ranked.kl == pytest.approx(h2o_run.last.steps[0].kl, rel=1e-5)
     assert ranked.kl_all_restored <= 1e-9  # measured 4e-12
     hidden = h2o_run.last.forced.session.commits.hidden(ranked.slot, ranked.slot)
     everything = hidden.any(0).any(0).nonzero()[:, 0].tolist()
     assert restore(h2o_run, everything, step=0).kl_after_restore <= 1e-9
-    assert abs(restore(h2o_run, [], step=0).kl_after_restore - ranked.kl) <= 1e-9
+    assert restore(h2o_run, [], step=0).kl_after_restore == pytest.approx(ranked.kl, rel=1e-5)
     words = blame(h2o_run, step=0, unit="word", limit=8)
     assert all(r.slots == list(range(r.slots[0], r.slots[-1] + 1)) for r in words.rows)
     assert {s for r in words.rows for s in r.slots} <= set(everything) and len(words.rows) <= 8
@@ -200,7 +201,7 @@ def test_blame_restoring_all_gives_zero_and_none_the_policy_kl(lm, h2o_run):
     # a batch of another size rounds differently (measured 3e-9 here)
     assert restore(h2o_run, best.slots, step=0).kl_after_restore == pytest.approx(best.kl_after_restore, abs=1e-6)
     later = blame(h2o_run, step=4)  # the run's own slots 54.. were written on the compressed cache
-    assert abs(later.kl - h2o_run.last.steps[4].kl) <= 1e-5 and later.kl_all_restored > 0
+    assert later.kl == pytest.approx(h2o_run.last.steps[4].kl, rel=1e-5) and later.kl_all_restored > 0
 
 
 def test_eviction_log_matches_the_timeline(h2o_run):

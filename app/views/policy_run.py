@@ -109,7 +109,7 @@ def _step(result, step: int) -> None:
     st.markdown(f"**Step {step}** processes slot {record.slot} {plain(repr(token.text))} and sees "
                 f"{record.visible:.0f} of {record.slot} cached slots · KL {record.kl:.4f} · "
                 f"top-1 {'agrees' if record.top1_agree else 'differs'}")
-    logits, _, _ = variants(run, step, [set()])
+    logits, _ = variants(run, step, [set()])
     table = compare(logits[0], logits[1], 8, session.piece)
     st.dataframe(pd.DataFrame({"full cache": [c.text for c in table.full], "p full": [c.prob for c in table.full],
                                "policy cache": [c.text for c in table.edited],

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kvviz import attention_math as am
 from kvviz import kv_cache
 from kvviz.errors import KvvizError
 from kvviz.recorder import Probe, probing
@@ -30,7 +31,7 @@ class BlameRow:
     slots: list[int]
     kl_after_restore: float
     top1_restored: bool
-    mass: float  # attention the full cache's step paid these slots (sum over layers and query heads)
+    mass: float  # attention the step's query pays these slots with nothing hidden (sum over layers and query heads)
 
 
 @dataclass(frozen=True)
@@ -46,21 +47,18 @@ class Blame:
 
 
 class _Variants(Probe):
-    """Gives variant ``i`` the mask ``visible[i]`` over the step's cache and its own new slot; keeps the attention
-    weights of variant 0 (everything restored), summed over query heads and layers by the caller."""
+    """Gives variant ``i`` the mask ``visible[i]`` over the cache's first ``at`` slots, none of the slots between
+    them and the new ones, and of the new slots only its own."""
 
-    def __init__(self, visible: torch.Tensor, scaling: float):
-        self.visible, self.scaling = visible, scaling  # (B, L, KV, at)
-        self.mass: list[torch.Tensor] = []
+    def __init__(self, visible: torch.Tensor):
+        self.visible = visible  # (B, L, KV, at)
 
     def on_query(self, layer, query, key, value):
-        batch, _, _, at = self.visible.shape
-        own = torch.eye(batch, dtype=torch.bool, device=key.device)[None].expand(key.shape[1], -1, -1)
-        mask = torch.cat([self.visible[:, layer].to(key.device).transpose(0, 1), own], dim=-1)  # (KV, B, at + B)
-        scores = (query[0, :, :1].float() @ key[0, :, : at + 1].float().repeat_interleave(
-            query.shape[1] // key.shape[1], 0).transpose(-1, -2)) * self.scaling  # (H, 1, at + 1): variant 0
-        self.mass.append(torch.softmax(scores, -1)[:, 0, :at].sum(0).cpu())
-        return mask[None]
+        batch, _, kv, at = self.visible.shape
+        mask = torch.zeros(kv, batch, key.shape[2], dtype=torch.bool, device=key.device)
+        mask[:, :, :at] = self.visible[:, layer].to(key.device).transpose(0, 1)
+        mask[:, :, key.shape[2] - batch :] = torch.eye(batch, dtype=torch.bool, device=key.device)
+        return mask[None]  # (1, KV, B, n + B)
 
 
 def _slot_of(run: TurnRun, step: int) -> int:
@@ -69,10 +67,12 @@ def _slot_of(run: TurnRun, step: int) -> int:
     return run.prompt_end + step
 
 
-def variants(run: TurnRun, step: int, restores: list[set[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Re-run decode step ``step`` once with every slot restored and once per set in ``restores``.
-    Returns the logits ``(1 + len(restores), V)``, the evicted mask of the step ``(L, KV, at)`` and the attention
-    mass variant 0 (everything restored) paid each slot ``(at,)``."""
+def variants(run: TurnRun, step: int, restores: list[set[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Re-run decode step ``step`` once with every slot restored and once per set in ``restores``, batched.
+    Returns the logits ``(1 + len(restores), V)`` and the evicted mask of the step ``(L, KV, at)``.
+
+    Without quantization the run's own cache is lent (its slots before ``at`` are what the step saw; the variants'
+    slots are written into its spare room and cut off afterwards); with it, the step's cache is rebuilt."""
     session = run.forced.session
     at = _slot_of(run, step)
     hidden = session.commits.hidden(at, at).cpu()  # (L, KV, at)
@@ -80,14 +80,31 @@ def variants(run: TurnRun, step: int, restores: list[set[int]]) -> tuple[torch.T
     visible[0] = True
     for row, slots in enumerate(restores, start=1):
         visible[row, :, :, sorted(slots)] = True
-    lm, slot = session.lm, session.transcript.slots[at]
-    buffers = stacked(prefix_kv(session, at, session.commits.edit_at(at)), room=len(visible))
-    probe = _Variants(visible, lm.scaling)
-    with torch.no_grad(), probing(probe):
-        out = lm.model(input_ids=torch.full((1, len(visible)), slot.id, device=lm.device),
-                       position_ids=torch.full((1, len(visible)), slot.position, device=lm.device),
-                       cache=kv_cache.over(layer_views(buffers), at), use_cache=True, logits_to_keep=len(visible))
-    return out.logits[0].float(), hidden, torch.stack(probe.mass).sum(0)
+    lm, slot, batch = session.lm, session.transcript.slots[at], len(visible)
+    length = len(session)
+    if run.forced.settings.kivi is None:
+        cache = session.cache
+    else:
+        cache = kv_cache.over(layer_views(stacked(prefix_kv(session, at, session.commits.edit_at(at)), batch)), at)
+    try:
+        with torch.no_grad(), probing(_Variants(visible)):
+            out = lm.model(input_ids=torch.full((1, batch), slot.id, device=lm.device),
+                           position_ids=torch.full((1, batch), slot.position, device=lm.device),
+                           cache=cache, use_cache=True, logits_to_keep=batch)
+    finally:
+        if cache is session.cache:
+            kv_cache.truncate(session.cache, length)
+    return out.logits[0].float(), hidden
+
+
+def attention_mass(run: TurnRun, step: int) -> torch.Tensor:
+    """Attention the step's query would pay each earlier slot with nothing hidden, summed over layers and query
+    heads: ``(at,)`` (from the recorded queries; it ranks the candidates of a blame)."""
+    session = run.forced.session
+    at, lm = _slot_of(run, step), run.forced.session.lm
+    queries = torch.stack([session.queries.layer(layer)[:, at : at + 1] for layer in range(lm.layers)])  # (L, H, 1, D)
+    keys = torch.stack([session.commits.keys_at(layer, at, at + 1) for layer in range(lm.layers)])  # (L, KV, at+1, D)
+    return am.causal_weights(queries, keys, lm.scaling)[..., 0, :at].sum((0, 1)).cpu()
 
 
 def units(run: TurnRun, hidden: torch.Tensor, unit: str) -> list[list[int]]:
@@ -111,24 +128,34 @@ def units(run: TurnRun, hidden: torch.Tensor, unit: str) -> list[list[int]]:
 
 def blame(result: PolicyRun, turn: int = -1, step: int | None = None, unit: str = "slot", limit: int = 32) -> Blame:
     """Rank the evicted candidates of ``step`` (default: the divergence, else the step of largest KL) by the KL left
-    after restoring each alone; the ``limit`` candidates the full cache's step attends to most are re-run."""
+    after restoring each alone; the ``limit`` candidates the step's query attends to most with nothing hidden are
+    re-run, all in one batched pass with the variants "everything back" and "nothing back"."""
     run = result.turns[turn]
     if not run.steps:
         raise KvvizError("this turn has no decode step to blame")
     if step is None:
         step = run.divergence if run.divergence is not None and run.divergence >= 0 else \
             max(range(len(run.steps)), key=lambda s: run.steps[s].kl)
-    logits, hidden, mass = variants(run, step, [set()])
-    candidates = units(run, hidden, unit)
-    candidates.sort(key=lambda slots: -float(mass[slots].sum()))
-    candidates = candidates[:limit]
-    restored = variants(run, step, [set(c) for c in candidates])[0][1:]
-    rows = [_row(run, step, c, restored[i], mass) for i, c in enumerate(candidates)]
+    hidden = run.forced.session.commits.hidden(_slot_of(run, step), _slot_of(run, step))
+    mass = attention_mass(run, step)
+    paid = mass.tolist()
+    candidates = sorted(units(run, hidden, unit), key=lambda slots: -sum(paid[s] for s in slots))[:limit]
+    logits, _ = variants(run, step, [set(), *(set(c) for c in candidates)])
+    kl = _kl_rows(run.full_logits[step + 1], logits).tolist()  # all variants at once
+    top1 = logits.argmax(-1).tolist()
+    target = run.full_ids[step + 1]
+    rows = [BlameRow(sorted(c), kl[2 + i], top1[2 + i] == target, sum(paid[s] for s in c))
+            for i, c in enumerate(candidates)]
     rows.sort(key=lambda r: (r.kl_after_restore, -r.mass))
-    target = run.full_logits[step + 1]
-    return Blame(turn if turn >= 0 else len(result.turns) + turn, step, _slot_of(run, step),
-                 kl_divergence(target, logits[1]), kl_divergence(target, logits[0]), run.full_ids[step + 1],
-                 int(logits[1].argmax()), rows)
+    return Blame(turn if turn >= 0 else len(result.turns) + turn, step, _slot_of(run, step), kl[1], kl[0], target,
+                 top1[1], rows)
+
+
+def _kl_rows(full: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """KL(p_full ‖ p_row) for every row of ``logits`` ``(B, V)`` against ``full`` ``(V,)``, float64: ``(B,)``."""
+    log_p = torch.log_softmax(full.double(), -1)
+    log_q = torch.log_softmax(logits.double(), -1)
+    return (log_p.exp() * (log_p - log_q)).sum(-1).clamp(min=0)
 
 
 def _row(run: TurnRun, step: int, slots: list[int], logits: torch.Tensor, mass: torch.Tensor) -> BlameRow:
@@ -140,5 +167,5 @@ def _row(run: TurnRun, step: int, slots: list[int], logits: torch.Tensor, mass: 
 def restore(result: PolicyRun, slots: list[int], turn: int = -1, step: int = 0) -> BlameRow:
     """The step re-run with ``slots`` restored together (e.g. the top 3 of a blame)."""
     run = result.turns[turn]
-    logits, _, mass = variants(run, step, [set(slots)])
-    return _row(run, step, slots, logits[1], mass)
+    logits, _ = variants(run, step, [set(slots)])
+    return _row(run, step, slots, logits[1], attention_mass(run, step))

@@ -86,6 +86,15 @@ class CompressedSession:
         """Prefill a user turn (full attention on the cache as it stands), then compress as the mode says."""
         start = len(self.session)
         self.session.add_user_turn(text)
+        self._prompted(start)
+
+    def add_ids(self, ids: list[int]) -> None:
+        """:meth:`add_turn` for raw token ids (no chat template)."""
+        start = len(self.session)
+        self.session.add_ids(ids)
+        self._prompted(start)
+
+    def _prompted(self, start: int) -> None:
         self._received(slice(start, len(self.session)))
         self.prompt_end.append(len(self.session))
         budget = self.settings.budget
