@@ -1,4 +1,5 @@
-"""Ready demos (``assets/scenarios/*.json``): a conversation to run and an edit to start from, or the toy numbers of docs/math.md §3."""
+"""Ready demos (``assets/scenarios/*.json``): a conversation to run and an edit to start from, a policy run with the
+blame of its divergence, or the toy numbers of docs/math.md §3."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ class Scenario:
     evict_text: list[str] = field(default_factory=list)
     evict_slots: list[int] = field(default_factory=list)
     toy: dict | None = None
+    policy_run: dict | None = None  # {"policy", "params", "budget", "mode", "blame_unit", "expect_blame"}
 
 
 def load_scenarios(folder: Path = SCENARIOS) -> list[Scenario]:
@@ -68,3 +70,21 @@ def toy_example(alpha: list[float], evict: list[int]) -> dict:
     renorm = renormalized(weights, evicted)
     return {"rho": float(evicted_mass(weights, evicted)),
             "alpha_renorm": [None if gone else float(v) for v, gone in zip(renorm, evicted.tolist())]}
+
+
+def run_policy_scenario(lm: LoadedModel, scenario: Scenario):
+    """The scenario's policy run over its turns, and the blame of the last turn's divergence (None without one)."""
+    from kvviz.policies.user import available
+    from kvviz.runs.blame import blame
+    from kvviz.runs.compressed import RunSettings
+    from kvviz.runs.policy_run import run_policy
+    from kvviz.runs.report import make_policy
+
+    spec = scenario.policy_run
+    policy = make_policy(available(), spec["policy"], spec.get("params", {}))
+    result = run_policy(lm, scenario.turns, RunSettings(policy, spec["budget"], spec.get("mode", "decode")),
+                        scenario.max_new_tokens)
+    first = next((index for index, run in enumerate(result.turns) if run.divergence is not None and
+                  run.divergence >= 0), None)
+    ranked = None if first is None else blame(result, turn=first, unit=spec.get("blame_unit", "slot"))
+    return result, ranked

@@ -291,3 +291,17 @@ def test_policy_run_cli_json(tmp_path):
     out = subprocess.run([sys.executable, "-m", "kvviz", "policy-run", "--turn", "hi", "--policy", "h2o",
                           "--budget", "8"], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "KVVIZ_POLICIES" in out.stderr
+
+
+@pytest.mark.parametrize("name", ["policy-name", "policy-instruction"])
+def test_policy_demos_go_wrong_and_blame_the_evicted_words(lm, name):
+    from kvviz.scenarios import SCENARIOS, Scenario, run_policy_scenario
+
+    scenario = Scenario(**json.loads((SCENARIOS / f"{name}.json").read_text()))
+    result, ranked = run_policy_scenario(lm, scenario)
+    run = result.turns[ranked.turn]
+    assert run.changed and run.divergence == ranked.step
+    best = ranked.rows[0]
+    slots = run.forced.session.transcript.slots
+    assert "".join(slots[s].text for s in best.slots) == scenario.policy_run["expect_blame"]
+    assert best.top1_restored and best.kl_after_restore < ranked.kl / 10

@@ -120,6 +120,9 @@ def test_scoped_eviction_touches_only_its_layers_and_heads(chat):
     assert result.next_token.kl > 0
 
 
+UNEVEN = {"pyramid_kv": "layers", "ada_kv": "heads"}
+
+
 def test_every_policy_keeps_its_budget_and_spares_the_current_token(chat):
     at = len(chat) - 1
     edits = {}
@@ -128,7 +131,11 @@ def test_every_policy_keeps_its_budget_and_spares_the_current_token(chat):
             edit = policy().edit(chat, budget, at)
             kept = 16 if budget == 16 else round(0.5 * at)
             mask = edit.evicted_mask(at + 1, chat.lm.layers, chat.lm.kv_heads)
-            assert bool(((~mask[:, :, :at]).sum(-1) == kept).all()), name
+            counts = (~mask[:, :, :at]).sum(-1)  # (L, KV)
+            if name in UNEVEN:  # budgets shared unevenly between layers / KV heads: the budget on average
+                assert abs(counts.float().mean() - kept) <= 0.5 and bool((counts >= 1).all()), name
+            else:
+                assert bool((counts == kept).all()), name
             assert not bool(mask[:, :, at].any())
             edits[name, budget] = mask
         result = what_if(chat, edit, at=at)
@@ -138,6 +145,11 @@ def test_every_policy_keeps_its_budget_and_spares_the_current_token(chat):
         assert any(not torch.equal(mask[layer, 0], mask[layer, h])
                    for layer in range(chat.lm.layers) for h in range(chat.lm.kv_heads)), name
     assert torch.equal(edits["streaming_llm", 16][0, 0, :4], torch.zeros(4, dtype=torch.bool))  # sinks kept
+    pyramid = (~edits["pyramid_kv", 16][:, :, :at]).sum(-1)  # falling layer by layer, the same in a layer's heads
+    assert bool((pyramid[:-1, 0] >= pyramid[1:, 0]).all()) and pyramid[0, 0] > pyramid[-1, 0]
+    ada = (~edits["ada_kv", 16][:, :, :at]).sum(-1)  # each layer keeps 16 per KV head in all, not evenly
+    assert bool((ada.sum(-1) == 16 * chat.lm.kv_heads).all()) and bool((ada != 16).any())
+    assert bool((ada >= int(16 * 0.2)).all())
 
 
 def test_refused_edits_leave_the_session_untouched(chat):

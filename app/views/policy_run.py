@@ -84,25 +84,33 @@ def _show(result) -> None:
             "differs from the prefill on" if turn.divergence == -1 else f"diverges at step {turn.divergence}")
         left.markdown(f"**Turn {index + 1} · full cache**  \n{plain(turn.full_text)}")
         right.markdown(f"**Policy · {mark}**  \n{plain(turn.policy_text)}")
-    run = result.last
+    ranked = state.policy_blame()
+    index = len(result.turns) - 1
+    if len(result.turns) > 1:
+        index = st.selectbox("Turn to look into", range(len(result.turns)), format_func=lambda i: f"turn {i + 1}",
+                             index=ranked.turn if ranked is not None else index, key=f"run-turn-{id(result)}")
+    run = result.turns[index]
     if not run.steps:
         return
-    st.plotly_chart(figures.kl_steps(result), key="run-kl")
-    st.plotly_chart(figures.cache_size(result), key="run-size")
+    st.plotly_chart(figures.kl_steps(result, index), key="run-kl")
+    st.plotly_chart(figures.cache_size(result, index), key="run-size")
     pieces = [slot.text for slot in run.forced.session.transcript.slots]
     lm = run.forced.session.lm
     cols = st.columns(2)
     layer = cols[0].selectbox("Timeline of layer", ["all", *range(lm.layers)], key="run-layer")
     head = cols[1].selectbox("KV head", ["all", *range(lm.kv_heads)], key="run-head")
-    st.plotly_chart(figures.timeline(result, pieces, layer=None if layer == "all" else layer,
-                                     kv_head=None if head == "all" else head), key="run-timeline")
+    st.plotly_chart(figures.timeline(result, pieces, index, None if layer == "all" else layer,
+                                     None if head == "all" else head), key="run-timeline")
     default = run.divergence if run.divergence is not None and run.divergence >= 0 else 0
-    step = st.number_input("Open step", min_value=0, max_value=len(run.steps) - 1, value=default, key="run-step")
-    _step(result, int(step))
+    if ranked is not None and ranked.turn == index:
+        default = ranked.step
+    step = st.number_input("Open step", min_value=0, max_value=len(run.steps) - 1, value=default,
+                           key=f"run-step-{id(result)}-{index}")
+    _step(result, index, int(step))
 
 
-def _step(result, step: int) -> None:
-    run = result.last
+def _step(result, turn: int, step: int) -> None:
+    run = result.turns[turn]
     record = run.steps[step]
     session = run.forced.session
     token = session.transcript.slots[record.slot]
@@ -110,8 +118,8 @@ def _step(result, step: int) -> None:
                 f"{record.visible:.0f} of {record.slot} cached slots · KL {record.kl:.4f} · "
                 f"top-1 {'agrees' if record.top1_agree else 'differs'}")
     logits, _ = variants(run, step, [set()])
-    table = compare(logits[0], logits[1], 8, session.piece)
-    st.dataframe(pd.DataFrame({"full cache": [c.text for c in table.full], "p full": [c.prob for c in table.full],
+    table = compare(run.full_logits[step + 1], logits[1], 8, session.piece)
+    st.dataframe(pd.DataFrame({"full run": [c.text for c in table.full], "p full": [c.prob for c in table.full],
                                "policy cache": [c.text for c in table.edited],
                                "p policy": [c.prob for c in table.edited]}), hide_index=True)
     if result.settings.policy is None:
@@ -120,21 +128,21 @@ def _step(result, step: int) -> None:
     unit = cols[0].radio("Blame unit", ["slot", "word"], horizontal=True, key="run-unit")
     if cols[1].button("Blame this step", key="run-blame"):
         try:
-            state.keep_blame(blame(result, step=step, unit=unit))
+            state.keep_blame(blame(result, turn=turn, step=step, unit=unit))
         except KvvizError as exc:
             warn(exc)
     ranked = state.policy_blame()
-    if ranked is None or ranked.step != step:
+    if ranked is None or (ranked.turn, ranked.step) != (turn, step):
         return
-    st.markdown(f"Restoring one evicted {unit} at a time into the policy's cache of this step · KL to the full run "
-                f"with nothing restored {ranked.kl:.4f}, with every evicted slot back {ranked.kl_all_restored:.4f} "
+    st.markdown(f"Restoring one evicted {ranked.unit} at a time into the policy's cache of this step · KL to the full "
+                f"run with nothing restored {ranked.kl:.4f}, with every evicted slot back {ranked.kl_all_restored:.4f} "
                 "(the rest comes from slots the run wrote on its compressed cache)")
     st.dataframe(pd.DataFrame([{"slots": ", ".join(map(str, r.slots)),
                                 "text": "".join(session.transcript.slots[s].text for s in r.slots),
                                 "KL after restore": r.kl_after_restore, "top-1 back": r.top1_restored,
-                                "attention (full)": r.mass} for r in ranked.rows]), hide_index=True)
+                                "attention (nothing hidden)": r.mass} for r in ranked.rows]), hide_index=True)
     if cols[2].button("Restore the top 3", key="run-top3") and ranked.rows:
         slots = sorted({s for r in ranked.rows[:3] for s in r.slots})
-        row = restore(result, slots, step=step)
+        row = restore(result, slots, turn=turn, step=step)
         st.success(f"Slots {slots} restored together: KL {row.kl_after_restore:.4f}, "
                    f"top-1 {'back' if row.top1_restored else 'still different'}")

@@ -11,7 +11,7 @@ from app.plain import plain, warn
 from kvviz.errors import KvvizError
 from kvviz.model import LoadedModel
 from kvviz.sampling import Sampling
-from kvviz.scenarios import load_scenarios, run_scenario, toy_example
+from kvviz.scenarios import load_scenarios, run_policy_scenario, run_scenario, toy_example
 
 
 def render() -> None:
@@ -51,6 +51,8 @@ def _scenarios(lm: LoadedModel) -> None:
             else:
                 with st.spinner(plain(f"Running “{scenario.name}”…")):
                     session, draft, answer_step = run_scenario(lm, scenario)
+                    if scenario.policy_run:
+                        state.keep_policy_run(*run_policy_scenario(lm, scenario))
                 state.replace(session, draft, at=answer_step)
                 state.notify(scenario.description)
             st.rerun()

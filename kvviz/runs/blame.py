@@ -44,6 +44,7 @@ class Blame:
     top1_full: int
     top1_policy: int
     rows: list[BlameRow]  # best restore first
+    unit: str = "slot"  # what a row restores: one slot, or a word
 
 
 class _Variants(Probe):
@@ -148,7 +149,7 @@ def blame(result: PolicyRun, turn: int = -1, step: int | None = None, unit: str 
             for i, c in enumerate(candidates)]
     rows.sort(key=lambda r: (r.kl_after_restore, -r.mass))
     return Blame(turn if turn >= 0 else len(result.turns) + turn, step, _slot_of(run, step), kl[1], kl[0], target,
-                 top1[1], rows)
+                 top1[1], rows, unit)
 
 
 def _kl_rows(full: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
