@@ -31,7 +31,7 @@ def shoot(page, name: str, top: str, bottom: str | None, height: int = 1200) -> 
 def main() -> None:
     with running_app() as url, browser_page(url, width=1440, height=4200) as page:
         # one tall viewport: Streamlit's main area scrolls internally, so element shots of a short one come out blank
-        page.wait_for_selector("textarea", timeout=120_000)
+        page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=120_000)
         page.get_by_role("button", name="Evict the definitions").click()
         page.wait_for_selector(".kv-chip", timeout=300_000)
         page.mouse.move(1400, 20)  # no tooltip over the sidebar
@@ -42,6 +42,14 @@ def main() -> None:
         page.get_by_role("tab", name="Attention").click()
         wait_idle(page, 2)
         shoot(page, "attention", top="[data-testid=stTabs]", bottom=None, height=1500)
+        page.get_by_role("button", name="Policy run: a name asked late").click()
+        page.get_by_text("StreamingLLM keeps 4 sink slots").wait_for(timeout=300_000)  # the demo's notice: it ran
+        wait_idle(page, 2)
+        page.get_by_role("tab", name="Policy run").click()
+        page.get_by_text("Restoring one evicted word").wait_for(timeout=300_000)
+        page.mouse.move(1400, 20)
+        wait_idle(page, 3)
+        shoot(page, "policy-run", top="text=streaming_llm, budget 24", bottom="[data-testid=stChatInput]")
 
 
 if __name__ == "__main__":

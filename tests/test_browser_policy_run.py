@@ -49,4 +49,4 @@ def test_run_a_policy_open_a_step_and_blame_it(tmp_path):
         page.get_by_role("button", name="Restore the top 3").click()
         page.get_by_text("restored together").wait_for(timeout=120_000)
         assert page.locator("[data-testid=stException]").count() == 0
-        page.screenshot(path=str(ROOT / "assets" / "screenshot-policy-run.png"), full_page=True)
+        page.screenshot(path=str(ROOT / "assets" / "browser-test-policy-run.png"), full_page=True)

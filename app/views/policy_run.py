@@ -81,7 +81,7 @@ def _show(result) -> None:
     for index, turn in enumerate(result.turns):
         left, right = st.columns(2)
         mark = "same answer" if not turn.changed else (
-            "differs from the prefill on" if turn.divergence == -1 else f"diverges at step {turn.divergence}")
+            "differs from its first token on" if turn.divergence == -1 else f"diverges at step {turn.divergence}")
         left.markdown(f"**Turn {index + 1} · full cache**  \n{plain(turn.full_text)}")
         right.markdown(f"**Policy · {mark}**  \n{plain(turn.policy_text)}")
     ranked = state.policy_blame()
