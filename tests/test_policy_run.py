@@ -305,3 +305,15 @@ def test_policy_demos_go_wrong_and_blame_the_evicted_words(lm, name):
     slots = run.forced.session.transcript.slots
     assert "".join(slots[s].text for s in best.slots) == scenario.policy_run["expect_blame"]
     assert best.top1_restored and best.kl_after_restore < ranked.kl / 10
+
+
+def test_kivi_runs_with_eviction_and_the_timeline_names_when_each_group_was_quantized(lm):
+    kivi = Kivi(key_bits=4, value_bits=4, group=8, residual=8)
+    result = run_policy(lm, [PROMPT], RunSettings(StreamingLLM(), 40, "decode", kivi=kivi), max_new_tokens=10)
+    run = result.last
+    steps = result.quantized_steps()
+    for step in range(len(run.steps)):  # before step s the cache held prompt_end + s slots
+        expected = kivi.quantized_prefix(run.prompt_end + step)
+        assert int((steps <= step).sum()) == expected
+    assert result.evictions() and int((steps == 0).sum()) == kivi.quantized_prefix(run.prompt_end)  # after the prompt
+    assert not bool((steps == -1).any())  # one turn: nothing before it

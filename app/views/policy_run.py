@@ -99,8 +99,11 @@ def _show(result) -> None:
     cols = st.columns(2)
     layer = cols[0].selectbox("Timeline of layer", ["all", *range(lm.layers)], key="run-layer")
     head = cols[1].selectbox("KV head", ["all", *range(lm.kv_heads)], key="run-head")
-    st.plotly_chart(figures.timeline(result, pieces, index, None if layer == "all" else layer,
-                                     None if head == "all" else head), key="run-timeline")
+    if result.settings.policy is not None:
+        st.plotly_chart(figures.timeline(result, pieces, index, None if layer == "all" else layer,
+                                         None if head == "all" else head), key="run-timeline")
+    if result.settings.kivi is not None:
+        st.plotly_chart(figures.bit_widths(result, pieces, index), key="run-bits")
     default = run.divergence if run.divergence is not None and run.divergence >= 0 else 0
     if ranked is not None and ranked.turn == index:
         default = ranked.step

@@ -3,9 +3,9 @@ objects, testable without a browser."""
 
 from kvviz.figures.attention_maps import head_map_figure, overview_figure, row_figure
 from kvviz.figures.growth import SEGMENT_COLOURS, growth
-from kvviz.figures.policy_run_charts import cache_size, kl_steps, timeline
+from kvviz.figures.policy_run_charts import bit_widths, cache_size, kl_steps, timeline
 from kvviz.figures.offline_html import figures_html
 from kvviz.figures.whatif_charts import alpha_chart, head_grid_chart, hidden_chart, topk_frame
 
-__all__ = ["SEGMENT_COLOURS", "alpha_chart", "cache_size", "kl_steps", "timeline", "figures_html", "growth", "head_grid_chart", "head_map_figure", "hidden_chart",
+__all__ = ["SEGMENT_COLOURS", "alpha_chart", "bit_widths", "cache_size", "kl_steps", "timeline", "figures_html", "growth", "head_grid_chart", "head_map_figure", "hidden_chart",
            "overview_figure", "row_figure", "topk_frame"]

@@ -67,3 +67,27 @@ def timeline(result: PolicyRun, pieces: list[str], turn: int = -1, layer: int | 
     layout = dict(height=min(900, 200 + 2 * n), margin=dict(l=10, r=10, t=30, b=10), xaxis_title="decode step",
                   yaxis=dict(title="slot", autorange="reversed", type="category", showticklabels=n <= 80), title=f"{gone} slots evicted somewhere")
     return go.Figure(dict(data=data, layout=layout))
+
+
+def bit_widths(result: PolicyRun, pieces: list[str], turn: int = -1) -> go.Figure:
+    """Slot × step: the key / value bit-width each slot is stored at as each decode step sees it (KIVI runs)."""
+    run, kivi = result.turns[turn], result.settings.kivi
+    steps = torch.arange(len(run.steps))
+    quantized = result.quantized_steps(turn)  # (n,)
+    n = quantized.shape[0]
+    low = quantized[:, None] <= steps
+    bits = torch.where(low, float(kivi.key_bits), 16.0)
+    bits[torch.arange(n)[:, None] >= run.prompt_end + steps] = float("nan")
+    labels = [f"{slot} {pieces[slot]!r}" for slot in range(n)]
+    data = [dict(type="heatmap", z=bits.numpy(), x=steps.numpy(), y=labels, zmin=kivi.key_bits, zmax=16,
+                 colorscale=[[0, "#f2994a"], [1, "#2f80ed"]], colorbar=dict(title="key bits"),
+                 hovertemplate="step %{x} · slot %{y}<br>keys at %{z} bits<extra></extra>")]
+    layout = dict(height=min(900, 200 + 2 * n), margin=dict(l=10, r=10, t=30, b=10), xaxis_title="decode step",
+                  yaxis=dict(title="slot", autorange="reversed", type="category", showticklabels=n <= 80),
+                  title=plain_title(kivi.label))
+    return go.Figure(dict(data=data, layout=layout))
+
+
+def plain_title(text: str) -> str:
+    """Plotly titles accept a few HTML tags: show ``text`` literally."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

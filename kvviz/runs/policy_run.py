@@ -107,6 +107,21 @@ class PolicyRun:
         return torch.where(commits >= NEVER, NEVER, torch.where(slots < run.prompt_end, -1, slots - run.prompt_end))
 
 
+    def quantized_steps(self, turn: int = -1) -> torch.Tensor:
+        """KIVI's side of the timeline: ``(n,)`` int, the turn's decode step from which each slot is stored at low
+        bits (``-1``: before the turn; ``NEVER``: still at 16 bits at the end)."""
+        run = self.turns[turn]
+        timeline = run.forced.timeline
+        n = run.prompt_end + len(run.steps)
+        steps = torch.full((n,), NEVER, dtype=torch.long)
+        done = 0
+        for at, quantized in zip(timeline.at, timeline.quantized):
+            if quantized > done:
+                steps[done:min(quantized, n)] = max(-1, at - run.prompt_end) if at >= run.prompt_end else -1
+                done = quantized
+        return steps
+
+
 def kl_divergence(full: torch.Tensor, policy: torch.Tensor) -> float:
     """KL(p_full ‖ p_policy) in nats from two logit vectors ``(V,)``, in float64."""
     log_p, log_q = torch.log_softmax(full.double(), -1), torch.log_softmax(policy.double(), -1)

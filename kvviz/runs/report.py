@@ -10,6 +10,7 @@ from kvviz.errors import KvvizError
 from kvviz.policies.base import Policy
 from kvviz.runs.blame import Blame
 from kvviz.runs.policy_run import PolicyRun, TurnRun
+from kvviz.runs.timeline import NEVER
 
 
 def make_policy(classes: Mapping[str, type[Policy]], name: str, params: Mapping[str, object] | None = None) -> Policy:
@@ -45,6 +46,25 @@ def _turn(run: TurnRun) -> dict:
                        "top1_agree": s.top1_agree, "by_segment": s.by_segment} for s in run.steps]}
 
 
+def _quantized(result: PolicyRun) -> list[dict]:
+    """KIVI's log for the last turn: ``{"first", "last", "step", "key_bits", "value_bits"}`` per run of slots quantized
+    before the same step (-1: before the turn)."""
+    kivi = result.settings.kivi
+    if kivi is None:
+        return []
+    steps = result.quantized_steps().tolist()
+    runs: list[dict] = []
+    for slot, step in enumerate(steps):
+        if step >= NEVER:
+            continue
+        if runs and runs[-1]["step"] == step and runs[-1]["last"] == slot - 1:
+            runs[-1]["last"] = slot
+        else:
+            runs.append({"first": slot, "last": slot, "step": step, "key_bits": kivi.key_bits,
+                         "value_bits": kivi.value_bits})
+    return runs
+
+
 def document(result: PolicyRun, blame: Blame | None = None) -> dict:
     """The run's document: the last turn's fields at the top level, every turn under ``turns``."""
     settings = result.settings
@@ -59,6 +79,7 @@ def document(result: PolicyRun, blame: Blame | None = None) -> dict:
         "positions": "original",
         **{key: last[key] for key in ("prompt_ids", "full", "policy_run", "divergence", "steps")},
         "evictions": result.evictions(),
+        "quantized": _quantized(result),
         "blame": [] if blame is None else [{"slots": r.slots, "kl_after_restore": r.kl_after_restore,
                                             "top1_restored": r.top1_restored, "mass": r.mass} for r in blame.rows],
         "blame_step": None if blame is None else blame.step,
