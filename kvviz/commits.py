@@ -56,6 +56,11 @@ class CommitLog:
         return self.edit_at(slot).evicted_mask(length, self.layers, self.kv_heads,
                                                kv_cache.layer_kv(self.cache, 0)[0].device)
 
+    def step_kv(self, layer: int, at: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values ``(KV, at, D)`` of the slots before ``at`` as the model computed them, before quantization
+        (positions never change here)."""
+        return self.original_kv(layer, at)
+
     def keys_at(self, layer: int, slot: int, stop: int) -> torch.Tensor:
         """Keys ``(KV, stop, D)`` of ``layer`` as the step of slot ``slot`` saw them (quantized as committed then)."""
         return self.edit_at(slot).quantized_keys(self.original_kv(layer, stop)[0])

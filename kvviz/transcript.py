@@ -53,6 +53,7 @@ class Transcript:
     growth: list[GrowthEvent] = field(default_factory=list)
     turn: int = -1
     typed_control: set[int] = field(default_factory=set)  # slots of control tokens the user typed (raw mode)
+    renumbered: int | None = None  # the next token's position when a policy run re-rotated the cache
 
     def __len__(self) -> int:
         return len(self.slots)
@@ -63,7 +64,10 @@ class Transcript:
 
     @property
     def next_position(self) -> int:
-        """Absolute position of the next token: one past the last slot's, never the (possibly compacted) length."""
+        """Position of the next token: one past the last slot's, never the (possibly compacted) length — unless a
+        policy run re-rotated the kept keys to the positions of their order (``renumbered``)."""
+        if self.renumbered is not None:
+            return self.renumbered
         return self.slots[-1].position + 1 if self.slots else 0
 
     def segment(self, slot: Slot) -> Segment:
@@ -105,6 +109,7 @@ class Transcript:
         self.slots.extend(
             Slot(start + i, tok, piece, position + i, self.turn, kind) for i, (tok, piece) in enumerate(zip(ids, pieces))
         )
+        self.renumbered = None
         self.growth.append(GrowthEvent(len(self.growth), kind, self.turn, len(ids), len(self.slots), **self.counts()))
 
     def rows(self) -> list[dict]:

@@ -43,6 +43,11 @@ def render() -> None:
         residual = quant[3].number_input("Full-precision R", min_value=0, value=128)
         grouping = st.radio("Key scales", ["blocks", "shared"], horizontal=True,
                             help="blocks: one scale per channel and group of G slots (KIVI); shared: one for all")
+        positions = st.radio("Positions", ["original", "rerotated"], horizontal=True,
+                             help="original: every key keeps the position it was computed at; rerotated "
+                                  "(StreamingLLM's paper): kept keys move to the positions of their order in the "
+                                  "cache and the next token follows them (policies that keep the same slots "
+                                  "everywhere: streaming_llm, random)")
         policy = None
         if name in classes:
             params = _parameters(classes[name])
@@ -54,7 +59,7 @@ def render() -> None:
             if name in classes:
                 policy = classes[name](**params)
             kivi = Kivi(bits, bits, int(group), int(residual), grouping) if kivi_on else None
-            settings = RunSettings(policy, int(budget), mode, int(every), kivi)
+            settings = RunSettings(policy, int(budget), mode, int(every), kivi, positions)
             lines = [line for line in prompt.splitlines() if line.strip()]
             state.make_room(3 * (len(session) + int(max_new) * len(lines)))  # full, forced and free runs
             with st.spinner("Running the full cache and the policy side by side…"):

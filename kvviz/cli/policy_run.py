@@ -18,6 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", default=None, type=_budget, help="slots kept (e.g. 64) or a fraction (e.g. 0.5)")
     parser.add_argument("--mode", choices=("prefill", "decode", "both"), default="decode")
     parser.add_argument("--every", type=positive, default=1, help="compress every N decode steps (decode mode)")
+    parser.add_argument("--positions", choices=("original", "rerotated"), default="original",
+                        help="keep original positions, or re-rotate kept keys to their order (streaming_llm, random)")
     parser.add_argument("--kivi-bits", type=int, default=None, help="quantize as KIVI does, keys and values at B bits")
     parser.add_argument("--kivi-group", type=positive, default=32, help="KIVI's group of slots (G)")
     parser.add_argument("--kivi-residual", type=int, default=128, help="KIVI's full-precision recent slots (R)")
@@ -54,7 +56,7 @@ def run(args: argparse.Namespace) -> None:
     policy = make_policy(available(), args.policy, _params(args.param)) if args.policy else None
     kivi = None if args.kivi_bits is None else Kivi(args.kivi_bits, args.kivi_bits, args.kivi_group,
                                                     args.kivi_residual, args.kivi_grouping)
-    settings = RunSettings(policy, args.budget, args.mode, args.every, kivi)
+    settings = RunSettings(policy, args.budget, args.mode, args.every, kivi, args.positions)
     result = run_policy(load_model(args.model), args.turn, settings, args.max_new_tokens)
     last = result.last
     step = args.blame_step if args.blame_step is not None else last.divergence

@@ -72,6 +72,7 @@ class Policy:
     ``__post_init__``); they set ``name`` and implement :meth:`score`."""
 
     name: ClassVar[str] = ""
+    uniform: ClassVar[bool] = False  # keeps the same slots in every layer and KV head (re-rotated runs need it)
 
     def settings(self) -> dict[str, int | float]:
         """The parameters, by field name (JSON-ready: saved with a session, shown as widgets)."""

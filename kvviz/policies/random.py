@@ -12,6 +12,7 @@ from kvviz.policies.base import Candidates, Policy
 @dataclass(frozen=True)
 class RandomPolicy(Policy):
     name = "random"
+    uniform = True
 
     seed: int = 0
 

@@ -17,6 +17,7 @@ from kvviz.policies.base import Candidates, Policy
 @dataclass(frozen=True)
 class StreamingLLM(Policy):
     name = "streaming_llm"
+    uniform = True
 
     sinks: int = 4  # the first slots, always kept
 

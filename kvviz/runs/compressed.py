@@ -7,7 +7,8 @@ implementation would, turn by turn and step by step (docs/math.md §9).
 - The policy decides on the compressed cache: scores come from attention as the steps computed it, evicted slots
   never come back and accumulate nothing, nothing after the step is seen.
 - KIVI quantizes whole groups as they leave the full-precision window, before the step that first sees them so.
-- Positions stay the original absolute ones.
+- Positions stay the original absolute ones, or (``positions="rerotated"``, for policies that keep the same slots
+  everywhere) the kept keys are re-rotated to the positions of their order and the next token follows them.
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ from kvviz.errors import KvvizError
 from kvviz.model import LoadedModel
 from kvviz.policies.base import Candidates, Policy, received_attention, slots_kept
 from kvviz.runs.kivi import Kivi
+from kvviz.runs.rerotate import Rotary
 from kvviz.runs.timeline import Timeline
 from kvviz.sampling import Sampling
 from kvviz.session import Session
 
 Mode = Literal["prefill", "decode", "both"]
 MODES = ("prefill", "decode", "both")
+POSITIONS = ("original", "rerotated")
 
 
 @dataclass(frozen=True)
@@ -41,8 +44,14 @@ class RunSettings:
     mode: Mode = "decode"
     every: int = 1
     kivi: Kivi | None = None
+    positions: Literal["original", "rerotated"] = "original"
 
     def __post_init__(self) -> None:
+        if self.positions not in POSITIONS:
+            raise KvvizError(f"positions must be 'original' or 'rerotated', got {self.positions!r}")
+        if self.positions == "rerotated" and (self.policy is None or not self.policy.uniform or self.kivi):
+            raise KvvizError("re-rotated positions need a policy that keeps the same slots in every layer and KV head "
+                             "(streaming_llm, random) and no KIVI quantization")
         if self.mode not in MODES:
             raise KvvizError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
@@ -62,7 +71,9 @@ class RunSettings:
             parts.append(f"{self.policy.name}, budget {self.budget}, {self.mode}{every}")
         if self.kivi is not None:
             parts.append(self.kivi.label)
-        return "; ".join(parts) + " · original positions"
+        where = " · original positions" if self.positions == "original" else \
+            " · re-rotated positions (kept keys at the positions of their order in the cache)"
+        return "; ".join(parts) + where
 
 
 class CompressedSession:
@@ -71,7 +82,8 @@ class CompressedSession:
     def __init__(self, lm: LoadedModel, settings: RunSettings):
         self.lm, self.settings = lm, settings
         self.session = Session(lm, Sampling())
-        self.timeline = Timeline(self.session.cache, lm.layers, lm.kv_heads, settings.kivi)
+        rotary = Rotary(lm) if settings.positions == "rerotated" else None
+        self.timeline = Timeline(self.session.cache, lm.layers, lm.kv_heads, settings.kivi, rotary)
         self.session.commits = self.timeline
         self.running = torch.zeros(lm.layers, lm.kv_heads, 0, dtype=torch.float64)  # attention received so far
         self.keep = 0  # this turn's budget in slots
@@ -95,6 +107,7 @@ class CompressedSession:
         self._prompted(start)
 
     def _prompted(self, start: int) -> None:
+        self._computed(start)
         self._received(slice(start, len(self.session)))
         self.prompt_end.append(len(self.session))
         budget = self.settings.budget
@@ -112,6 +125,7 @@ class CompressedSession:
         if token is not None:
             self.session.force(token)
         self.session.step()
+        self._computed(len(self.session) - 1)
         self._received(slice(len(self.session) - 1, len(self.session)))
         self.steps += 1
         return self.session.logits
@@ -135,6 +149,13 @@ class CompressedSession:
         if self.timeline.record(at, evicted, kivi.quantized_prefix(at) if kivi else 0):
             self.session.version += 1
             self.session.memo.clear()
+            if self.timeline.rotary is not None:  # the next token follows the kept ones
+                self.session.transcript.renumbered = self.timeline.kept_count(at)
+
+    def _computed(self, start: int) -> None:
+        """Re-rotated runs: note the keys of the slots from ``start`` as computed."""
+        if self.timeline.rotary is not None:
+            self.timeline.note_computed([slot.position for slot in self.session.transcript.slots[start:]])
 
     def _received(self, rows: slice) -> None:
         """Add the attention the slots got from the query slots ``rows`` (just processed) to :attr:`running`."""

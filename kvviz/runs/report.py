@@ -76,7 +76,7 @@ def document(result: PolicyRun, blame: Blame | None = None) -> dict:
         "params": policy.settings() if policy is not None else {},
         "budget": settings.budget, "mode": settings.mode, "every": settings.every,
         "kivi": settings.kivi.settings() if settings.kivi is not None else None,
-        "positions": "original",
+        "positions": settings.positions,
         **{key: last[key] for key in ("prompt_ids", "full", "policy_run", "divergence", "steps")},
         "evictions": result.evictions(),
         "quantized": _quantized(result),

@@ -5,7 +5,8 @@ it stood at every step.
 Commit ``k`` is a compression made when ``at[k]`` slots were cached; it applies to the steps of slots ``≥ at[k]``.
 Evictions are final, so one tensor holds them all: ``evicted_at`` ``(L, KV, n)``, the commit that evicted each slot
 from each layer and KV head (``NEVER`` if none). Quantization (KIVI) covers a growing prefix of slots; the live cache
-holds the quantized K/V, the originals are kept to reproduce any step exactly.
+holds the quantized K/V, the originals are kept to reproduce any step exactly. With re-rotated positions
+(runs/rerotate.py) the keys as computed are kept too, with the position each slot held after every commit.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from kvviz import kv_cache
 from kvviz.edits import Edit
 from kvviz.errors import KvvizError
 from kvviz.runs.kivi import Kivi
+from kvviz.runs.rerotate import Rotary
 
 NEVER = torch.iinfo(torch.int32).max
 
@@ -28,8 +30,12 @@ class Timeline:
 
     stack = ()  # no hand-made commits: a run's cache is edited by its policy only
 
-    def __init__(self, cache: Cache, layers: int, kv_heads: int, kivi: Kivi | None = None):
-        self.cache, self.layers, self.kv_heads, self.kivi = cache, layers, kv_heads, kivi
+    def __init__(self, cache: Cache, layers: int, kv_heads: int, kivi: Kivi | None = None,
+                 rotary: Rotary | None = None):
+        self.cache, self.layers, self.kv_heads, self.kivi, self.rotary = cache, layers, kv_heads, kivi, rotary
+        self.computed: torch.Tensor | None = None  # re-rotated runs: (L, KV, n, D) keys at the position computed at
+        self.processed: list[int] = []  # re-rotated runs: the position each slot was computed at
+        self.placed: list[torch.Tensor] = []  # re-rotated runs: per commit, the positions of slots 0..at[k]-1
         self.evicted_at = torch.full((layers, kv_heads, 0), NEVER, dtype=torch.int32)
         self.at: list[int] = []  # slots cached when commit k was made
         self.quantized: list[int] = []  # slots 0..q-1 quantized after commit k
@@ -76,12 +82,32 @@ class Timeline:
         return mask
 
     def key_version(self, slot: int) -> int:
-        """Equal for slots whose steps saw the same keys: how many slots were quantized then."""
+        """Equal for slots whose steps saw the same keys: how many slots were quantized then (re-rotated: the commit,
+        as every one moves keys)."""
         k = self.index(slot)
+        if self.rotary is not None:
+            return k
         return self.quantized[k] if k >= 0 else 0
+
+    def step_kv(self, layer: int, at: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values ``(KV, at, D)`` of the slots before ``at`` as the step of slot ``at`` saw them, before
+        quantization: re-rotated to the positions they held then."""
+        keys, values = self.original_kv(layer, at)
+        return (self._placed_keys(layer, at, at), values) if self.rotary is not None else (keys, values)
+
+    def _placed_keys(self, layer: int, slot: int, stop: int) -> torch.Tensor:
+        """Re-rotated runs: keys ``(KV, stop, D)`` at the positions in force for the step of ``slot``."""
+        k = self.index(slot)
+        delta = torch.zeros(stop, dtype=torch.long)
+        if k >= 0:
+            placed = self.placed[k][:stop]
+            delta[: len(placed)] = placed - torch.tensor(self.processed[: len(placed)])
+        return self.rotary.rotate(self.computed[layer, :, :stop], delta)
 
     def keys_at(self, layer: int, slot: int, stop: int) -> torch.Tensor:
         """Keys ``(KV, stop, D)`` of ``layer`` as the step of slot ``slot`` saw them."""
+        if self.rotary is not None:
+            return self._placed_keys(layer, slot, stop)
         quantized = min(self.key_version(slot), stop)
         if not quantized:
             return self.original_kv(layer, stop)[0]
@@ -133,7 +159,34 @@ class Timeline:
         if quantize > old_q:
             self._quantize(old_q, quantize)
             self.quantized[k] = quantize
+        if self.rotary is not None:
+            self._rerotate(k, at)
         return True
+
+    def note_computed(self, positions: list[int]) -> None:
+        """Re-rotated runs, after a forward pass: keep the new slots' keys as computed, at ``positions``."""
+        start, stop = len(self.processed), len(self.processed) + len(positions)
+        added = torch.stack([kv_cache.layer_kv(self.cache, layer)[0][0, :, start:stop] for layer in range(self.layers)])
+        self.computed = added.clone() if self.computed is None else torch.cat([self.computed, added], dim=2)
+        self.processed.extend(positions)
+
+    def _rerotate(self, k: int, at: int) -> None:
+        """Move the kept slots before ``at`` to the positions of their order (0, 1, …) in the live cache."""
+        alive = ~(self.evicted_at[:, :, :at] <= k)  # (L, KV, at)
+        if not bool((alive == alive[:1, :1]).all()):
+            raise KvvizError("re-rotated positions need the same slots kept in every layer and KV head; this policy "
+                             "keeps different ones: use original positions")
+        kept = alive[0, 0]
+        placed = torch.where(kept, kept.long().cumsum(0) - 1, torch.tensor(self.processed[:at]))
+        self.placed[k:] = [placed]
+        delta = placed - torch.tensor(self.processed[:at])
+        for layer in range(self.layers):
+            keys = kv_cache.layer_kv(self.cache, layer)[0]
+            keys[0, :, :at] = self.rotary.rotate(self.computed[layer, :, :at], delta)
+
+    def kept_count(self, at: int) -> int:
+        """Slots before ``at`` the next step sees (the same in every layer and KV head in re-rotated runs)."""
+        return int((~self.hidden(at, at))[0, 0].sum())
 
     def _quantize(self, old: int, new: int) -> None:
         """Keep the originals of slots ``old..new-1`` and write the quantized K/V of the prefix into the live cache."""

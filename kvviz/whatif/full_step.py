@@ -151,7 +151,7 @@ def kept_full_step(session: Session, at: int, full: Edit, hidden: torch.Tensor |
 def prefix_kv(session: Session, at: int, edit: Edit | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per layer, the K/V ``(KV, at, D)`` of slots ``0..at-1`` as the model computed them (views), with ``edit``'s
     quantization applied (copies) when given."""
-    originals = [session.commits.original_kv(layer, at) for layer in range(session.lm.layers)]
+    originals = [session.commits.step_kv(layer, at) for layer in range(session.lm.layers)]
     return originals if edit is None else [edit.quantized(*kv) for kv in originals]
 
 

@@ -1,0 +1,38 @@
+"""Re-rotated positions (StreamingLLM's "positions within the cache"): after each compression the kept keys are
+rotated to the positions ``0..k-1`` of their order in the cache, and the next token takes position ``k``.
+
+Keys are cached post-RoPE at the position they were computed at, ``p``; RoPE is a rotation, so the key at position
+``c`` is the computed one rotated by ``c − p`` (docs/math.md §9). The run keeps the keys as computed and rotates them
+from there each time, so rotations never accumulate rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvviz.errors import KvvizError
+from kvviz.model import LoadedModel
+
+ROTATIONS = ("default", "linear", "llama3")  # RoPE variants whose angle is position × a fixed frequency
+
+
+class Rotary:
+    """The model's RoPE frequencies ``θ`` ``(D/2,)``: rotating by ``δ`` positions multiplies each channel pair
+    ``(x_i, x_{i+D/2})`` by the angle ``δ·θ_i`` (transformers' ``rotate_half`` layout)."""
+
+    def __init__(self, lm: LoadedModel):
+        rotary = getattr(getattr(lm.model, "model", None), "rotary_emb", None)
+        kind = getattr(rotary, "rope_type", None)
+        if rotary is None or kind not in ROTATIONS or getattr(rotary, "attention_scaling", 1.0) != 1.0:
+            raise KvvizError(f"re-rotated positions need a plain RoPE model ({', '.join(ROTATIONS)}); "
+                             f"{lm.name} has {kind or 'no RoPE'}: use original positions")
+        self.inv_freq = rotary.inv_freq.detach().float()
+
+    def rotate(self, keys: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        """``keys`` ``(..., n, D)`` rotated by ``delta`` ``(n,)`` positions each (float32 angles, as the model)."""
+        freqs = delta.to(self.inv_freq.device, torch.float32)[:, None] * self.inv_freq  # (n, D/2)
+        emb = torch.cat((freqs, freqs), dim=-1).to(keys.device)
+        cos, sin = emb.cos().to(keys.dtype), emb.sin().to(keys.dtype)
+        half = keys.shape[-1] // 2
+        rotated_half = torch.cat((-keys[..., half:], keys[..., :half]), dim=-1)
+        return keys * cos + rotated_half * sin
