@@ -156,3 +156,17 @@ def test_picker_buttons_edit_before_the_what_if_runs(monkeypatch):
         assert {c[0] for c in chips if c[5]} == {s for e in edit.evictions for s in e.slots}, label
         assert {c[0]: c[6] for c in chips if c[6] < 16} == dict(edit.key_bits), label
     assert metric(app, "KL") == "0"
+
+
+def test_a_bad_user_policy_module_is_one_line_and_the_built_ins_still_run(monkeypatch):
+    monkeypatch.setenv("KVVIZ_POLICIES", "no_such_module_here:Thing")
+    app = start()
+    app.chat_input[0].set_value("My name is Ada. What is my name?").run()
+    assert_clean(app)
+    refusals = [w.value for w in app.warning if "KVVIZ_POLICIES" in w.value.replace("\\", "")]  # escaped Markdown
+    assert refusals and all("\n" not in r for r in refusals)
+    app.number_input(key="run-h2o-recent_fraction").set_value(0.5)
+    app.button[[b.label for b in app.button].index("Run the policy")].click().run()
+    assert_clean(app)
+    result = app.session_state["policy_run"]
+    assert result.settings.policy.name == "h2o" and result.last.full_ids

@@ -10,6 +10,7 @@ from app import state
 from app.plain import warn
 from kvviz.errors import KvvizError
 from kvviz.policies import POLICIES, Policy
+from kvviz.policies.user import available
 from kvviz.whatif.compare import compare_policies
 
 
@@ -18,13 +19,15 @@ def render() -> None:
     if at < 2:
         st.info("Policies need a few cached slots before the current step.")
         return
-    names = list(POLICIES)
+    classes = policy_classes()
+    names = list(classes)
     cols = st.columns([2, 2, 2])
     first = cols[0].selectbox("Policy", names, index=names.index("h2o"))
     second = cols[1].selectbox("Compare with", names, index=names.index("streaming_llm"))
     budget = cols[2].slider("Budget (fraction of slots kept)", 0.05, 1.0, 0.5, 0.05)
     try:
-        policies = [_configured(cols[side], name, side) for side, name in enumerate((first, second))]
+        policies = [classes[name](**parameters(cols[side], classes[name], f"policy-{side}"))
+                    for side, name in enumerate((first, second))]
     except KvvizError as exc:
         warn(exc)
         return
@@ -50,13 +53,22 @@ def render() -> None:
             st.caption(f"Overlap of the evicted (layer, KV head, slot) entries: {report.overlap:.1%} (Jaccard)")
 
 
-def _configured(column, name: str, side: int) -> Policy:
-    """The policy ``name`` with the parameters set in its widgets (one per dataclass field, under its selector)."""
-    policy = POLICIES[name]
+def policy_classes() -> dict[str, type[Policy]]:
+    """Built-in and ``KVVIZ_POLICIES`` policies; with a bad ``KVVIZ_POLICIES``, its one-line refusal and the
+    built-ins."""
+    try:
+        return available()
+    except KvvizError as exc:
+        warn(exc)
+        return dict(POLICIES)
+
+
+def parameters(column, policy: type[Policy], key: str) -> dict[str, int | float]:
+    """One number widget per field of ``policy`` (its default first), in ``column``; their values by field name."""
     values = {}
     for parameter in fields(policy):
         default = parameter.default
         step = 1 if isinstance(default, int) else 0.05
-        values[parameter.name] = column.number_input(f"{name}: {parameter.name}", value=default, step=step,
-                                                     key=f"policy-{side}-{name}-{parameter.name}")
-    return policy(**values)
+        values[parameter.name] = column.number_input(f"{policy.name}: {parameter.name}", value=default, step=step,
+                                                     key=f"{key}-{policy.name}-{parameter.name}")
+    return values

@@ -3,16 +3,14 @@ eviction timeline, and a step's blame (which evicted slots mattered)."""
 
 from __future__ import annotations
 
-from dataclasses import fields
-
 import pandas as pd
 import streamlit as st
 
 from app import state
 from app.plain import plain, warn
+from app.views.policies import parameters, policy_classes
 from kvviz import figures
 from kvviz.errors import KvvizError
-from kvviz.policies.user import available
 from kvviz.runs.blame import blame, restore, variants
 from kvviz.runs.compressed import RunSettings
 from kvviz.runs.kivi import Kivi
@@ -22,11 +20,7 @@ from kvviz.whatif.metrics import compare
 
 def render() -> None:
     session = state.session()
-    try:
-        classes = available()
-    except KvvizError as exc:  # a bad KVVIZ_POLICIES: the built-ins still work
-        warn(exc)
-        from kvviz.policies import POLICIES as classes
+    classes = policy_classes()
     turns = [turn["user"] for turn in session.turns]
     with st.form("policy-run"):
         cols = st.columns(4)
@@ -50,7 +44,7 @@ def render() -> None:
                                   "everywhere: streaming_llm, random)")
         policy = None
         if name in classes:
-            params = _parameters(classes[name])
+            params = parameters(st, classes[name], "run")
         prompt = st.text_area("Turns (one per line; default: this conversation's messages)", "\n".join(turns))
         max_new = st.number_input("New tokens per turn", min_value=2, max_value=512, value=32)
         submitted = st.form_submit_button("Run the policy")
@@ -69,16 +63,6 @@ def render() -> None:
     result = state.policy_run()
     if result is not None:
         _show(result)
-
-
-def _parameters(cls) -> dict:
-    values = {}
-    for parameter in fields(cls):
-        default = parameter.default
-        step = 1 if isinstance(default, int) else 0.05
-        values[parameter.name] = st.number_input(f"{cls.name}: {parameter.name}", value=default, step=step,
-                                                 key=f"run-{cls.name}-{parameter.name}")
-    return values
 
 
 def _show(result) -> None:
