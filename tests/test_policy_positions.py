@@ -77,3 +77,13 @@ def test_rerotated_positions_are_refused_where_they_make_no_sense(lm):
                      dict(policy=None, budget=None, kivi=Kivi())):
         with pytest.raises(KvvizError, match="re-rotated positions need"):
             RunSettings(**settings, positions="rerotated")
+
+
+def test_blame_of_a_rerotated_run_sees_each_step_as_it_stood(lm):
+    from kvviz.runs.blame import blame
+    from kvviz.runs.policy_run import run_policy
+
+    result = run_policy(lm, [PROMPT], RunSettings(StreamingLLM(), 24, "decode", positions="rerotated"), 8)
+    for step in (0, 3, len(result.last.steps) - 1):
+        ranked = blame(result, step=step, limit=4)
+        assert ranked.kl == pytest.approx(result.last.steps[step].kl, rel=1e-4), step

@@ -14,7 +14,8 @@ from kvviz.errors import KvvizError
 from kvviz.runs.blame import blame, restore, variants
 from kvviz.runs.compressed import RunSettings
 from kvviz.runs.kivi import Kivi
-from kvviz.runs.policy_run import run_policy
+from kvviz.runs.policy_run import held_slots, run_policy
+from kvviz.runs.report import make_policy
 from kvviz.whatif.metrics import compare
 
 
@@ -51,11 +52,11 @@ def render() -> None:
     if submitted:
         try:
             if name in classes:
-                policy = classes[name](**params)
+                policy = make_policy(classes, name, params)
             kivi = Kivi(bits, bits, int(group), int(residual), grouping) if kivi_on else None
             settings = RunSettings(policy, int(budget), mode, int(every), kivi, positions)
             lines = [line for line in prompt.splitlines() if line.strip()]
-            state.make_room(3 * (len(session) + int(max_new) * len(lines)))  # full, forced and free runs
+            state.make_room(held_slots(session.lm, lines, int(max_new)))
             with st.spinner("Running the full cache and the policy side by side…"):
                 state.keep_policy_run(run_policy(session.lm, lines, settings, int(max_new)))
         except KvvizError as exc:

@@ -45,6 +45,8 @@ def run(args: argparse.Namespace) -> None:
         raise KvvizError("a turn is empty; type some text")
     if args.policy is None and args.kivi_bits is None:
         raise KvvizError("give --policy (with --budget), --kivi-bits, or both")
+    if args.blame_step is not None and args.policy is None:
+        raise KvvizError("--blame-step needs a policy: blame puts evicted slots back")
     from kvviz.model import load_model
     from kvviz.policies.user import available
     from kvviz.runs.blame import blame
@@ -60,6 +62,8 @@ def run(args: argparse.Namespace) -> None:
     result = run_policy(load_model(args.model), args.turn, settings, args.max_new_tokens)
     last = result.last
     step = args.blame_step if args.blame_step is not None else last.divergence
+    if args.blame_step is not None and not 0 <= step < len(last.steps):
+        raise KvvizError(f"--blame-step {step} is not a decode step of the last turn (0..{len(last.steps) - 1})")
     ranked = blame(result, step=step, unit=args.blame_unit, limit=args.blame_limit) \
         if last.steps and (step is None or step >= 0) and settings.policy is not None else None
     report = document(result, ranked)

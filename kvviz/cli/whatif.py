@@ -39,7 +39,11 @@ def _bits(text: str) -> int:
 
 def _budget(text: str) -> int | float:
     try:
-        return float(text) if "." in text else int(text)
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
     except ValueError:
         raise KvvizError(f"budget must be a slot count or a fraction, got {text!r}") from None
 

@@ -73,6 +73,7 @@ class Policy:
 
     name: ClassVar[str] = ""
     uniform: ClassVar[bool] = False  # keeps the same slots in every layer and KV head (re-rotated runs need it)
+    accumulates: ClassVar[bool] = False  # reads ``accumulated()``: a run keeps it up to date step by step
 
     def settings(self) -> dict[str, int | float]:
         """The parameters, by field name (JSON-ready: saved with a session, shown as widgets)."""
@@ -90,8 +91,9 @@ class Policy:
     def evicted(self, candidates: Candidates) -> torch.Tensor:
         """The candidates this policy evicts now: bool ``(L, KV, at)``, only alive slots. Ties keep the earlier slot."""
         alive = candidates.alive
-        scores = checked_scores(self, candidates).masked_fill(~alive, float("-inf"))
-        budgets = self.budgets(candidates, scores).clamp(min=1)[..., None]  # (L, KV, 1)
+        lowest = torch.finfo(torch.float32).min  # alive slots always rank before evicted ones, even at -inf
+        scores = torch.where(alive, checked_scores(self, candidates).clamp(min=lowest), float("-inf"))
+        budgets = checked_budgets(self, candidates, scores).clamp(min=1)[..., None]  # (L, KV, 1)
         order = torch.argsort(scores, dim=-1, descending=True, stable=True)
         rank = torch.empty_like(order).scatter_(-1, order, torch.arange(alive.shape[-1]).expand_as(order))
         return alive & (rank >= budgets)
@@ -127,7 +129,27 @@ def checked_scores(policy: Policy, candidates: Candidates) -> torch.Tensor:
         got = tuple(scores.shape) if isinstance(scores, torch.Tensor) else type(scores).__name__
         raise KvvizError(f"policy {policy.name or type(policy).__name__} returned scores of shape {got}; "
                          f"expected (L | 1, KV | 1, at) = ({shape[0]} | 1, {shape[1]} | 1, {shape[2]})")
-    return scores.float().cpu().expand(shape)
+    scores = scores.float().cpu().expand(shape)
+    if bool(scores.isnan().any()):
+        raise KvvizError(f"policy {policy.name or type(policy).__name__} returned NaN scores; score every slot")
+    return scores
+
+
+def checked_budgets(policy: Policy, candidates: Candidates, scores: torch.Tensor) -> torch.Tensor:
+    """``policy.budgets`` as integers ``(L, KV)``; a failure or another shape is refused with one line."""
+    name = policy.name or type(policy).__name__
+    try:
+        budgets = policy.budgets(candidates, scores)
+    except KvvizError:
+        raise
+    except Exception as exc:
+        raise KvvizError(f"policy {name}'s budgets failed: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(budgets, torch.Tensor) or tuple(budgets.shape) != tuple(scores.shape[:2]) \
+            or budgets.is_floating_point() or budgets.is_complex():
+        got = tuple(budgets.shape) if isinstance(budgets, torch.Tensor) else type(budgets).__name__
+        raise KvvizError(f"policy {name}'s budgets must be integers of shape (L, KV) = {tuple(scores.shape[:2])}, "
+                         f"got {got}")
+    return budgets.long().cpu()
 
 
 def protect(scores: torch.Tensor, slots: slice) -> torch.Tensor:

@@ -17,6 +17,7 @@ from kvviz.policies.base import Candidates, Policy, protect
 @dataclass(frozen=True)
 class H2O(Policy):
     name = "h2o"
+    accumulates = True
 
     recent_fraction: float = 0.5  # share of the budget kept for the most recent slots
 

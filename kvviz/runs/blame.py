@@ -72,8 +72,9 @@ def variants(run: TurnRun, step: int, restores: list[set[int]]) -> tuple[torch.T
     """Re-run decode step ``step`` once with every slot restored and once per set in ``restores``, batched.
     Returns the logits ``(1 + len(restores), V)`` and the evicted mask of the step ``(L, KV, at)``.
 
-    Without quantization the run's own cache is lent (its slots before ``at`` are what the step saw; the variants'
-    slots are written into its spare room and cut off afterwards); with it, the step's cache is rebuilt."""
+    When the run neither quantized nor moved keys, its own cache is lent (its slots before ``at`` are what the step
+    saw; the variants' slots are written into its spare room and cut off afterwards); otherwise the step's cache is
+    rebuilt as it stood."""
     session = run.forced.session
     at = _slot_of(run, step)
     hidden = session.commits.hidden(at, at).cpu()  # (L, KV, at)
@@ -83,7 +84,7 @@ def variants(run: TurnRun, step: int, restores: list[set[int]]) -> tuple[torch.T
         visible[row, :, :, sorted(slots)] = True
     lm, slot, batch = session.lm, session.transcript.slots[at], len(visible)
     length = len(session)
-    if run.forced.settings.kivi is None:
+    if run.forced.settings.kivi is None and run.forced.settings.positions == "original":
         cache = session.cache
     else:
         cache = kv_cache.over(layer_views(stacked(prefix_kv(session, at, session.commits.edit_at(at)), batch)), at)

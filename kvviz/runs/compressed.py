@@ -62,6 +62,12 @@ class RunSettings:
             if self.budget is None:
                 raise KvvizError("a policy run needs a budget (a slot count or a fraction)")
             slots_kept(self.budget, 1)  # refuses a malformed budget now, not in the middle of a run
+            if isinstance(self.budget, int) and self.budget < 1:
+                raise KvvizError(f"the budget keeps no slot ({self.budget}); keep at least one")
+        elif self.budget is not None:
+            raise KvvizError("a budget needs a policy to enforce it; choose one, or leave the budget out")
+        if self.mode == "prefill" and self.every != 1:
+            raise KvvizError("every N steps applies to compression before decode steps; use mode decode or both")
 
     @property
     def label(self) -> str:
@@ -85,7 +91,9 @@ class CompressedSession:
         rotary = Rotary(lm) if settings.positions == "rerotated" else None
         self.timeline = Timeline(self.session.cache, lm.layers, lm.kv_heads, settings.kivi, rotary)
         self.session.commits = self.timeline
-        self.running = torch.zeros(lm.layers, lm.kv_heads, 0, dtype=torch.float64)  # attention received so far
+        # attention each slot received so far, kept up to date only for policies that read it (H2O)
+        self.running = torch.zeros(lm.layers, lm.kv_heads, 0, dtype=torch.float64)
+        self.accumulates = settings.policy is not None and settings.policy.accumulates
         self.keep = 0  # this turn's budget in slots
         self.steps = 0  # decode steps of this turn so far
         self.prompt_end: list[int] = []  # per turn: slots cached after its prompt
@@ -112,7 +120,9 @@ class CompressedSession:
         self.prompt_end.append(len(self.session))
         budget = self.settings.budget
         if self.settings.policy is not None:  # a count stands as it is; a fraction is of this prompt's slots
-            self.keep = max(1, budget if isinstance(budget, int) else slots_kept(budget, len(self.session)))
+            self.keep = budget if isinstance(budget, int) else slots_kept(budget, len(self.session))
+            if self.keep < 1:
+                raise KvvizError(f"a budget of {budget} keeps no slot of this {len(self.session)}-slot prompt")
         self.steps = 0
         self._compress(self.settings.mode in ("prefill", "both"))
 
@@ -143,7 +153,8 @@ class CompressedSession:
         if evict and self.settings.policy is not None:
             alive = self.alive()
             if int(alive.sum(-1).max()) > self.keep:
-                candidates = Candidates(self.session, at, self.keep, alive, self.running.float())
+                running = self.running.float() if self.accumulates else None
+                candidates = Candidates(self.session, at, self.keep, alive, running)
                 evicted = self.settings.policy.evicted(candidates)
         kivi = self.settings.kivi
         if self.timeline.record(at, evicted, kivi.quantized_prefix(at) if kivi else 0):
@@ -159,6 +170,8 @@ class CompressedSession:
 
     def _received(self, rows: slice) -> None:
         """Add the attention the slots got from the query slots ``rows`` (just processed) to :attr:`running`."""
+        if not self.accumulates:
+            return
         lm, n = self.lm, rows.stop
         self.running = torch.nn.functional.pad(self.running, (0, n - self.running.shape[-1]))
         if rows.stop - rows.start > 1:  # a prompt: its rows as they were computed

@@ -25,8 +25,9 @@ class Kivi:
     grouping: Literal["blocks", "shared"] = "blocks"
 
     def __post_init__(self) -> None:
-        check_bits(self.key_bits)
-        check_bits(self.value_bits)
+        for bits in (self.key_bits, self.value_bits):
+            if check_bits(bits) == 16:
+                raise KvvizError("KIVI quantizes to fewer than 16 bits (8, 4, 3 or 2)")
         for name in ("group", "residual"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "group" else 0):

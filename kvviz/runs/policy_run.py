@@ -54,6 +54,11 @@ class TurnRun:
     full_logits: torch.Tensor  # (len(full_ids), V) float32: the full run's logits before each of its tokens
 
     @property
+    def end(self) -> int:
+        """One past the slot of the turn's last decode step: commits made at or after it belong to later turns."""
+        return self.prompt_end + len(self.steps)
+
+    @property
     def changed(self) -> bool:
         return self.full_ids != self.policy_ids
 
@@ -74,7 +79,7 @@ class PolicyRun:
         ``layer`` / ``kv_head`` None where it left every layer / KV head at once."""
         run = self.turns[turn]
         timeline = run.forced.timeline
-        start, stop = run.prompt_end, run.prompt_end + len(run.steps) + 1
+        start, stop = run.prompt_end, run.end  # later turns may go on in the same session
         records = []
         for k, at in enumerate(timeline.at):
             if not start <= at < stop:
@@ -104,7 +109,8 @@ class PolicyRun:
         commits = timeline.evicted_at[:, :, :n].long()
         commits = torch.nn.functional.pad(commits, (0, n - commits.shape[-1]), value=NEVER)
         slots = at[commits.clamp(max=len(timeline.at))]
-        return torch.where(commits >= NEVER, NEVER, torch.where(slots < run.prompt_end, -1, slots - run.prompt_end))
+        later = (commits >= NEVER) | (slots >= run.end)  # still cached when the turn ended
+        return torch.where(later, NEVER, torch.where(slots < run.prompt_end, -1, slots - run.prompt_end))
 
 
     def quantized_steps(self, turn: int = -1) -> torch.Tensor:
@@ -116,10 +122,21 @@ class PolicyRun:
         steps = torch.full((n,), NEVER, dtype=torch.long)
         done = 0
         for at, quantized in zip(timeline.at, timeline.quantized):
+            if at >= run.end:  # a later turn's
+                break
             if quantized > done:
                 steps[done:min(quantized, n)] = max(-1, at - run.prompt_end) if at >= run.prompt_end else -1
                 done = quantized
         return steps
+
+
+def held_slots(lm: LoadedModel, turns: Sequence[str], max_new_tokens: int) -> int:
+    """What a run of ``turns`` may hold, in cached slots' worth of memory (:attr:`LoadedModel.bytes_per_slot`): the
+    full session, the compressed one and one fork per turn (every turn may diverge), each as long as the whole
+    conversation (prompts counted at ~3 characters a token), plus the full run's logits of every step."""
+    slots = sum(len(text) // 3 + 32 for text in turns) + max_new_tokens * len(turns)
+    logits = len(turns) * max_new_tokens * lm.config.vocab_size * 4
+    return (len(turns) + 2) * slots + -(-logits // lm.bytes_per_slot)
 
 
 def kl_divergence(full: torch.Tensor, policy: torch.Tensor) -> float:
@@ -199,6 +216,7 @@ def _compare(policy: CompressedSession, full_ids: list[int], full_logits: list[t
 def _fork(policy: CompressedSession) -> CompressedSession:
     """An independent copy of ``policy`` (the model is shared, not copied)."""
     lm = policy.lm
+    policy.session.memo.clear()  # derived data is not copied
     return copy.deepcopy(policy, memo={id(lm): lm})
 
 

@@ -23,18 +23,29 @@ def make_policy(classes: Mapping[str, type[Policy]], name: str, params: Mapping[
     for key, value in (params or {}).items():
         if key not in fields:
             raise KvvizError(f"{name} has no parameter {key!r}; its parameters: {', '.join(fields) or 'none'}")
-        default = fields[key].default
-        try:
-            values[key] = type(default)(value) if isinstance(value, str) and default is not dataclasses.MISSING \
-                else value
-        except ValueError:
-            raise KvvizError(f"{name}'s {key} must be a {type(default).__name__}, got {value!r}") from None
+        values[key] = _parsed(name, key, value, fields[key].default) if isinstance(value, str) else value
     try:
         return cls(**values)
     except KvvizError:
         raise
     except Exception as exc:
         raise KvvizError(f"cannot make policy {name}: {type(exc).__name__}: {exc}") from None
+
+
+def _parsed(name: str, key: str, text: str, default: object) -> object:
+    """A parameter typed on the command line, read as the type of its default (any number when there is none)."""
+    if isinstance(default, bool):
+        if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+            raise KvvizError(f"{name}'s {key} must be true or false, got {text!r}")
+        return text.lower() in ("true", "1", "yes")
+    kinds = [type(default)] if isinstance(default, (int, float, str)) else [int, float, str]
+    for kind in kinds:
+        try:
+            return kind(text)
+        except ValueError:
+            continue
+    kind = {"int": "an integer", "float": "a number", "str": "text"}[kinds[0].__name__]
+    raise KvvizError(f"{name}'s {key} must be {kind}, got {text!r}")
 
 
 def _turn(run: TurnRun) -> dict:
