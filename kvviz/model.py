@@ -17,6 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
+from kvviz.attention_support import check
 from kvviz.checkpoint import BUNDLED_NAME, GGUF_MAGIC, bundled_gguf, cache_root, converted_dir
 from kvviz.errors import ModelLoadError
 from kvviz.geometry import Geometry
@@ -62,10 +63,11 @@ class LoadedModel:
     def head_dim(self) -> int:
         return self.geometry.head_dim
 
-    @property
+    @cached_property
     def scaling(self) -> float:
-        """Score scale ``1/√d_k`` as the llama-family attention modules use it."""
-        return self.head_dim**-0.5
+        """Score scale as the model's attention modules use it (``1/√d_k`` in the llama family; checked to be one
+        for all layers when the model loads)."""
+        return check(self.model, self.name)
 
     @property
     def bytes_per_slot(self) -> int:
@@ -193,6 +195,7 @@ def load_model(path: str | os.PathLike | None = None, device: str | None = None,
                              "delete that folder to convert again, or pass another model") from exc
     if getattr(model.config, "is_encoder_decoder", False):
         raise ModelLoadError(f"{name} is not a decoder-only language model")
+    check(model, name)  # refuses attention kvviz cannot reproduce
     if device_map is None:
         model.to(torch_device)
     else:  # accelerate placed the layers; inputs go where the embeddings are

@@ -8,6 +8,7 @@ import streamlit as st
 from app import state
 from app.plain import plain, warn
 from app.components.strip import clicked, parse_click, token_strip
+from kvviz.attention_math import kv_head_of
 from kvviz.errors import KvvizError
 from kvviz.quant import Quantizer
 from kvviz.view_data import strip_chips
@@ -38,7 +39,8 @@ def view_settings() -> None:
     view = st.columns([2, 2, 3])
     view[0].selectbox("Layer", range(session.lm.layers), key="layer")
     view[1].selectbox("Head", [state.MEAN, *range(session.lm.heads)], key="head",
-                      format_func=lambda h: "mean of heads" if h == state.MEAN else f"head {h} (KV {h // 3})")
+                      format_func=lambda h: "mean of heads" if h == state.MEAN else
+                      f"head {h} (KV {kv_head_of(h, session.lm.heads, session.lm.kv_heads)})")
     if len(session) > 1:
         view[2].slider("Step (time travel)", 0, len(session) - 1, value=state.step_slot(), key="at_slider",
                        on_change=_travel)
