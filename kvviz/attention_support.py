@@ -26,10 +26,9 @@ def unsupported(model: torch.nn.Module) -> list[str]:
     modules = attention_modules(model)
     if len(modules) != config.num_hidden_layers:
         problems.append(f"{len(modules)} attention modules for {config.num_hidden_layers} layers")
-    windows = sorted({w for m in modules if (w := getattr(m, "sliding_window", None))})
-    layer_types = getattr(config, "layer_types", None) or []
-    if windows or "sliding_attention" in layer_types:
-        problems.append(f"sliding-window layers (window {', '.join(map(str, windows)) or config.sliding_window})")
+    window = _window(config, modules)
+    if window is not None:
+        problems.append(f"sliding-window layers (window {window})")
     caps = {c for m in modules if (c := getattr(m, "attn_logit_softcapping", None))}
     if caps or getattr(config, "attn_logit_softcapping", None):
         problems.append(f"attention soft-capping (cap {', '.join(map(str, caps)) or config.attn_logit_softcapping})")
@@ -39,6 +38,22 @@ def unsupported(model: torch.nn.Module) -> list[str]:
     if len(scales) != 1 or None in scales:
         problems.append("attention modules without one shared score scale")
     return problems
+
+
+def _window(config, modules: list[torch.nn.Module]) -> int | None:
+    """The sliding window some layer applies within the context window, else None. Configs with ``layer_types`` say
+    per layer; older ones (Mistral, Qwen2) have one ``sliding_window``, on unless ``use_sliding_window`` is false."""
+    windows = {w for m in modules if (w := getattr(m, "sliding_window", None))}
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        if "sliding_attention" not in layer_types:
+            windows = set()
+        else:
+            windows.add(config.sliding_window)
+    elif getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        windows.add(config.sliding_window)
+    inside = sorted(w for w in windows if w and w < config.max_position_embeddings)
+    return inside[0] if inside else None
 
 
 def check(model: torch.nn.Module, name: str) -> float:
