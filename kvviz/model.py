@@ -1,6 +1,7 @@
 """Find and load the model: the bundled SmolLM2 GGUF (converted once to safetensors) or a local checkpoint.
 
-Weights are only ever read from safetensors or GGUF, never from pickle files. Nothing is fetched from a hub.
+Weights are only ever read from safetensors or GGUF, never from pickle files. A hub id is fetched into the Hugging Face
+cache (kvviz/hub.py); nothing else is fetched.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from kvviz.attention_support import check
 from kvviz.checkpoint import BUNDLED_NAME, GGUF_MAGIC, bundled_gguf, cache_root, converted_dir
 from kvviz.errors import ModelLoadError
 from kvviz.geometry import Geometry
+from kvviz.hub import hub_folder, looks_like_hub_id
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,16 @@ class LoadedModel:
         return f"{self.device.type} · {str(self.dtype).removeprefix('torch.')}"
 
 
+BUNDLED = "(bundled)"  # names the bundled model even where KVVIZ_MODEL names another
+
+
+def allowed_models() -> list[str]:
+    """The models a page may switch between: the bundled one and those listed in ``KVVIZ_MODELS`` (comma-separated
+    folders, ``.gguf`` files or hub ids; the server's list, never the page's)."""
+    listed = [m.strip() for m in os.environ.get("KVVIZ_MODELS", "").split(",") if m.strip()]
+    return [BUNDLED, *dict.fromkeys(m for m in listed if m != BUNDLED)]
+
+
 def pick_device(requested: str | None = None, dtype: str | torch.dtype | None = None) -> tuple[torch.device, torch.dtype]:
     """CUDA (bf16, or fp16 where bf16 is unsupported) when available, else CPU fp32. ``dtype`` (or ``KVVIZ_DTYPE``,
     e.g. ``float32``) overrides the dtype, for instance to check a GPU against fp32 references."""
@@ -153,13 +165,16 @@ def convert_gguf(gguf: Path) -> Path:
 
 
 def resolve_checkpoint(path: str | os.PathLike | None) -> tuple[Path, str]:
-    """Turn ``--model`` (None = bundled, a folder, or a ``.gguf``) into a safetensors folder and a display name."""
+    """Turn ``--model`` (None = bundled, a folder, a ``.gguf``, or a hub id such as ``Qwen/Qwen2.5-0.5B-Instruct``)
+    into a safetensors folder and a display name."""
     path = path or os.environ.get("KVVIZ_MODEL") or None
-    if path is None:
+    if path is None or path == BUNDLED:
         return convert_gguf(bundled_gguf()), BUNDLED_NAME
-    source = Path(path).expanduser()
+    name = str(path)
+    source = hub_folder(name) if looks_like_hub_id(name) else Path(path).expanduser()
     if not source.exists():
-        raise ModelLoadError(f"model path {source} does not exist; pass a Hugging Face checkpoint folder or a .gguf file")
+        raise ModelLoadError(f"model path {source} does not exist; pass a Hugging Face checkpoint folder, a .gguf file "
+                             "or a hub id (owner/name)")
     if source.is_file():
         if source.suffix.lower() != ".gguf":
             raise ModelLoadError(f"{source} is not a .gguf file; pass a .gguf file or a checkpoint folder")
@@ -168,7 +183,7 @@ def resolve_checkpoint(path: str | os.PathLike | None) -> tuple[Path, str]:
         raise ModelLoadError(f"{source} has no config.json; it is not a Hugging Face checkpoint folder")
     if not any(source.glob("*.safetensors")):
         raise ModelLoadError(f"{source} has no *.safetensors weights (pickle checkpoints are not loaded for safety)")
-    return source, source.name
+    return source, name if looks_like_hub_id(name) else source.name
 
 
 def load_model(path: str | os.PathLike | None = None, device: str | None = None,

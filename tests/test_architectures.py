@@ -157,3 +157,46 @@ def test_the_app_runs_a_tiny_non_llama_model(tokenizer, tmp_path, monkeypatch):
     labels = list(head.options)  # as shown
     assert "head 5 (KV 2)" in labels and "head 7 (KV 3)" in labels
     assert app.session_state["session"].lm.kv_heads == 4
+
+
+def _cli(env: dict, *args: str):
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "kvviz", *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **env})
+
+
+def test_a_hub_id_loads_from_the_local_cache_offline_and_a_missing_one_is_one_line(tokenizer, tmp_path):
+    snapshot = tmp_path / "hub" / "models--kvviz-test--tiny-qwen3" / "snapshots" / ("0" * 40)
+    tiny("qwen3").save_pretrained(snapshot)
+    tokenizer.save_pretrained(snapshot)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
+    env = {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    out = _cli(env, "chat", "--model", "kvviz-test/tiny-qwen3", "--turn", "Hi", "--max-new-tokens", "2", "--json")
+    assert out.returncode == 0, out.stderr
+    assert '"model": "kvviz-test/tiny-qwen3"' in out.stdout
+    out = _cli(env, "chat", "--model", "kvviz-test/not-cached", "--turn", "Hi")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1
+    assert "not in the local Hugging Face cache" in out.stderr and "offline" in out.stderr
+
+
+def test_a_page_switches_between_the_servers_models(tokenizer, tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    tiny("phi3").save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    monkeypatch.setenv("KVVIZ_MODELS", str(tmp_path))
+    app = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "app" / "main.py"), default_timeout=300).run()
+    assert app.session_state["session"].lm.name.startswith("SmolLM2")
+    model = next(s for s in app.selectbox if s.label == "Model")
+    assert list(model.options) == ["(bundled)", str(tmp_path)]
+    model.select(str(tmp_path)).run()
+    assert not app.exception
+    assert app.session_state["session"].lm.name == tmp_path.name
+    next(s for s in app.selectbox if s.label == "Model").select("(bundled)").run()
+    assert app.session_state["session"].lm.name.startswith("SmolLM2")

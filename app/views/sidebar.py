@@ -9,7 +9,7 @@ import streamlit as st
 from app import state
 from app.plain import plain, warn
 from kvviz.errors import KvvizError
-from kvviz.model import LoadedModel
+from kvviz.model import BUNDLED, LoadedModel, allowed_models
 from kvviz.sampling import Sampling
 from kvviz.scenarios import load_scenarios, run_policy_scenario, run_scenario, toy_example
 
@@ -18,6 +18,15 @@ def render() -> None:
     session = state.session()
     lm = session.lm
     with st.sidebar:
+        models = allowed_models()
+        if len(models) > 1:  # the server's allow-list (KVVIZ_MODELS): each page may use another, each loaded once
+            current = state.model_path() or os.environ.get("KVVIZ_MODEL") or BUNDLED
+            chosen = st.selectbox("Model", models, index=models.index(current) if current in models else 0,
+                                  help="the models this server offers (KVVIZ_MODELS); switching starts a new "
+                                       "conversation on this page")
+            if chosen != current:
+                state.choose_model(chosen)
+                st.rerun()
         st.caption(f"**Model** {plain(lm.name)}")
         st.caption(f"**Device** {lm.device_label}")
         if os.environ.get("KVVIZ_ALLOW_MODEL_PATHS") == "1":  # off by default: the page cannot make the server read paths
