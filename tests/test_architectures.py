@@ -6,38 +6,21 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from kvviz.edits import Edit
 from kvviz.errors import ModelLoadError
 from kvviz.model import LoadedModel, load_model, resolve_checkpoint
 from kvviz.policies import POLICIES
-from kvviz.recorder import register
 from kvviz.runs.compressed import RunSettings
 from kvviz.runs.policy_run import run_policy
 from kvviz.session import Session
 from kvviz.session_file import export_session, import_session
 from kvviz.whatif import what_if
 from tests.conftest import removed_step
+from tests.tiny_models import ARCHITECTURES, tiny
 
-COMMON = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=8,
-              max_position_embeddings=1024, initializer_range=0.2, tie_word_embeddings=True)
-ARCHITECTURES = {  # each with a GQA ratio other than the bundled model's 3
-    "llama": ("LlamaConfig", dict(num_key_value_heads=2)),
-    "mistral": ("MistralConfig", dict(num_key_value_heads=2, sliding_window=None)),
-    "qwen2": ("Qwen2Config", dict(num_key_value_heads=2)),  # biases on q, k, v
-    "qwen3": ("Qwen3Config", dict(num_key_value_heads=4, head_dim=16)),  # q/k norms; head_dim ≠ hidden / heads
-    "phi3": ("Phi3Config", dict(num_key_value_heads=4, pad_token_id=0)),  # fused qkv projection
-}
 TURNS = ["a = 3, b = 5. What is a + b?", "And a - b?"]
-
-
-def tiny(kind: str, attention: str = "kvviz", **overrides) -> torch.nn.Module:
-    register()
-    name, settings = ARCHITECTURES[kind] if kind in ARCHITECTURES else (kind, {})
-    config = getattr(transformers, name)(**{**COMMON, **settings, **overrides})
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config, attn_implementation=attention, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,40 @@
+"""One row per architecture family kvviz supports, on tiny random models built from their configs (no download): a
+warm what-if eviction at 512 slots against one plain transformers decode step of the same model on the same cache."""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoTokenizer
+
+from benchmarks.harness import Row, paired_times, row, token_ids
+from kvviz import kv_cache
+from kvviz.edits import Edit
+from kvviz.model import LoadedModel, resolve_checkpoint
+from kvviz.session import Session
+from kvviz.whatif import what_if
+from tests.tiny_models import ARCHITECTURES, tiny
+
+
+def architecture_rows(bench, count: int = 512) -> list[Row]:
+    tokenizer = AutoTokenizer.from_pretrained(resolve_checkpoint(None)[0])
+    rows = []
+    for kind in ARCHITECTURES:
+        ours, plain = tiny(kind).requires_grad_(False), tiny(kind, attention="sdpa").requires_grad_(False)
+        plain.load_state_dict(ours.state_dict())
+        lm = LoadedModel(model=ours, tokenizer=tokenizer, name=f"tiny {kind}", device=torch.device("cpu"))
+        session = Session(lm)
+        session.add_ids(token_ids(lm, count))
+        at = len(session) - 1
+        edit = Edit.evict(range(at // 2, at // 2 + 10))
+        prefix = [tuple(t[:, :, :at] for t in kv_cache.layer_kv(session.cache, layer)) for layer in range(lm.layers)]
+        slot = session.transcript.slots[at]
+
+        def step(cache, slot=slot, plain=plain) -> None:
+            with torch.no_grad():
+                plain(input_ids=torch.tensor([[slot.id]]), position_ids=torch.tensor([[slot.position]]), cache=cache,
+                      use_cache=True, logits_to_keep=1)
+
+        ours_times, plain_times = paired_times(lambda _: what_if(session, edit), step, max(bench.repeats, 11),
+                                               theirs_setup=lambda p=prefix, c=plain.config: kv_cache.build(c, p))
+        rows.append(row(f"whatif evict {count}, tiny {kind}", ours_times, plain_times, 1.3))
+    return rows

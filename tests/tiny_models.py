@@ -1,0 +1,29 @@
+"""Tiny randomly initialised decoders of the architectures kvviz supports, built from their transformers configs (no
+download): for the tests (tests/test_architectures.py) and the benchmark's architecture rows."""
+
+from __future__ import annotations
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM
+
+from kvviz.recorder import register
+
+COMMON = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=8,
+              max_position_embeddings=1024, initializer_range=0.2, tie_word_embeddings=True)
+ARCHITECTURES = {  # each with a GQA ratio other than the bundled model's 3
+    "llama": ("LlamaConfig", dict(num_key_value_heads=2)),
+    "mistral": ("MistralConfig", dict(num_key_value_heads=2, sliding_window=None)),
+    "qwen2": ("Qwen2Config", dict(num_key_value_heads=2)),  # biases on q, k, v
+    "qwen3": ("Qwen3Config", dict(num_key_value_heads=4, head_dim=16)),  # q/k norms; head_dim ≠ hidden / heads
+    "phi3": ("Phi3Config", dict(num_key_value_heads=4, pad_token_id=0)),  # fused qkv projection
+}
+
+
+def tiny(kind: str, attention: str = "kvviz", **overrides) -> torch.nn.Module:
+    """A tiny model of ``kind`` (a key of :data:`ARCHITECTURES`, or a transformers config class name), seeded."""
+    register()
+    name, settings = ARCHITECTURES[kind] if kind in ARCHITECTURES else (kind, {})
+    config = getattr(transformers, name)(**{**COMMON, **settings, **overrides})
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, attn_implementation=attention, dtype=torch.float32).eval()
