@@ -163,13 +163,16 @@ def run_policy(lm: LoadedModel, turns: Sequence[str], settings: RunSettings, max
         full_ids, full_logits = _full_reply(full, max_new_tokens)
         forced, free, turn = _compare(policy, full_ids, full_logits, max_new_tokens,
                                       lambda step: on_step and on_step(index, step))
-        lm_decode = lambda ids: lm.tokenizer.decode([i for i in ids if i not in lm.stop_ids],  # noqa: E731
-                                                    skip_special_tokens=True)
-        result.turns.append(TurnRun(text, prompt_ids, forced.prompt_end[-1],
-                                    full_ids, turn["policy_ids"], lm_decode(full_ids), lm_decode(turn["policy_ids"]),
+        result.turns.append(TurnRun(text, prompt_ids, forced.prompt_end[-1], full_ids, turn["policy_ids"],
+                                    _text(lm, full_ids), _text(lm, turn["policy_ids"]),
                                     turn["divergence"], turn["steps"], forced, torch.stack(full_logits).cpu()))
         policy = free
     return result
+
+
+def _text(lm: LoadedModel, ids: list[int]) -> str:
+    """A reply's text: end-of-turn and other special tokens left out."""
+    return lm.tokenizer.decode([i for i in ids if i not in lm.stop_ids], skip_special_tokens=True)
 
 
 def _full_reply(full: Session, max_new_tokens: int) -> tuple[list[int], list[torch.Tensor]]:
