@@ -110,8 +110,9 @@ def _step(result, turn: int, step: int) -> None:
     st.markdown(f"**Step {step}** processes slot {record.slot} {plain(repr(token.text))} and sees "
                 f"{record.visible:.0f} of {record.slot} cached slots · KL {record.kl:.4f} · "
                 f"top-1 {'agrees' if record.top1_agree else 'differs'}")
-    logits, _ = variants(run, step, [set()])
-    table = compare(run.full_logits[step + 1], logits[1], 8, session.piece)
+    # a forward pass: kept in the run's session memo (its cache never changes) rather than redone on every rerun
+    table = session.memoized("run_step_table", step, lambda: compare(
+        run.full_logits[step + 1], variants(run, step, [set()])[0][1], 8, session.piece), keep=4)
     st.dataframe(pd.DataFrame({"full run": [c.text for c in table.full], "p full": [c.prob for c in table.full],
                                "policy cache": [c.text for c in table.edited],
                                "p policy": [c.prob for c in table.edited]}), hide_index=True)

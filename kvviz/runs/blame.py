@@ -22,8 +22,9 @@ from kvviz import attention_math as am
 from kvviz import kv_cache
 from kvviz.errors import KvvizError
 from kvviz.recorder import Probe, probing
-from kvviz.runs.policy_run import PolicyRun, TurnRun, kl_divergence
+from kvviz.runs.policy_run import PolicyRun, TurnRun
 from kvviz.whatif.full_step import layer_views, prefix_kv, stacked
+from kvviz.whatif.metrics import kl_divergence
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ def blame(result: PolicyRun, turn: int = -1, step: int | None = None, unit: str 
     paid = mass.tolist()
     candidates = sorted(units(run, hidden, unit), key=lambda slots: -sum(paid[s] for s in slots))[:limit]
     logits, _ = variants(run, step, [set(), *(set(c) for c in candidates)])
-    kl = _kl_rows(run.full_logits[step + 1], logits).tolist()  # all variants at once
+    kl = kl_divergence(run.full_logits[step + 1], logits).tolist()  # all variants at once
     top1 = logits.argmax(-1).tolist()
     target = run.full_ids[step + 1]
     rows = [BlameRow(sorted(c), kl[2 + i], top1[2 + i] == target, sum(paid[s] for s in c))
@@ -153,16 +154,9 @@ def blame(result: PolicyRun, turn: int = -1, step: int | None = None, unit: str 
                  top1[1], rows, unit)
 
 
-def _kl_rows(full: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """KL(p_full ‖ p_row) for every row of ``logits`` ``(B, V)`` against ``full`` ``(V,)``, float64: ``(B,)``."""
-    log_p = torch.log_softmax(full.double(), -1)
-    log_q = torch.log_softmax(logits.double(), -1)
-    return (log_p.exp() * (log_p - log_q)).sum(-1).clamp(min=0)
-
-
 def _row(run: TurnRun, step: int, slots: list[int], logits: torch.Tensor, mass: torch.Tensor) -> BlameRow:
     """One restore measured against the full run's next-token distribution at ``step``."""
-    return BlameRow(sorted(slots), kl_divergence(run.full_logits[step + 1], logits),
+    return BlameRow(sorted(slots), float(kl_divergence(run.full_logits[step + 1], logits)),
                     int(logits.argmax()) == run.full_ids[step + 1], float(mass[sorted(slots)].sum()))
 
 

@@ -20,6 +20,7 @@ from kvviz.model import LoadedModel
 from kvviz.runs.compressed import CompressedSession, RunSettings
 from kvviz.runs.timeline import NEVER
 from kvviz.session import Session
+from kvviz.whatif.metrics import kl_divergence
 
 
 @dataclass(frozen=True)
@@ -139,12 +140,6 @@ def held_slots(lm: LoadedModel, turns: Sequence[str], max_new_tokens: int) -> in
     return (len(turns) + 2) * slots + -(-logits // lm.bytes_per_slot)
 
 
-def kl_divergence(full: torch.Tensor, policy: torch.Tensor) -> float:
-    """KL(p_full ‖ p_policy) in nats from two logit vectors ``(V,)``, in float64."""
-    log_p, log_q = torch.log_softmax(full.double(), -1), torch.log_softmax(policy.double(), -1)
-    return float((log_p.exp() * (log_p - log_q)).sum().clamp(min=0))
-
-
 def run_policy(lm: LoadedModel, turns: Sequence[str], settings: RunSettings, max_new_tokens: int = 64,
                on_step: Callable[[int, int], None] | None = None) -> PolicyRun:
     """Answer ``turns`` with the full cache and with ``settings``' compression, side by side (module doc).
@@ -204,7 +199,7 @@ def _compare(policy: CompressedSession, full_ids: list[int], full_logits: list[t
                       for name in ("history", "query", "generated")}
         choice = int(logits.argmax())
         steps.append(StepRecord(step, len(session) - 1, float(visible.sum()), by_segment,
-                                kl_divergence(full_logits[step + 1], logits), choice == full_ids[step + 1],
+                                float(kl_divergence(full_logits[step + 1], logits)), choice == full_ids[step + 1],
                                 full_ids[step + 1], choice))
         if free is None and choice != full_ids[step + 1]:
             divergence, free = step, _fork(policy)

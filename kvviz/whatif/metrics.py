@@ -49,6 +49,14 @@ def ranks_of(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return ranks
 
 
+def kl_divergence(full: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """KL(p_full ‖ p_other) in nats, float64, from logits: ``full`` ``(V,)`` against ``other`` ``(..., V)`` → ``(...)``
+    (exactly 0 for identical logits)."""
+    log_p = torch.log_softmax(full.double(), -1)
+    log_q = torch.log_softmax(other.double(), -1)
+    return (log_p.exp() * (log_p - log_q)).sum(-1).clamp(min=0)
+
+
 def compare(full_logits: torch.Tensor, edited_logits: torch.Tensor, k: int, text: Callable[[int], str]) -> NextToken:
     """Top-``k`` of both distributions side by side. ``text`` maps a token id to its piece. Ranks are counted on the
     logits as the model returned them (a float64 copy would order them the same)."""
