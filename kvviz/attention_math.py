@@ -2,9 +2,15 @@
 
 Shapes: ``H`` query heads, ``KV`` key/value heads (GQA: query head ``h`` reads KV head ``h // (H // KV)``),
 ``n`` visible slots, ``D`` head dim. Scores and weights are computed in float32 (or float64 if given).
+
+Rows are slots: of ``q`` query rows over ``n`` slots, row ``i`` is the slot ``n - q + i``. A sliding ``window`` ``w``
+lets it see the slots ``j`` with ``(n - q + i) − j < w`` (transformers' rule), and a soft-cap ``c`` maps each score
+``s`` to ``c·tanh(s/c)`` (Gemma 2) before the mask and the softmax.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -22,45 +28,64 @@ def expand_kv(tensor: torch.Tensor, heads: int, dim: int = 0) -> torch.Tensor:
     return tensor.repeat_interleave(heads // tensor.shape[dim], dim=dim)
 
 
-def causal_mask(q_len: int, n: int, device: torch.device | str | None = None) -> torch.Tensor:
-    """Boolean ``(q, n)``, True where query row ``i`` — the slot ``n - q + i`` — may attend: slots ``0..n-q+i``."""
-    return torch.ones(q_len, n, dtype=torch.bool, device=device).tril(n - q_len)
+def causal_mask(q_len: int, n: int, device: torch.device | str | None = None, window: int | None = None) -> torch.Tensor:
+    """Boolean ``(q, n)``, True where query row ``i`` — the slot ``n - q + i`` — may attend: slots ``0..n-q+i``, and
+    within a sliding ``window`` only the last ``window`` of them."""
+    ones = torch.ones(q_len, n, dtype=torch.bool, device=device)
+    mask = ones.tril(n - q_len)
+    return mask if window is None else mask & ~ones.tril(n - q_len - window)
+
+
+Window = int | None | Sequence[int | None]  # one window, or one per index of the leading (layer) axis
+
+
+def _allowed(q_len: int, n: int, window: Window, device: torch.device) -> torch.Tensor | None:
+    """The causal-and-window mask ``(q, n)`` or, for one window per layer, ``(L, 1, q, n)``; None when a single row
+    sees every slot."""
+    if window is not None and not isinstance(window, int) and all(w is None for w in window):
+        window = None
+    if window is None or isinstance(window, int):
+        return causal_mask(q_len, n, device, window) if q_len > 1 or window is not None and window < n else None
+    return torch.stack([causal_mask(q_len, n, device, w) for w in window])[:, None]
 
 
 def _float(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.dtype == torch.float64 else tensor.float()
 
 
-def scores(query: torch.Tensor, keys: torch.Tensor, scaling: float) -> torch.Tensor:
-    """``s = q·kᵀ · scaling``: query ``(..., H, q, D)``, keys ``(..., KV, n, D)`` → ``(..., H, q, n)``, leading
-    dimensions (e.g. layers) batched.
+def scores(query: torch.Tensor, keys: torch.Tensor, scaling: float, softcap: float | None = None) -> torch.Tensor:
+    """``s = q·kᵀ · scaling`` (then ``c·tanh(s/c)`` with a ``softcap`` ``c``): query ``(..., H, q, D)``, keys
+    ``(..., KV, n, D)`` → ``(..., H, q, n)``, leading dimensions (e.g. layers) batched.
 
     Computed per KV group (``(KV, G·q, D) @ (KV, D, n)``) so the keys are never copied ``G`` times."""
     *lead, heads, q_len, dim = query.shape
     kv = keys.shape[-3]
     grouped = _float(query).reshape(*lead, kv, heads // kv * q_len, dim) @ _float(keys).transpose(-1, -2)
-    return grouped.reshape(*lead, heads, q_len, -1) * scaling
+    s = grouped.reshape(*lead, heads, q_len, -1) * scaling
+    return s if softcap is None else torch.tanh(s / softcap) * softcap
 
 
 def causal_weights(
     query: torch.Tensor, keys: torch.Tensor, scaling: float, evicted: torch.Tensor | None = None,
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | None = None, softcap: float | None = None, window: Window = None,
 ) -> torch.Tensor:
-    """Softmax weights ``(H, q, n)`` where query row ``i`` is the slot ``n - q + i`` and sees slots ``0..n-q+i``,
-    except those ``evicted`` (bool ``(KV, n)``, per KV head). ``dtype`` (e.g. float64) for the softmax."""
-    return visible_softmax(scores(query, keys, scaling), evicted, dtype)
+    """Softmax weights ``(H, q, n)`` where query row ``i`` is the slot ``n - q + i`` and sees slots ``0..n-q+i``
+    (the last ``window`` of them in a sliding-window layer), except those ``evicted`` (bool ``(KV, n)``, per KV head).
+    ``dtype`` (e.g. float64) for the softmax."""
+    return visible_softmax(scores(query, keys, scaling, softcap), evicted, dtype, window)
 
 
 def visible_softmax(
-    s: torch.Tensor, evicted: torch.Tensor | None = None, dtype: torch.dtype | None = None
+    s: torch.Tensor, evicted: torch.Tensor | None = None, dtype: torch.dtype | None = None, window: Window = None
 ) -> torch.Tensor:
-    """Softmax of scores ``(..., H, q, n)`` over the slots row ``i`` sees (causal: ``0..n-q+i``), except those
-    ``evicted`` (bool ``(..., KV, n)`` per KV head, or ``(..., KV, q, n)`` per KV head and row); leading dimensions
-    (e.g. layers) batched."""
+    """Softmax of scores ``(..., H, q, n)`` over the slots row ``i`` sees (causal: ``0..n-q+i``; the last ``window``
+    of them, one window or one per index of the leading axis), except those ``evicted`` (bool ``(..., KV, n)`` per
+    KV head, or ``(..., KV, q, n)`` per KV head and row); leading dimensions (e.g. layers) batched."""
     s = s if dtype is None else s.to(dtype)
     *lead, heads, q_len, n = s.shape
-    if q_len > 1:  # row i must not see slots after n - q + i (a single row sees them all)
-        s = s.masked_fill(~causal_mask(q_len, n, s.device), float("-inf"))
+    allowed = _allowed(q_len, n, window, s.device)
+    if allowed is not None:  # row i must not see slots after n - q + i, nor those its window left behind
+        s = s.masked_fill(~allowed, float("-inf"))
     if evicted is not None and evicted.dim() == s.dim():  # per KV head and row: (..., KV, q, n)
         kv = evicted.shape[-3]
         s = s.view(*lead, kv, heads // kv, q_len, n).masked_fill(evicted[..., None, :, :], float("-inf")).view(s.shape)

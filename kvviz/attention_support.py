@@ -1,17 +1,72 @@
-"""What kvviz reproduces of a model's attention, checked when the model loads (docs/math.md §2).
+"""What kvviz reproduces of a model's attention, read and checked when the model loads (docs/math.md §2).
 
-kvviz recomputes attention weights from recorded queries and cached keys, and re-runs steps with slots hidden. That is
-exact for causal softmax attention over every cached slot with one score scale. A model whose attention adds
-something kvviz does not reproduce yet is refused with a line naming it, never shown with wrong numbers:
-sliding-window layers (Mistral with a window, Gemma 2 / 3), attention soft-capping (Gemma 2), learned attention sinks
-(gpt-oss), and attention modules that differ in their score scale.
+kvviz recomputes attention weights from recorded queries and cached keys, and re-runs steps with slots hidden. It
+reproduces causal softmax attention with one score scale, an optional soft-cap of the scores (Gemma 2) and a sliding
+window per layer (Mistral, Qwen2 with ``use_sliding_window``, Gemma 2 / 3): an :class:`AttentionRule`. A model whose
+attention adds something else is refused with a line naming it, never shown with wrong numbers: learned attention
+sinks (gpt-oss), chunked or other non-causal layers, bidirectional windows, attention modules that differ in their
+score scale or soft-cap.
 """
 
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass
 
+import torch
+from transformers.cache_utils import get_layer_types_and_kwargs
+
+from kvviz import attention_math as am
 from kvviz.errors import ModelLoadError
+
+
+@dataclass(frozen=True)
+class AttentionRule:
+    """What a model's attention applies between ``q·kᵀ`` and the softmax: the score ``scaling``, a ``softcap``
+    ``c`` (scores become ``c·tanh(s/c)``; None: none) and each layer's sliding window (None: the layer sees every
+    earlier slot). kvviz keeps every slot in every layer; a window only hides slots, as the model's mask does."""
+
+    scaling: float
+    softcap: float | None = None
+    windows: tuple[int | None, ...] = ()  # one per layer (empty: no layer has a window)
+
+    def window(self, layer: int | None) -> am.Window:
+        """The window of ``layer``, or with ``None`` those of all layers (for tensors with a leading layer axis)."""
+        if layer is None:
+            return self.windows or None
+        return self.windows[layer] if self.windows else None
+
+    @property
+    def windowed(self) -> bool:
+        """Whether some layer has a sliding window."""
+        return any(w is not None for w in self.windows)
+
+    def scores(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """Scores ``(..., H, q, n)`` of query ``(..., H, q, D)`` and keys ``(..., KV, n, D)``, scaled and capped."""
+        return am.scores(query, keys, self.scaling, self.softcap)
+
+    def softmax(self, s: torch.Tensor, layer: int | None, evicted: torch.Tensor | None = None,
+                dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Weights from scores ``(H, q, n)`` of ``layer`` (``(L, H, q, n)`` with ``layer=None``), causal, within the
+        layer's window, ``evicted`` slots hidden (see :func:`~kvviz.attention_math.visible_softmax`)."""
+        return am.visible_softmax(s, evicted, dtype, self.window(layer))
+
+    def weights(self, query: torch.Tensor, keys: torch.Tensor, layer: int | None,
+                evicted: torch.Tensor | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Weights ``(H, q, n)`` of ``layer`` (``(L, H, q, n)`` with ``layer=None``): row ``i`` is the slot
+        ``n - q + i``."""
+        return self.softmax(self.scores(query, keys), layer, evicted, dtype)
+
+    def outside(self, at: int, n: int, device: torch.device | str | None = None) -> torch.Tensor:
+        """Bool ``(L, n)``: the slots ``0..n-1`` each layer's window hides from the query at slot ``at`` (all False
+        without windows)."""
+        slots = torch.arange(n, device=device)
+        return torch.stack([slots <= at - (w if w is not None else at + 1) for w in self.windows])
+
+    def held(self, layer: int, n: int) -> int:
+        """Slots ``layer`` holds between steps after ``n`` were processed: all of them, or in a window ``w`` the last
+        ``w − 1`` (what transformers' sliding-window cache keeps: the next query sees them and itself)."""
+        window = self.window(layer)
+        return n if window is None else min(n, window - 1)
 
 
 def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -19,47 +74,49 @@ def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [module for name, module in model.named_modules() if name.endswith("self_attn")]
 
 
-def unsupported(model: torch.nn.Module) -> list[str]:
-    """What the model's attention does that kvviz cannot reproduce (empty: everything is supported)."""
+def read(model: torch.nn.Module) -> tuple[AttentionRule | None, list[str]]:
+    """The model's attention rule, and what its attention does that kvviz cannot reproduce (empty: everything is
+    supported; the rule is then not None)."""
     config = model.config
     problems = []
     modules = attention_modules(model)
     if len(modules) != config.num_hidden_layers:
         problems.append(f"{len(modules)} attention modules for {config.num_hidden_layers} layers")
-    window = _window(config, modules)
-    if window is not None:
-        problems.append(f"sliding-window layers (window {window})")
-    caps = {c for m in modules if (c := getattr(m, "attn_logit_softcapping", None))}
-    if caps or getattr(config, "attn_logit_softcapping", None):
-        problems.append(f"attention soft-capping (cap {', '.join(map(str, caps)) or config.attn_logit_softcapping})")
+    windows, other = _windows(config)
+    problems += [f"{kind} layers" for kind in other]
+    if getattr(config, "use_bidirectional_attention", False):
+        problems.append("bidirectional attention")
+    caps = {getattr(m, "attn_logit_softcapping", None) for m in modules}
+    if len(caps) > 1:
+        problems.append("attention modules without one shared soft-cap")
     if any(getattr(m, "sinks", None) is not None for m in modules):
         problems.append("learned attention sinks")
     scales = {getattr(m, "scaling", None) for m in modules}
     if len(scales) != 1 or None in scales:
         problems.append("attention modules without one shared score scale")
-    return problems
+    if problems:
+        return None, problems
+    softcap = caps.pop() if caps else None
+    return AttentionRule(float(scales.pop()), None if softcap is None else float(softcap), windows), []
 
 
-def _window(config, modules: list[torch.nn.Module]) -> int | None:
-    """The sliding window some layer applies within the context window, else None. Configs with ``layer_types`` say
-    per layer; older ones (Mistral, Qwen2) have one ``sliding_window``, on unless ``use_sliding_window`` is false."""
-    windows = {w for m in modules if (w := getattr(m, "sliding_window", None))}
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types is not None:
-        if "sliding_attention" not in layer_types:
-            windows = set()
-        else:
-            windows.add(config.sliding_window)
-    elif getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
-        windows.add(config.sliding_window)
-    inside = sorted(w for w in windows if w and w < config.max_position_embeddings)
-    return inside[0] if inside else None
+def _windows(config) -> tuple[tuple[int | None, ...], list[str]]:
+    """Each layer's sliding window (None: full attention, also for a window as long as the context) as transformers'
+    own cache lays the layers out, and the layer kinds kvviz does not reproduce."""
+    kinds, kwargs = get_layer_types_and_kwargs(config)
+    windows, other = [], []
+    for kind, arguments in zip(kinds, kwargs):
+        window = arguments.get("sliding_window") if kind == "sliding_attention" else None
+        if kind not in ("full_attention", "sliding_attention"):
+            other.append(kind.replace("_", " "))
+        windows.append(window if window and window < config.max_position_embeddings else None)
+    return tuple(windows), sorted(set(other))
 
 
-def check(model: torch.nn.Module, name: str) -> float:
-    """Refuse a model kvviz cannot reproduce (one line naming what is missing); return its score scale."""
-    problems = unsupported(model)
+def check(model: torch.nn.Module, name: str) -> AttentionRule:
+    """Refuse a model kvviz cannot reproduce (one line naming what is missing); return its attention rule."""
+    rule, problems = read(model)
     if problems:
         raise ModelLoadError(f"{name} ({model.config.model_type}) uses {'; '.join(problems)}, which kvviz cannot "
                              "reproduce yet; its numbers would be wrong, so it is not loaded")
-    return float(attention_modules(model)[0].scaling)
+    return rule

@@ -11,6 +11,12 @@ from transformers import PreTrainedTokenizerBase
 from kvviz.errors import KvvizError
 
 
+# for a tokenizer without a chat template (a base model, e.g. a GGUF that carries none): plain "User:" / "Assistant:"
+# turns after the tokenizer's begin-of-sequence token
+PLAIN_TEMPLATE = ("{{ bos_token or '' }}{% for m in messages %}{{ 'User: ' if m['role'] == 'user' else 'Assistant: ' }}"
+                  "{{ m['content'] }}\n\n{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}")
+
+
 def check_unicode(text: str) -> None:
     """Refuse text that is not valid Unicode (lone surrogates cannot be tokenized)."""
     try:

@@ -80,10 +80,18 @@ def nbytes(cache: Cache) -> int:
     )
 
 
+def _every_slot(config: PretrainedConfig, layer: type[DynamicLayer]) -> DynamicCache:
+    """An empty ``DynamicCache`` for ``config`` whose layers are all ``layer``: sliding-window layers too keep every
+    slot (their window is the model's attention mask over absolute slots, and kvviz shows what they no longer see)."""
+    cache = DynamicCache(config=config)
+    cache.layers = [layer() for _ in cache.layers]
+    return cache
+
+
 def build(config: PretrainedConfig, tensors: list[KV]) -> DynamicCache:
     """A new ``DynamicCache`` holding the given per-layer ``(keys, values)`` themselves, not copies: ``update``
     concatenates into new tensors, so a forward pass on this cache never writes to the given ones."""
-    cache = DynamicCache(config=config)
+    cache = _every_slot(config, DynamicLayer)
     for entry, (keys, values) in zip(cache.layers, tensors, strict=True):
         entry.lazy_initialization(keys, values)
         entry.keys, entry.values = keys, values
@@ -91,11 +99,9 @@ def build(config: PretrainedConfig, tensors: list[KV]) -> DynamicCache:
 
 
 def roomy(config: PretrainedConfig) -> DynamicCache:
-    """An empty ``DynamicCache`` for ``config`` whose full-attention layers are :class:`RoomyLayer` (other kinds, e.g.
-    sliding-window layers, stay as transformers makes them)."""
-    cache = DynamicCache(config=config)
-    cache.layers = [RoomyLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
-    return cache
+    """An empty ``DynamicCache`` for ``config`` whose layers are all :class:`RoomyLayer` (every slot kept, also in
+    sliding-window layers)."""
+    return _every_slot(config, RoomyLayer)
 
 
 def over(buffers: list[KV], length: int) -> Cache:

@@ -18,7 +18,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from kvviz.attention_support import check
+from kvviz.attention_support import AttentionRule, check
+from kvviz.chat_template import PLAIN_TEMPLATE
 from kvviz.checkpoint import BUNDLED_NAME, GGUF_MAGIC, bundled_gguf, cache_root, converted_dir
 from kvviz.errors import ModelLoadError
 from kvviz.geometry import Geometry
@@ -66,10 +67,15 @@ class LoadedModel:
         return self.geometry.head_dim
 
     @cached_property
-    def scaling(self) -> float:
-        """Score scale as the model's attention modules use it (``1/√d_k`` in the llama family; checked to be one
-        for all layers when the model loads)."""
+    def attention(self) -> AttentionRule:
+        """What the model's attention applies to the scores: scale, soft-cap, each layer's sliding window (checked
+        when the model loads)."""
         return check(self.model, self.name)
+
+    @property
+    def scaling(self) -> float:
+        """Score scale as the model's attention modules use it (``1/√d_k`` in the llama family)."""
+        return self.attention.scaling
 
     @property
     def bytes_per_slot(self) -> int:
@@ -208,6 +214,8 @@ def load_model(path: str | os.PathLike | None = None, device: str | None = None,
     except Exception as exc:
         raise ModelLoadError(f"cannot load the model in {folder} ({type(exc).__name__}: {exc}); "
                              "delete that folder to convert again, or pass another model") from exc
+    if not tokenizer.chat_template:  # a base model: plain turns (the page says so)
+        tokenizer.chat_template = PLAIN_TEMPLATE
     if getattr(model.config, "is_encoder_decoder", False):
         raise ModelLoadError(f"{name} is not a decoder-only language model")
     check(model, name)  # refuses attention kvviz cannot reproduce

@@ -6,21 +6,22 @@ from __future__ import annotations
 
 import torch
 
-from kvviz.attention_math import causal_weights, kv_head_of
+from kvviz.attention_math import kv_head_of
+from kvviz.attention_support import AttentionRule
 from kvviz.commits import CommitLog
 from kvviz.errors import KvvizError
 from kvviz.geometry import Geometry
 from kvviz.recorder import QueryLog
 
 
-def recorded_weights(commits: CommitLog, queries: QueryLog, shape: Geometry, scaling: float, layer: int,
+def recorded_weights(commits: CommitLog, queries: QueryLog, shape: Geometry, rule: AttentionRule, layer: int,
                      start: int = 0, stop: int | None = None, head: int | None = None) -> torch.Tensor:
     """Attention weights of the slots ``start..stop-1`` as queries: ``(H, stop - start, stop)`` float32, or
     ``(1, stop - start, stop)`` for one query ``head``.
 
     Recomputed from the recorded post-RoPE queries and the keys each slot saw when it was processed (the original
-    keys with the edit committed at that time): row ``i`` sees slots ``0..start+i`` except evicted ones. ``commits``
-    and ``queries`` are a session's; ``shape`` and ``scaling`` its model's.
+    keys with the edit committed at that time): row ``i`` sees slots ``0..start+i`` (within the layer's sliding
+    window) except evicted ones. ``commits`` and ``queries`` are a session's; ``shape`` and ``rule`` its model's.
     """
     cached = queries.length
     stop = cached if stop is None else stop
@@ -46,6 +47,6 @@ def recorded_weights(commits: CommitLog, queries: QueryLog, shape: Geometry, sca
         evicted = torch.cat([commits.hidden(a, end)[layer, :, None, :].expand(-1, b - a, -1) for a, b in group], dim=1)
         if kv_head is not None:
             keys, evicted = keys[kv_head : kv_head + 1], evicted[kv_head : kv_head + 1]
-        part = causal_weights(queries[:, first:end], keys, scaling, evicted.to(keys.device))  # (H, end - first, end)
+        part = rule.weights(queries[:, first:end], keys, layer, evicted.to(keys.device))  # (H, end - first, end)
         rows.append(torch.nn.functional.pad(part, (0, stop - end)))
     return torch.cat(rows, dim=1)

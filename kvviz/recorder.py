@@ -3,7 +3,7 @@
 The model is shared by every browser session, so the function itself holds no state: the probe of the call in
 progress lives in a ``ContextVar`` that the caller sets around its forward pass (``with probing(probe): model(...)``).
 Without a probe the function is plain SDPA
-(or transformers' eager attention when the caller asks for ``output_attentions``). A probe may record the post-RoPE query, hide cached slots per KV head
+(or transformers' eager attention when the caller asks for ``output_attentions`` or the model soft-caps its scores). A probe may record the post-RoPE query, hide cached slots per KV head
 (what-if masking) and read the per-head attention output.
 """
 
@@ -17,7 +17,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-from transformers.models.llama.modeling_llama import eager_attention_forward
+from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward  # llama's, with a soft-cap
 
 from kvviz.attention_math import causal_mask, expand_kv
 
@@ -88,16 +88,17 @@ def kvviz_attention(
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """SDPA attention that reports to the active probe; transformers' eager attention when ``output_attentions``
-    asks for the weights. Shapes as in transformers: query ``(B, H, q, D)``, key/value ``(B, KV, n, D)`` (the whole
+    asks for the weights or the scores are soft-capped (``softcap``, which SDPA cannot apply). Shapes as in transformers: query ``(B, H, q, D)``, key/value ``(B, KV, n, D)`` (the whole
     cache after this step's update); returns ``(B, q, H, D)`` and the weights ``(B, H, q, n)`` or None."""
     probe = _probe.get()
     visible = probe.on_query(module.layer_idx, query, key, value) if probe is not None else None
-    if kwargs.pop("output_attentions", False):
+    if kwargs.pop("output_attentions", False) or kwargs.get("softcap") is not None:
         allowed = _full_mask(attention_mask, query, key, visible)
         additive = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device).masked_fill(
             ~allowed, torch.finfo(query.dtype).min
         )
-        output, weights = eager_attention_forward(module, query, key, value, additive, scaling, dropout, **kwargs)
+        output, weights = eager_attention_forward(module, query, key, value, additive, dropout=dropout, scaling=scaling,
+                                                 **kwargs)
     else:
         if visible is not None:
             attention_mask = _full_mask(attention_mask, query, key, visible)

@@ -246,7 +246,7 @@ class Session:
         """Attention weights of the slots ``start..stop-1`` as queries: ``(H, stop - start, stop)`` float32, or
         ``(1, stop - start, stop)`` for one query ``head`` (see :func:`~kvviz.recorded_weights.recorded_weights`)."""
         lm = self.lm
-        return recorded_weights(self.commits, self.queries, lm.geometry, lm.scaling, layer, start, stop, head)
+        return recorded_weights(self.commits, self.queries, lm.geometry, lm.attention, layer, start, stop, head)
 
     # --- committed edits -------------------------------------------------------------------------------------
 

@@ -26,13 +26,21 @@ def attention_row(session: Session, at: int, layer: int, head: int | None) -> to
     return session.memoized("views", ("row", at, layer, head), compute)
 
 
+def window_start(session: Session, at: int, layer: int) -> int:
+    """The first slot ``layer`` still sees at the step of slot ``at``: 0, or in a sliding window ``w`` the slot
+    ``at − w + 1`` (the slots before it the window itself dropped, whatever the person edits)."""
+    window = session.lm.attention.window(layer)
+    return 0 if window is None else max(0, at - window + 1)
+
+
 def strip_chips(session: Session, draft: EditDraft, at: int, layer: int, head: int | None) -> list[list]:
     """One row per slot up to ``at``: ``[slot, text, segment code, turn, attention ∈ [0, 1] (relative to the max),
     evicted 0/1/2 (no / everywhere / some layers or heads), key bits, value bits, selected 0/1, a control token the user
-    typed 0/1]``."""
+    typed 0/1, outside ``layer``'s sliding window at this step 0/1]``."""
     if at < 0:
         return []
     row = attention_row(session, at, layer, head)
+    start = window_start(session, at, layer)
     relative = (row / row.max().clamp_min(1e-12)).tolist()
     partial = {s for e in draft.policy.evictions if not e.everywhere for s in e.slots}
     everywhere = draft.evicted | {s for e in draft.policy.evictions if e.everywhere for s in e.slots}
@@ -42,7 +50,7 @@ def strip_chips(session: Session, draft: EditDraft, at: int, layer: int, head: i
         evicted = 1 if slot.slot in everywhere else 2 if slot.slot in partial else 0
         chips.append([slot.slot, slot.text, SEGMENT_CODE[segments[slot.slot]], slot.turn, round(relative[slot.slot], 4),
                       evicted, draft.key_bits.get(slot.slot, 16), draft.value_bits.get(slot.slot, 16),
-                      int(slot.slot in draft.selected), int(slot.slot in typed)])
+                      int(slot.slot in draft.selected), int(slot.slot in typed), int(slot.slot < start)])
     return chips
 
 

@@ -51,8 +51,9 @@ def test_the_second_turn_on_the_cache_equals_a_forward_without_cache(model):
 
 
 def test_recorded_weights_equal_eager_attention(model):
-    """Eager attention replays the session's forward passes (the same prefills and decode steps on its own cache) and
-    returns its weights; kvviz recomputes them from the recorded queries and cached keys."""
+    """Eager attention replays the session's forward passes (the same prefills and decode steps on transformers' own
+    cache, whose sliding-window layers keep only their window's last slots) and returns its weights; kvviz recomputes
+    them from the recorded queries and cached keys."""
     lm, eager, session = model
     ids, n = session.transcript.ids, len(session)
     rows = [torch.zeros(lm.heads, 0, n) for _ in range(lm.layers)]
@@ -61,9 +62,11 @@ def test_recorded_weights_equal_eager_attention(model):
         with torch.no_grad():
             out = eager(input_ids=torch.tensor([ids[start : start + event.added]]), cache=cache, use_cache=True,
                         output_attentions=True)
-        for layer, weights in enumerate(out.attentions):
-            rows[layer] = torch.cat([rows[layer], torch.nn.functional.pad(weights[0], (0, n - weights.shape[-1]))], 1)
-        start += event.added
+        end = start + event.added
+        for layer, weights in enumerate(out.attentions):  # over the last slots up to `end`
+            placed = torch.nn.functional.pad(weights[0], (end - weights.shape[-1], n - end))
+            rows[layer] = torch.cat([rows[layer], placed], 1)
+        start = end
     # layer 0 sees identical inputs: 1e-6. Deeper layers' queries come from hidden states where SDPA and eager
     # attention rounded differently, which these sharp random weights amplify (measured 1.5e-6, 2.1e-6): 5e-6
     for layer in range(lm.layers):
@@ -100,9 +103,10 @@ def test_export_then_import_gives_identical_logits(model):
 
 
 @pytest.mark.parametrize("kind, overrides, words", [
-    ("MistralConfig", dict(num_key_value_heads=2, sliding_window=16), "sliding-window layers"),
-    ("Gemma2Config", dict(num_key_value_heads=2, head_dim=16, sliding_window=16), "attention soft-capping"),
-    ("Gemma3TextConfig", dict(num_key_value_heads=1, head_dim=16, sliding_window=16), "sliding-window layers"),
+    ("GptOssConfig", dict(num_key_value_heads=2, head_dim=16, sliding_window=16, num_local_experts=2,
+                          num_experts_per_tok=1), "learned attention sinks"),
+    ("Gemma3TextConfig", dict(num_key_value_heads=1, head_dim=16, sliding_window=16, use_bidirectional_attention=True),
+     "bidirectional attention"),
 ])
 def test_attention_kvviz_cannot_reproduce_is_refused_in_one_line(tokenizer, tmp_path, kind, overrides, words):
     model = tiny(kind, **overrides)
@@ -122,12 +126,16 @@ def test_a_saved_tiny_model_loads_from_its_folder(tokenizer, tmp_path):
     assert lm.scaling == pytest.approx(16**-0.5)
 
 
-def test_the_app_runs_a_tiny_non_llama_model(tokenizer, tmp_path, monkeypatch):
+@pytest.mark.parametrize("kind, labels", [
+    ("qwen3", ["head 5 (KV 2)", "head 7 (KV 3)"]),  # 8 query heads over 4 KV heads
+    ("gemma2", ["head 3 (KV 0)", "head 4 (KV 1)"]),  # over 2 KV heads; soft-capped, local / global layers
+])
+def test_the_app_runs_a_tiny_non_llama_model(tokenizer, tmp_path, monkeypatch, kind, labels):
     from pathlib import Path
 
     from streamlit.testing.v1 import AppTest
 
-    model = tiny("qwen3")  # 8 query heads over 4 KV heads
+    model = tiny(kind)
     model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     monkeypatch.setenv("KVVIZ_MODEL", str(tmp_path))
@@ -137,9 +145,11 @@ def test_the_app_runs_a_tiny_non_llama_model(tokenizer, tmp_path, monkeypatch):
     assert not app.exception and not [e.value for e in app.error]
     assert not [w.value for w in app.warning if "could not be drawn" in w.value]
     head = next(s for s in app.selectbox if s.key == "head")
-    labels = list(head.options)  # as shown
-    assert "head 5 (KV 2)" in labels and "head 7 (KV 3)" in labels
-    assert app.session_state["session"].lm.kv_heads == 4
+    assert set(labels) <= set(head.options)  # as shown
+    assert app.session_state["session"].lm.kv_heads == model.config.num_key_value_heads
+    assert len(app.get("plotly_chart")) >= 3 and app.get("arrow_vega_lite_chart")  # attention maps, what-if charts
+    windows = [c.value for c in app.caption if "sliding window of" in c.value]
+    assert bool(windows) == (kind == "gemma2")  # layer 0 is a local layer of Gemma 2
 
 
 def _cli(env: dict, *args: str):

@@ -11,12 +11,18 @@ from kvviz.recorder import register
 
 COMMON = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=8,
               max_position_embeddings=1024, initializer_range=0.2, tie_word_embeddings=True)
+WINDOW = 16  # sliding windows shorter than the tests' conversations
 ARCHITECTURES = {  # each with a GQA ratio other than the bundled model's 3
     "llama": ("LlamaConfig", dict(num_key_value_heads=2)),
-    "mistral": ("MistralConfig", dict(num_key_value_heads=2, sliding_window=None)),
-    "qwen2": ("Qwen2Config", dict(num_key_value_heads=2)),  # biases on q, k, v
+    "mistral": ("MistralConfig", dict(num_key_value_heads=2, sliding_window=WINDOW)),  # every layer windowed
+    "qwen2": ("Qwen2Config", dict(num_key_value_heads=2, use_sliding_window=True, sliding_window=WINDOW,
+                                  max_window_layers=1)),  # biases on q, k, v; layers from 1 on windowed
     "qwen3": ("Qwen3Config", dict(num_key_value_heads=4, head_dim=16)),  # q/k norms; head_dim ≠ hidden / heads
     "phi3": ("Phi3Config", dict(num_key_value_heads=4, pad_token_id=0)),  # fused qkv projection
+    "gemma2": ("Gemma2Config", dict(num_key_value_heads=2, head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=32,
+                                    attn_logit_softcapping=2.0)),  # soft-cap low enough to bite; local / global
+    "gemma3": ("Gemma3TextConfig", dict(num_key_value_heads=1, head_dim=16, sliding_window=WINDOW,
+                                        layer_types=["sliding_attention", "sliding_attention", "full_attention"])),
 }
 
 

@@ -5,15 +5,16 @@
 const SEGMENTS = ["history", "query", "generated"];
 
 function describe(chip, row, at) {
-  const [slot, text, segment, turn, attention, evicted, keyBits, valueBits, selected, typed] = row;
+  const [slot, text, segment, turn, attention, evicted, keyBits, valueBits, selected, typed, outside] = row;
   chip.className = "kv-chip kv-" + SEGMENTS[segment] + (evicted === 1 ? " kv-evicted" : "") +
     (evicted === 2 ? " kv-partial" : "") + (selected ? " kv-selected" : "") + (slot === at ? " kv-current" : "") +
-    (typed ? " kv-typed" : "");
+    (typed ? " kv-typed" : "") + (outside ? " kv-outside" : "");
   chip.style.setProperty("--kv-attention", String(attention));
   const quantized = keyBits < 16 || valueBits < 16;
   chip.title = "slot " + slot + " · " + SEGMENTS[segment] + " · turn " + turn + " · attention " +
     attention.toFixed(3) + " of max" + (quantized ? " · K" + keyBits + "/V" + valueBits : "") +
-    (typed ? " · a control token typed by the user" : "");
+    (typed ? " · a control token typed by the user" : "") +
+    (outside ? " · outside this layer's sliding window: the layer no longer holds it" : "");
   chip.textContent = text.replace(/\n/g, "↵").replace(/\t/g, "⇥") || "∅";
   if (quantized) {
     const badge = document.createElement("sup");

@@ -11,7 +11,7 @@ from app.components.strip import clicked, parse_click, token_strip
 from kvviz.attention_math import kv_head_of
 from kvviz.errors import KvvizError
 from kvviz.quant import Quantizer
-from kvviz.view_data import strip_chips
+from kvviz.view_data import strip_chips, window_start
 
 BITS = [16, 8, 4, 3, 2]
 
@@ -52,8 +52,22 @@ def render() -> None:
     chips = strip_chips(session, draft, at, st.session_state.layer, state.head())
     st.caption("Click a chip to evict it · shift-click to select · background = attention of the current step "
                "(dashed) · band: grey history, blue query, orange generated")
+    note = window_note(session, at, st.session_state.layer)
+    if note:
+        st.caption(note)
     token_strip(chips, at, _on_click, large=st.session_state.large)
     _picker(draft, session, at)
+
+
+def window_note(session, at: int, layer: int) -> str | None:
+    """One line on the layer's sliding window at this step, or None for a layer that sees every slot."""
+    window = session.lm.attention.window(layer)
+    if window is None:
+        return None
+    start = window_start(session, at, layer)
+    dropped = f"slots 0–{start - 1} (hatched) are outside it: this layer no longer holds them, and evicting or " \
+              "quantizing them changes nothing here" if start else "no slot has left it yet"
+    return f"Layer {layer} has a sliding window of {window} slots: at slot {at} it sees slots {start}–{at}; {dropped}."
 
 
 def _travel() -> None:

@@ -60,7 +60,8 @@ def alpha_chart(detail: Detail, texts: list[str]) -> Chart:
         "slot": np.tile(detail.slots, 3), "token": np.tile(np.array([visible(t) for t in texts], dtype=object), 3),
         "series": np.repeat([name for name, _ in SERIES.values()], n),
         "weight": detail.alpha_full + zero(detail.alpha_renorm) + zero(detail.alpha_edited),
-        "evicted": np.tile([v is None for v in detail.alpha_renorm], 3)})
+        "evicted": np.tile([v is None for v in detail.alpha_renorm], 3),
+        "outside": np.tile(detail.outside or [False] * n, 3)})
     names = [name for name, _ in SERIES.values()]
     if n <= BAR_LIMIT:
         x = _field("slot", "ordinal", title="slot")
@@ -72,9 +73,14 @@ def alpha_chart(detail: Detail, texts: list[str]) -> Chart:
     crosses = {"transform": [{"filter": f"datum.evicted && datum.series == '{names[0]}'"}],
                "mark": {"type": "point", "shape": "cross", "size": 70, "filled": True},
                "encoding": {"x": x, "color": {"value": "#eb5757"}}}
+    windowed = any(detail.outside)
+    dropped = {"transform": [{"filter": f"datum.outside && datum.series == '{names[0]}'"}],
+               "mark": {"type": "point", "shape": "square", "size": 30, "filled": True},
+               "encoding": {"x": x, "color": {"value": "#9e9e9e"}}}
     spec = {
-        "title": f"Layer {detail.layer}, head {detail.head}: attention weights of the step (evicted slots crossed)",
-        "height": 300, "layer": [*marks, crosses],
+        "title": f"Layer {detail.layer}, head {detail.head}: attention weights of the step (evicted slots crossed"
+                 + ("; grey squares: outside this layer's sliding window" if windowed else "") + ")",
+        "height": 300, "layer": [*marks, crosses, *([dropped] if windowed else [])],
         "encoding": {"y": _field("weight", "quantitative", title="weight"),
                      "color": _field("series", "nominal", scale={"domain": names, "range": [c for _, c in SERIES.values()]},
                                      legend={"orient": "bottom", "title": None}),

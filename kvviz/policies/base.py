@@ -41,7 +41,7 @@ class Candidates:
     session: Session
     at: int  # slots 0..at-1 are candidates; ``at`` is the slot about to be processed
     keep: int  # slots to keep per layer and KV head (on average, for uneven budgets)
-    alive: torch.Tensor  # (L, KV, at) bool: not evicted earlier (a run's evictions are final)
+    alive: torch.Tensor  # (L, KV, at) bool: not evicted earlier (a run's evictions are final), within the window
     running: torch.Tensor | None = None  # (L, KV, at) attention received so far, kept up to date by a policy run
 
     def keys(self, layer: int) -> torch.Tensor:
@@ -108,8 +108,8 @@ class Policy:
             return Edit()
         if keep == 0:
             raise KvvizError("the budget keeps no slot; keep at least one")
-        lm = session.lm
-        alive = torch.ones(lm.layers, lm.kv_heads, at, dtype=torch.bool)
+        lm = session.lm  # a sliding-window layer no longer holds the slots its window left behind
+        alive = ~lm.attention.outside(at, at)[:, None].expand(lm.layers, lm.kv_heads, at)
         return Edit.from_evicted(self.evicted(Candidates(session, at, keep, alive)))
 
 

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 import torch
 
-from kvviz import attention_math as am
 from kvviz import kv_cache
 from kvviz.errors import KvvizError
 from kvviz.recorder import Probe, probing
@@ -107,7 +106,7 @@ def attention_mass(run: TurnRun, step: int) -> torch.Tensor:
     at, lm = _slot_of(run, step), run.forced.session.lm
     queries = torch.stack([session.queries.layer(layer)[:, at : at + 1] for layer in range(lm.layers)])  # (L, H, 1, D)
     keys = torch.stack([session.commits.keys_at(layer, at, at + 1) for layer in range(lm.layers)])  # (L, KV, at+1, D)
-    return am.causal_weights(queries, keys, lm.scaling)[..., 0, :at].sum((0, 1)).cpu()
+    return lm.attention.weights(queries, keys, None)[..., 0, :at].sum((0, 1)).cpu()
 
 
 def units(run: TurnRun, hidden: torch.Tensor, unit: str) -> list[list[int]]:

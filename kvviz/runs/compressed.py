@@ -18,7 +18,6 @@ from typing import Literal
 
 import torch
 
-from kvviz import attention_math as am
 from kvviz import kv_cache
 from kvviz.errors import KvvizError
 from kvviz.model import LoadedModel
@@ -143,9 +142,9 @@ class CompressedSession:
     # --- compression -----------------------------------------------------------------------------------------
 
     def alive(self) -> torch.Tensor:
-        """Bool ``(L, KV, n)``: the cached slots the next step sees."""
+        """Bool ``(L, KV, n)``: the cached slots the next step sees (not evicted, within each layer's window)."""
         n = len(self.session)
-        return ~self.timeline.hidden(n, n)
+        return ~self.timeline.hidden(n, n) & ~self.lm.attention.outside(n, n)[:, None]
 
     def _compress(self, evict: bool) -> None:
         at = len(self.session)
@@ -181,5 +180,5 @@ class CompressedSession:
         for layer in range(lm.layers):
             keys = kv_cache.layer_kv(self.session.cache, layer)[0][0]  # (KV, n, D): what the step just saw
             query = self.session.queries.layer(layer)[:, rows]  # (H, 1, D)
-            weights = am.causal_weights(query, keys, lm.scaling, hidden[layer])[:, 0]  # (H, n)
+            weights = lm.attention.weights(query, keys, layer, hidden[layer])[:, 0]  # (H, n)
             self.running[layer] += weights.double().cpu().view(lm.kv_heads, -1, n).sum(1)

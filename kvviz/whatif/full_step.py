@@ -14,6 +14,7 @@ from transformers import Cache
 
 from kvviz import attention_math as am
 from kvviz import kv_cache
+from kvviz.attention_support import AttentionRule
 from kvviz.edits import Edit
 from kvviz.kv_cache import KV
 from kvviz.recorder import Probe, probing
@@ -25,8 +26,8 @@ class FullStepProbe(Probe):
     """The unedited run: hides what the session's own committed edit hid, and keeps what the edited run compares to:
     the queries and the attention outputs per layer while the run is on; :meth:`finish` adds α and o."""
 
-    def __init__(self, hidden: torch.Tensor | None, scaling: float):
-        self.hidden, self.scaling = hidden, scaling
+    def __init__(self, hidden: torch.Tensor | None, rule: AttentionRule):
+        self.hidden, self.rule = hidden, rule
         self.queries, self.outputs = [], []
 
     def on_query(self, layer, query, key, value):
@@ -42,9 +43,9 @@ class FullStepProbe(Probe):
         the closed form of docs/math.md §3) and the attention outputs ``(L, H, D)``."""
         keys, values = buffers
         self.queries, self.outputs = torch.stack(self.queries), torch.stack(self.outputs)
-        scores = am.scores(self.queries, keys, self.scaling)  # (L, H, 1, n)
+        scores = self.rule.scores(self.queries, keys)  # (L, H, 1, n)
         self.own_scores = scores[..., -1:].clone()
-        self.alpha = am.visible_softmax(scores, self.hidden, dtype=torch.float64)[..., 0, :]
+        self.alpha = self.rule.softmax(scores, None, self.hidden, torch.float64)[..., 0, :]
         self.attended = am.output(self.alpha, values)
 
 
@@ -139,7 +140,7 @@ def kept_full_step(session: Session, at: int, full: Edit, hidden: torch.Tensor |
     def compute() -> FullStep:
         slot = session.transcript.slots[at]
         buffers = stacked(prefix_kv(session, at, full), room=1)
-        probe = FullStepProbe(hidden, session.lm.scaling)
+        probe = FullStepProbe(hidden, session.lm.attention)
         out, _ = run(session, kv_cache.over(layer_views(buffers), at), slot.id, slot.position, probe)
         probe.finish(buffers)
         return FullStep(at, slot.position, probe, out.logits[0, -1].float(), out.hidden_states, hidden,

@@ -1,5 +1,6 @@
 """Cache bytes (docs/math.md §4): the full cache at the model's dtype and at fp16, and an edited cache as really
-packed — evicted entries gone, quantized ones as bit-packed codes plus fp16 scales / zero points."""
+packed — evicted entries gone, quantized ones as bit-packed codes plus fp16 scales / zero points. A sliding-window
+layer counts only the slots it still holds (its window's), as a model's own cache keeps them."""
 
 from __future__ import annotations
 
@@ -17,19 +18,21 @@ from kvviz.session import Session
 @dataclass(frozen=True)
 class CacheBytes:
     """Bytes of ``slots`` cached slots: at the model's dtype, at fp16, and packed as an edit stores them; for a whole
-    cache also the same per segment (``history``, ``query``, ``generated``)."""
+    cache also the same per segment (``history``, ``query``, ``generated``) and the slots each layer holds."""
 
     slots: int
     full_bytes: int
     fp16_bytes: int
     edited_bytes: int
     segments: dict[str, CacheBytes] = field(default_factory=dict)
+    layer_slots: list[int] = field(default_factory=list)  # per layer: the slots it holds (fewer in a window)
 
     def to_dict(self) -> dict:
-        """JSON-ready; ``segments`` only where there are some."""
+        """JSON-ready; ``segments`` and ``layer_slots`` only where there are some."""
         own = {"slots": self.slots, "full_bytes": self.full_bytes, "fp16_bytes": self.fp16_bytes,
                "edited_bytes": self.edited_bytes}
-        return own | ({"segments": {k: v.to_dict() for k, v in self.segments.items()}} if self.segments else {})
+        return own | ({"segments": {k: v.to_dict() for k, v in self.segments.items()}} if self.segments else {}) \
+            | ({"layer_slots": self.layer_slots} if self.layer_slots else {})
 
 
 def _packed(counts: torch.Tensor, width: int, head_dim: int, quantizer, native: int) -> int:
@@ -53,21 +56,25 @@ def _widths(table: Mapping[int, int], n: int) -> torch.Tensor:
 
 
 def cache_memory(
-    edit: Edit, evicted: torch.Tensor, segments: Sequence[str], head_dim: int, dtype: torch.dtype
+    edit: Edit, evicted: torch.Tensor, segments: Sequence[str], head_dim: int, dtype: torch.dtype,
+    outside: torch.Tensor | None = None,
 ) -> CacheBytes:
     """Bytes of the ``n = len(segments)`` cached slots: at the model's dtype, at fp16 and packed with ``edit``
-    (resolved; ``evicted`` bool ``(L, KV, n)``), plus the same per segment.
+    (resolved; ``evicted`` bool ``(L, KV, n)``), plus the same per segment. ``outside`` (bool ``(L, n)``) marks the
+    slots a layer's sliding window no longer holds: they count nowhere.
 
     Per-segment edited bytes count each segment as if packed on its own, so per-channel scales shared across segments
     are counted once per segment there (the total counts them once).
     """
     layers, kv_heads, n = evicted.shape
     native = torch.empty((), dtype=dtype).element_size()
-    elements_per_slot = 2 * layers * kv_heads * head_dim  # keys and values
+    slot_elements = 2 * kv_heads * head_dim  # keys and values of one slot in one layer
     names = list(dict.fromkeys(segments))
     index = {name: i for i, name in enumerate(names)}
     segment_of = _longs(map(index.__getitem__, segments), n)  # (n,)
-    kept = ~evicted.cpu().reshape(layers * kv_heads, n)
+    held = torch.ones(layers, n, dtype=torch.bool) if outside is None else ~outside.cpu()  # (L, n)
+    held_per_segment = torch.zeros(layers, len(names), dtype=torch.long).index_add_(1, segment_of, held.long())
+    kept = (~evicted.cpu() & held[:, None]).reshape(layers * kv_heads, n)
     edited = dict.fromkeys([None, *names], 0)  # None: all slots
     for kind, quantizer in (("key", edit.keys), ("value", edit.values)):
         bits = _widths(edit.key_bits if kind == "key" else edit.value_bits, n)
@@ -78,10 +85,13 @@ def cache_memory(
             for index, name in enumerate(names):
                 edited[name] += _packed(per_segment[:, index], width, head_dim, quantizer, native)
 
-    def summary(name: str | None, slots: int, **parts) -> CacheBytes:
-        return CacheBytes(slots, slots * elements_per_slot * native, slots * elements_per_slot * 2, edited[name], **parts)
+    def summary(name: str | None, slots: int, held_slots: int, **parts) -> CacheBytes:
+        elements = held_slots * slot_elements  # over the layers
+        return CacheBytes(slots, elements * native, elements * 2, edited[name], **parts)
 
-    return summary(None, n, segments={name: summary(name, segments.count(name)) for name in names})
+    per_segment = {name: summary(name, segments.count(name), int(held_per_segment[:, i].sum()))
+                   for i, name in enumerate(names)}
+    return summary(None, n, int(held.sum()), segments=per_segment, layer_slots=held.sum(1).tolist())
 
 
 def step_memory(session: Session, edit: Edit, at: int) -> CacheBytes:
@@ -90,4 +100,5 @@ def step_memory(session: Session, edit: Edit, at: int) -> CacheBytes:
     edit.validate(at, lm.layers, lm.kv_heads, lm.head_dim)
     _, edited = session.commits.step_edits(at, edit)
     evicted = edited.evicted_mask(at, lm.layers, lm.kv_heads)
-    return cache_memory(edited, evicted, session.transcript.segments()[:at], lm.head_dim, lm.dtype)
+    return cache_memory(edited, evicted, session.transcript.segments()[:at], lm.head_dim, lm.dtype,
+                        lm.attention.outside(at, at))

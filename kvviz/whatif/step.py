@@ -39,6 +39,7 @@ class Detail:
     delta_isolated: list[float] = field(default_factory=list)  # Δo (D,) of this head, isolated
     weight_term: list[float] = field(default_factory=list)  # Σ (α̂−α) v
     content_term: list[float] = field(default_factory=list)  # Σ α̂ ε^V
+    outside: list[bool] = field(default_factory=list)  # per slot: outside the layer's sliding window (α = 0)
 
 
 @dataclass
@@ -80,8 +81,7 @@ class EditedStepProbe(Probe):
 
     def on_query(self, layer, query, key, value):
         if layer == self.detail[0]:
-            self.used = am.causal_weights(query[0], key[0], self.full.probe.scaling, self.hidden[layer],
-                                            torch.float64)[:, 0]
+            self.used = self.full.probe.rule.weights(query[0], key[0], layer, self.hidden[layer], torch.float64)[:, 0]
         return ~self.hidden[layer][None] if self.masked else None
 
     def on_output(self, layer, output):
@@ -94,9 +94,9 @@ class EditedStepProbe(Probe):
         full = self.full.probe
         keys_hat, values_hat = self.full.edited  # (L, KV, n, D)
         values = self.full.buffers[1]
-        scores = am.scores(full.queries, keys_hat, full.scaling)  # (L, H, 1, n)
+        scores = full.rule.scores(full.queries, keys_hat)  # (L, H, 1, n)
         scores[..., -1:] = full.own_scores
-        alpha_hat = am.visible_softmax(scores, self.hidden if self.masked else None, torch.float64)[..., 0, :]
+        alpha_hat = full.rule.softmax(scores, None, self.hidden if self.masked else None, torch.float64)[..., 0, :]
         error = values_hat - values
         error[..., -1, :] = 0
         return am.quantization_split(full.alpha, alpha_hat, values, error)
@@ -115,8 +115,7 @@ class EditedStepProbe(Probe):
         rows = []
         for layer in range(len(o)):
             if bool((self.rho[layer] >= 1).any()):
-                alpha_hat = am.causal_weights(full.queries[layer], keys[layer], full.scaling, self.hidden[layer],
-                                                torch.float64)
+                alpha_hat = full.rule.weights(full.queries[layer], keys[layer], layer, self.hidden[layer], torch.float64)
                 delta = am.output(alpha_hat[:, 0] - full.alpha[layer], values[layer])
             else:
                 delta = am.evicted_output(o[layer], alpha[layer], evicted_values[layer], new[layer]) - o[layer]
@@ -189,15 +188,17 @@ def what_if(session: Session, edit: Edit, at: int | None = None, layer: int = 0,
         at=at, position=slot.position, token=slot.id, edit=edit,
         next_token=compare(full_logits, logits, topk, session.piece),
         heads=maps,
-        detail=_detail(rows, layer, head, at),
+        detail=_detail(rows, layer, head, at, lm.attention.outside(at, at + 1)[layer].tolist()),
         hidden_delta=[float((h - f).float().norm()) for h, f in zip(out.hidden_states, full_step.hidden_states)],
-        memory=cache_memory(edited, hidden_edited[:, :, :at].cpu(), full_step.segments, lm.head_dim, lm.dtype),
+        memory=cache_memory(edited, hidden_edited[:, :, :at].cpu(), full_step.segments, lm.head_dim, lm.dtype,
+                            lm.attention.outside(at, at)),
         continuation=follow,
     )
 
 
-def _detail(rows: dict[str, torch.Tensor], layer: int, head: int, at: int) -> Detail:
+def _detail(rows: dict[str, torch.Tensor], layer: int, head: int, at: int, outside: list[bool]) -> Detail:
     evicted = rows["new"].tolist()
     hide = lambda values: [None if gone else v for v, gone in zip(values.tolist(), evicted)]  # noqa: E731
     return Detail(layer, head, list(range(at + 1)), rows["alpha"].tolist(), hide(rows["renorm"]),
-                  hide(rows["edited"]), rows["isolated"].tolist(), rows["weight"].tolist(), rows["content"].tolist())
+                  hide(rows["edited"]), rows["isolated"].tolist(), rows["weight"].tolist(), rows["content"].tolist(),
+                  outside)
