@@ -1,10 +1,12 @@
 """Take the README's screenshots of the running dashboard (headless Debian chromium via Playwright).
 
 Usage: .venv/bin/python scripts/screenshots.py   (writes assets/screenshot-*.png)
+       .venv/bin/python scripts/screenshots.py --model PATH.gguf   (a sliding-window model: screenshot-window-*.png)
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -52,5 +54,28 @@ def main() -> None:
         shoot(page, "policy-run", top="text=streaming_llm, budget 24", bottom="[data-testid=stChatInput]")
 
 
+def window_shots(model: str) -> None:
+    """The strip and the attention view of a sliding-window model after a prompt longer than its window."""
+    lines = [f"Note {i}: the review of project {chr(65 + i % 26)} moved to room {100 + i} on day {i % 7 + 1}."
+             for i in range(48)]
+    with running_app({"KVVIZ_MODEL": model}, startup_s=300) as url, browser_page(url, width=1440, height=4200) as page:
+        page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=300_000)
+        page.locator("[data-testid=stChatInputTextArea]").fill("\n".join(lines) + "\nWhere is the review of project B?")
+        page.keyboard.press("Enter")
+        page.wait_for_selector(".kv-outside", timeout=300_000)
+        page.mouse.move(1400, 20)
+        wait_idle(page, 3)
+        page.locator(".kv-chip:not(.kv-outside)").first.evaluate(  # the window's edge in view (the strip scrolls)
+            "(chip) => { const strip = chip.parentElement; strip.scrollTop += chip.getBoundingClientRect().top"
+            " - strip.getBoundingClientRect().top - 120; }")
+        shoot(page, "window-strip", top="text=Click a chip to evict", bottom="text=Quantizer settings")
+        page.get_by_role("tab", name="Attention").click()
+        wait_idle(page, 2)
+        shoot(page, "window-attention", top="[data-testid=stTabs]", bottom=None, height=1500)
+
+
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help="a sliding-window model (e.g. the Gemma 3 270M GGUF): its window shots")
+    arguments = parser.parse_args()
+    window_shots(arguments.model) if arguments.model else main()
