@@ -1,0 +1,45 @@
+"""``python -m kvviz sweep``: every prompt × policy × budget as a policy run; one summary row each, written
+resumably to ``--out`` (a killed sweep continues where it stopped), then the worst cases."""
+
+from __future__ import annotations
+
+import argparse
+
+from kvviz.cli.common import positive
+from kvviz.cli.whatif import _budget
+from kvviz.errors import KvvizError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prompts", required=True, metavar="FILE|builtin:NAME",
+                        help="a JSONL file ({\"prompt\" or \"turns\", \"expected\", \"id\"} per line) or builtin:needle, "
+                             "builtin:kv, builtin:vars, builtin:all")
+    parser.add_argument("--policy", action="append", required=True, help="a policy (repeatable)")
+    parser.add_argument("--budget", action="append", required=True, type=_budget,
+                        help="slots kept or a fraction of the prompt (repeatable)")
+    parser.add_argument("--mode", choices=("prefill", "decode", "both"), default="decode")
+    parser.add_argument("--every", type=positive, default=1, help="compress every N decode steps")
+    parser.add_argument("--max-new-tokens", type=positive, default=32, metavar="N")
+    parser.add_argument("--limit", type=positive, default=None, metavar="N", help="the first N prompts only")
+    parser.add_argument("--model", default=None, metavar="PATH", help="checkpoint folder, .gguf or hub id")
+    parser.add_argument("--out", default="sweep", metavar="DIR", help="folder of the table (default: ./sweep)")
+    parser.add_argument("--workers", type=positive, default=1, help="local worker processes (or Ray actors)")
+    parser.add_argument("--ray", default=None, metavar="ADDRESS",
+                        help="run the cases as Ray tasks on this cluster (auto: the running one; local: a new one)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> None:
+    from kvviz.sweeps import SweepSpec, run_sweep
+
+    spec = SweepSpec(args.prompts, tuple(args.policy), tuple(args.budget), args.mode, args.every, args.max_new_tokens,
+                     args.limit, args.model)
+    table = run_sweep(spec, args.out, args.workers, args.ray, progress=not args.no_progress)
+    if table.empty:
+        raise KvvizError("the sweep produced no rows")
+    print(f"{len(table)} cases in {args.out}/table.csv (and .parquet); the worst by mean KL:")
+    worst = table.sort_values("kl_mean", ascending=False).head(10)
+    for row in worst.itertuples():
+        match = f"  answer {'kept' if row.policy_match else 'lost'}" if row.full_match in (True,) else ""
+        print(f"  {row.prompt_id:<18} {row.policy:<14} budget {row.budget!s:<5} KL {row.kl_mean:.3f}  "
+              f"top-1 {row.top1_agreement:.0%}{match}")

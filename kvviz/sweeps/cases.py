@@ -1,0 +1,66 @@
+"""One sweep case: a prompt answered with the full cache and with one policy at one budget (a policy run), summarised
+as one table row."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import product
+
+from kvviz.model import LoadedModel
+from kvviz.sweeps.prompts import Prompt
+
+Row = dict[str, object]
+
+
+@dataclass(frozen=True)
+class Case:
+    """A prompt × policy × budget, with the run's mode and reply length."""
+
+    prompt: Prompt
+    policy: str
+    budget: int | float
+    mode: str = "decode"
+    every: int = 1
+    max_new_tokens: int = 32
+
+    @property
+    def key(self) -> str:
+        """Names the case's row (a resumed sweep skips the keys it has)."""
+        return f"{self.prompt.id}|{self.policy}|{self.budget!r}|{self.mode}|{self.every}|{self.max_new_tokens}"
+
+
+def cases_for(prompts: list[Prompt], policies: list[str], budgets: list[int | float], mode: str = "decode",
+              every: int = 1, max_new_tokens: int = 32) -> list[Case]:
+    """Every prompt × policy × budget, prompt by prompt."""
+    return [Case(prompt, policy, budget, mode, every, max_new_tokens)
+            for prompt, policy, budget in product(prompts, policies, budgets)]
+
+
+def matches(reply: str, expected: str | None) -> bool | None:
+    """Whether ``reply`` contains the expected answer (case and surrounding space ignored); None without one."""
+    return None if expected is None else expected.strip().lower() in reply.lower()
+
+
+def run_case(lm: LoadedModel, case: Case) -> Row:
+    """The case's policy run, summarised over its last turn: mean / max KL(full ‖ policy) teacher-forced on the full
+    reply, top-1 agreement, the divergence step (None: none), whether the answer changed, and whether each reply
+    contains the expected answer."""
+    from kvviz.policies.user import available
+    from kvviz.runs.compressed import RunSettings
+    from kvviz.runs.policy_run import run_policy
+    from kvviz.runs.report import make_policy
+
+    settings = RunSettings(make_policy(available(), case.policy, {}), case.budget, case.mode, case.every)
+    last = run_policy(lm, case.prompt.turns, settings, case.max_new_tokens).last
+    kls = [step.kl for step in last.steps]
+    return {
+        "key": case.key, "prompt_id": case.prompt.id, "family": case.prompt.family, "policy": case.policy,
+        "budget": case.budget, "mode": case.mode, "every": case.every, "max_new_tokens": case.max_new_tokens,
+        "prompt_slots": len(last.prompt_ids), "steps": len(kls),
+        "kl_mean": sum(kls) / len(kls) if kls else 0.0, "kl_max": max(kls, default=0.0),
+        "top1_agreement": sum(s.top1_agree for s in last.steps) / len(kls) if kls else 1.0,
+        "divergence": last.divergence, "answer_changed": last.changed,
+        "expected": case.prompt.expected, "full_match": matches(last.full_text, case.prompt.expected),
+        "policy_match": matches(last.policy_text, case.prompt.expected),
+        "full_text": last.full_text, "policy_text": last.policy_text,
+    }

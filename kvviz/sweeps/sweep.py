@@ -1,0 +1,194 @@
+"""Run a sweep's cases — in this process, a local process pool or Ray tasks — into one table, resumably.
+
+Rows are appended to ``DIR/rows.jsonl`` by this process alone, one line per finished case, flushed to disk at once:
+a killed sweep loses at most the cases in flight, and a rerun with the same settings skips every case it has (a torn
+last line is dropped). ``DIR/manifest.json`` holds the settings; ``DIR/table.csv`` and ``DIR/table.parquet`` the
+finished table, in case order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from kvviz.errors import KvvizError
+from kvviz.sweeps.cases import Case, Row, cases_for, run_case
+from kvviz.sweeps.prompts import load_prompts
+
+FORMAT = "kvviz-sweep/1"
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """What a sweep runs: prompts (a JSONL path or ``builtin:NAME``), policies × budgets, the run's mode, and the
+    model (None: bundled)."""
+
+    prompts: str
+    policies: tuple[str, ...]
+    budgets: tuple[int | float, ...]
+    mode: str = "decode"
+    every: int = 1
+    max_new_tokens: int = 32
+    limit: int | None = None
+    model: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    def cases(self) -> list[Case]:
+        return cases_for(load_prompts(self.prompts, self.limit), list(self.policies), list(self.budgets), self.mode,
+                         self.every, self.max_new_tokens)
+
+
+def run_sweep(spec: SweepSpec, out: str | os.PathLike, workers: int = 1, ray: str | None = None,
+              progress: bool = True, on_row: Callable[[Row], None] | None = None) -> pd.DataFrame:
+    """Run every case of ``spec`` not yet in ``out`` and return the whole table. ``workers`` > 1: a local process
+    pool (each worker loads the model once); ``ray``: Ray tasks on the cluster at that address (``auto``, or
+    ``local`` for a new local instance), ``workers`` actors."""
+    from kvviz.policies.user import available
+    from kvviz.runs.report import make_policy
+
+    cases = spec.cases()
+    for name in spec.policies:  # refuse an unknown policy before anything runs
+        make_policy(available(), name, {})
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    _check_manifest(folder, spec, len(cases))
+    rows_file = folder / "rows.jsonl"
+    done = _read_rows(rows_file)
+    todo = [case for case in cases if case.key not in done]
+    bar = _bar(len(cases), len(cases) - len(todo)) if progress else None
+    with rows_file.open("a", encoding="utf-8") as handle:
+        for row in _rows(spec.model, todo, workers, ray):
+            handle.write(json.dumps(row) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+            done[row["key"]] = row
+            if bar is not None:
+                bar.update(1)
+            if on_row is not None:
+                on_row(row)
+    if bar is not None:
+        bar.close()
+    table = _frame([done[case.key] for case in cases if case.key in done])
+    table.to_csv(folder / "table.csv", index=False)
+    table.to_parquet(folder / "table.parquet", index=False)
+    return table
+
+
+def _frame(rows: list[Row]) -> pd.DataFrame:
+    """Rows as a table with nullable dtypes: a missing divergence or expected answer stays missing (``<NA>``), not a
+    float NaN that would turn the steps into floats."""
+    return pd.DataFrame(rows).convert_dtypes()
+
+
+def records(table: pd.DataFrame) -> list[Row]:
+    """A table's rows as plain Python values (missing ones None), as :func:`~kvviz.sweeps.cases.run_case` gives
+    them."""
+    return [{name: None if value is pd.NA else value for name, value in row.items()}
+            for row in table.astype(object).to_dict("records")]
+
+
+def read_table(source: str | os.PathLike) -> pd.DataFrame:
+    """A sweep's table from its folder (the finished table, else the rows so far) or a ``.csv`` / ``.parquet``."""
+    path = Path(source)
+    if path.is_dir():
+        if (path / "table.parquet").is_file():
+            return pd.read_parquet(path / "table.parquet")
+        return _frame(list(_read_rows(path / "rows.jsonl").values()))
+    if path.suffix == ".parquet":
+        return pd.read_parquet(path)
+    if path.suffix == ".csv":
+        return pd.read_csv(path)
+    raise KvvizError(f"{path} is not a sweep folder, .csv or .parquet table")
+
+
+def _check_manifest(folder: Path, spec: SweepSpec, count: int) -> None:
+    """Write the manifest, or refuse a folder that holds another sweep."""
+    manifest = folder / "manifest.json"
+    settings = {"format": FORMAT, "spec": asdict(spec), "cases": count}
+    if manifest.is_file():
+        try:
+            held = json.loads(manifest.read_text())
+        except json.JSONDecodeError:
+            held = None
+        if held != json.loads(json.dumps(settings)):
+            raise KvvizError(f"{folder} holds another sweep (its manifest.json differs); pass another --out")
+        return
+    manifest.write_text(json.dumps(settings, indent=1))
+
+
+def _read_rows(path: Path) -> dict[str, Row]:
+    """The rows written so far, by key; a torn last line (a sweep killed mid-write) is cut off the file."""
+    if not path.is_file():
+        return {}
+    rows, good = {}, 0
+    with path.open("rb") as handle:
+        for line in handle:
+            try:
+                row = json.loads(line) if line.endswith(b"\n") else None
+            except json.JSONDecodeError:
+                row = None
+            if row is None:
+                break
+            rows[row["key"]] = row
+            good += len(line)
+    if good != path.stat().st_size:
+        with path.open("r+b") as handle:
+            handle.truncate(good)
+    return rows
+
+
+def _bar(total: int, initial: int):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc="sweep", unit="case", file=sys.stderr, dynamic_ncols=True)
+
+
+def _rows(model: str | None, todo: list[Case], workers: int, ray: str | None) -> Iterator[Row]:
+    if not todo:
+        return
+    if ray is not None:
+        from kvviz.sweeps.ray_pool import ray_rows
+
+        yield from ray_rows(model, todo, workers, ray)
+    elif workers > 1:
+        yield from _pool_rows(model, todo, workers)
+    else:
+        from kvviz.model import load_model
+
+        lm = load_model(model)
+        for case in todo:
+            yield run_case(lm, case)
+
+
+_worker_lm = None
+
+
+def _start_worker(model: str | None, threads: int) -> None:
+    import torch
+
+    from kvviz.model import load_model
+
+    global _worker_lm
+    torch.set_num_threads(threads)
+    _worker_lm = load_model(model)
+
+
+def _work(case: Case) -> Row:
+    return run_case(_worker_lm, case)
+
+
+def _pool_rows(model: str | None, todo: list[Case], workers: int) -> Iterator[Row]:
+    """The rows of ``todo`` from a local pool of ``workers`` processes (spawned: no state shared with this one)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    with ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"), _start_worker, (model, threads)) as pool:
+        for future in as_completed([pool.submit(_work, case) for case in todo]):
+            yield future.result()

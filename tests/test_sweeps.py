@@ -1,0 +1,128 @@
+"""Sweeps: the rows equal the policy runs done one by one; a killed sweep resumes to the full table without
+duplicates; a local process pool and a local Ray instance give the same rows; prompt files are checked line by
+line. On the bundled model (short prompts, short replies)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kvviz.errors import KvvizError
+from kvviz.sweeps import SweepSpec, load_prompts, read_table, records, run_case, run_sweep
+from kvviz.sweeps.prompts import builtin
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = [{"id": "capital", "prompt": "The capital of France is Paris. What is the capital of France?",
+            "expected": "Paris"},
+           {"id": "sum", "turns": ["Remember: a = 3, b = 5.", "What is a + b?"], "expected": "8"}]
+
+
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory) -> SweepSpec:
+    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    path.write_text("\n".join(json.dumps(p) for p in PROMPTS) + "\n\n")
+    return SweepSpec(str(path), ("h2o", "streaming_llm"), (8, 0.5), max_new_tokens=6)
+
+
+@pytest.fixture(scope="module")
+def one_by_one(lm, spec) -> list[dict]:
+    """The reference: each case's policy run, done on its own."""
+    return [run_case(lm, case) for case in spec.cases()]
+
+
+def test_a_sweep_gives_the_rows_of_the_runs_done_one_by_one(spec, one_by_one, tmp_path):
+    table = run_sweep(spec, tmp_path, progress=False)
+    assert records(table) == one_by_one
+    assert len(one_by_one) == 8 and len({row["key"] for row in one_by_one}) == 8
+    assert records(read_table(tmp_path)) == one_by_one  # from table.parquet
+    assert set(json.loads((tmp_path / "manifest.json").read_text())) == {"format", "spec", "cases"}
+    row = one_by_one[0]
+    assert 0 <= row["top1_agreement"] <= 1 and row["kl_max"] >= row["kl_mean"] >= 0
+    assert row["answer_changed"] == (row["full_text"] != row["policy_text"]) or row["divergence"] is not None
+
+
+def test_a_killed_sweep_resumes_to_the_full_table_without_duplicates(spec, one_by_one, tmp_path):
+    command = [sys.executable, "-m", "kvviz", "sweep", "--prompts", spec.prompts, "--policy", "h2o", "--policy",
+               "streaming_llm", "--budget", "8", "--budget", "0.5", "--max-new-tokens", "6", "--out", str(tmp_path),
+               "--no-progress"]
+    process = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    rows = tmp_path / "rows.jsonl"
+    deadline = time.monotonic() + 300
+    while (not rows.is_file() or rows.read_text().count("\n") < 3) and time.monotonic() < deadline:
+        assert process.poll() is None, process.stderr.read().decode()
+        time.sleep(0.2)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    written = rows.read_text().count("\n")
+    assert 3 <= written < 8
+    with rows.open("a") as handle:  # as if killed in the middle of a line
+        handle.write('{"key": "torn')
+    table = run_sweep(spec, tmp_path, progress=False)
+    assert records(table) == one_by_one
+    keys = [json.loads(line)["key"] for line in rows.read_text().splitlines()]
+    assert len(keys) == len(set(keys)) == 8
+
+
+def test_a_folder_holding_another_sweep_is_refused(spec, tmp_path):
+    run_sweep(SweepSpec(spec.prompts, ("h2o",), (8,), max_new_tokens=2, limit=1), tmp_path, progress=False)
+    with pytest.raises(KvvizError, match="holds another sweep"):
+        run_sweep(spec, tmp_path, progress=False)
+
+
+def _same(rows: list[dict], reference: list[dict]) -> None:
+    """Row by row: texts, steps and flags equal; numbers to float32 rounding (other processes, other threads)."""
+    assert [r["key"] for r in rows] == [r["key"] for r in reference]
+    for row, ref in zip(rows, reference):
+        for name, value in ref.items():
+            if isinstance(value, float):
+                assert row[name] == pytest.approx(value, rel=1e-5, abs=1e-7), name
+            else:
+                assert row[name] == value, name
+
+
+def test_a_local_process_pool_gives_the_same_rows(spec, one_by_one, tmp_path):
+    _same(records(run_sweep(spec, tmp_path, workers=2, progress=False)), one_by_one)
+
+
+def test_ray_tasks_on_a_local_instance_give_the_same_rows(spec, one_by_one, tmp_path):
+    ray = pytest.importorskip("ray")
+    try:
+        _same(records(run_sweep(spec, tmp_path, workers=2, ray="local", progress=False)), one_by_one)
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.parametrize("line, words", [
+    ("{not json", "line 2: not JSON"),
+    ("[1, 2]", "line 2: a line must be a JSON object"),
+    ('{"prompt": ""}', "line 2: the prompt or every turn must be a non-empty text"),
+    ('{"prompt": "a", "turns": ["b"]}', "line 2: give exactly one of"),
+    ('{"prompt": "a", "answer": "b"}', "line 2: unknown field 'answer'"),
+    ('{"prompt": "a", "expected": 3}', "line 2: expected must be a non-empty text"),
+])
+def test_a_malformed_prompt_file_is_refused_with_the_line_number(tmp_path, line, words):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "fine"}\n' + line + "\n")
+    with pytest.raises(KvvizError, match=words.replace("line 2", f"{path}:2").replace("[", r"\[")):
+        load_prompts(str(path))
+
+
+def test_the_builtin_sets_hold_their_answers_and_are_reproducible():
+    for name in ("needle", "kv", "vars"):
+        prompts = builtin(name)
+        assert prompts == builtin(name) and len(prompts) >= 3
+        for prompt in prompts:
+            assert prompt.expected and prompt.expected in prompt.turns[-1] and prompt.family == name
+    needle = builtin("needle")
+    depths = [p.turns[0].index("secret code is") / len(p.turns[0]) for p in needle if p.id.startswith("needle-120")]
+    assert depths == sorted(depths) and depths[0] < 0.2 < 0.8 < depths[-1]
+    with pytest.raises(KvvizError, match="no built-in prompt set"):
+        load_prompts("builtin:ruler")
