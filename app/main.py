@@ -16,7 +16,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from app import housekeeping, launch, server_memory, state  # noqa: E402
 from app.plain import plain, warn  # noqa: E402
-from app.views import attention, chat, growth, held, policies, policy_run, sidebar, token_strip, toy, whatif  # noqa: E402
+from app.views import attention, chat, growth, held, policies, policy_run, sidebar, sweeps, token_strip, toy, whatif  # noqa: E402
 from kvviz.errors import KvvizError  # noqa: E402
 from kvviz.model import load_model  # noqa: E402
 
@@ -97,8 +97,8 @@ def editor() -> None:
 
 
 editor()
-tabs = st.tabs(["Attention", "Cache growth", "Policies", "Policy run"])
-for tab, view in zip(tabs, (attention, growth, policies, policy_run)):
+tabs = st.tabs(["Attention", "Cache growth", "Policies", "Policy run", "Sweeps"])
+for tab, view in zip(tabs, (attention, growth, policies, policy_run, sweeps)):
     with tab:
         guarded(view)
 state.end_run()

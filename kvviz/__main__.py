@@ -4,4 +4,5 @@ import sys
 
 from kvviz.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # not when a sweep's spawned worker imports this module
+    sys.exit(main())

@@ -2,6 +2,7 @@
 
 Usage: .venv/bin/python scripts/screenshots.py   (writes assets/screenshot-*.png)
        .venv/bin/python scripts/screenshots.py --model PATH.gguf   (a sliding-window model: screenshot-window-*.png)
+       .venv/bin/python scripts/screenshots.py --sweep DIR   (a sweep's folder: screenshot-sweeps.png)
 """
 
 from __future__ import annotations
@@ -74,8 +75,28 @@ def window_shots(model: str) -> None:
         shoot(page, "window-attention", top="[data-testid=stTabs]", bottom=None, height=1500)
 
 
+def sweep_shot(folder: str) -> None:
+    """The Sweeps tab on a sweep's folder, and the case opened as a policy run."""
+    with running_app({"KVVIZ_SWEEPS": folder}) as url, browser_page(url, width=1440, height=3000) as page:
+        page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=120_000)
+        page.get_by_role("tab", name="Sweeps").click()
+        page.get_by_text("Sweep on this server").wait_for(timeout=60_000)
+        page.locator("[data-testid=stSelectbox]").filter(has_text="Sweep on this server").click()
+        page.get_by_role("option", name=folder).click()
+        page.get_by_text("cases, the worst first").wait_for(timeout=60_000)
+        page.mouse.move(1400, 20)
+        wait_idle(page, 3)
+        shoot(page, "sweeps", top="text=Sweep on this server", bottom="text=Open as a policy run", height=0)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="a sliding-window model (e.g. the Gemma 3 270M GGUF): its window shots")
+    parser.add_argument("--sweep", help="a sweep's folder: the Sweeps tab")
     arguments = parser.parse_args()
-    window_shots(arguments.model) if arguments.model else main()
+    if arguments.sweep:
+        sweep_shot(arguments.sweep)
+    elif arguments.model:
+        window_shots(arguments.model)
+    else:
+        main()

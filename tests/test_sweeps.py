@@ -33,8 +33,8 @@ def spec(tmp_path_factory) -> SweepSpec:
 
 @pytest.fixture(scope="module")
 def one_by_one(lm, spec) -> list[dict]:
-    """The reference: each case's policy run, done on its own."""
-    return [run_case(lm, case) for case in spec.cases()]
+    """The reference: each case's policy run, done on its own (its own full-cache run too)."""
+    return [run_case(lm, case, share=False) for case in spec.cases()]
 
 
 def test_a_sweep_gives_the_rows_of_the_runs_done_one_by_one(spec, one_by_one, tmp_path):
@@ -126,3 +126,36 @@ def test_the_builtin_sets_hold_their_answers_and_are_reproducible():
     assert depths == sorted(depths) and depths[0] < 0.2 < 0.8 < depths[-1]
     with pytest.raises(KvvizError, match="no built-in prompt set"):
         load_prompts("builtin:ruler")
+
+
+def test_the_damage_chart_has_one_point_per_policy_and_budget(one_by_one):
+    import pandas as pd
+
+    from kvviz.figures import damage_chart
+
+    chart = damage_chart(pd.DataFrame(one_by_one))
+    assert len(chart.data) == 4 and set(chart.data["policy"]) == {"h2o", "streaming_llm"}
+    first = chart.data.iloc[0]
+    kls = sorted(r["kl_mean"] for r in one_by_one if r["policy"] == first["policy"] and r["budget"] == first["budget"])
+    assert first["median"] == pytest.approx(sum(kls) / 2) and first["low"] <= first["median"] <= first["high"]
+
+
+def test_the_app_opens_a_sweep_case_as_a_policy_run(spec, one_by_one, tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    run_sweep(spec, tmp_path, progress=False)
+    monkeypatch.setenv("KVVIZ_SWEEPS", str(tmp_path))
+    app = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=300).run()
+    next(s for s in app.selectbox if s.label.startswith("Sweep on this server")).select(str(tmp_path)).run()
+    assert not app.exception and not [e.value for e in app.error]
+    assert any(c.value.startswith("8 cases, the worst first") for c in app.caption)
+    worst = max(one_by_one, key=lambda r: r["kl_mean"])
+    case = next(s for s in app.selectbox if s.key == "sweep-case")
+    assert case.value == 0 and f"KL {worst['kl_mean']:.4f}" in case.format_func(0)
+    app.button(key="sweep-open").click().run()
+    assert not app.exception
+    result = app.session_state["policy_run"]
+    assert [t.user for t in result.turns] == json.loads(worst["turns"])
+    assert result.settings.label.startswith(worst["policy"])
+    assert result.last.policy_text == worst["policy_text"] and result.last.full_text == worst["full_text"]
+    assert any("as a policy run" in w.value for w in app.warning)

@@ -140,27 +140,53 @@ def held_slots(lm: LoadedModel, turns: Sequence[str], max_new_tokens: int) -> in
     return (len(turns) + 2) * slots + -(-logits // lm.bytes_per_slot)
 
 
-def run_policy(lm: LoadedModel, turns: Sequence[str], settings: RunSettings, max_new_tokens: int = 64,
-               on_step: Callable[[int, int], None] | None = None) -> PolicyRun:
-    """Answer ``turns`` with the full cache and with ``settings``' compression, side by side (module doc).
-    ``on_step(turn, step)`` reports progress."""
+@dataclass(frozen=True)
+class FullTurn:
+    """One turn of the full-cache run: everything cached before its first decode step, the greedy reply (ids,
+    end-of-turn included) and the logits ``(V,)`` before each of its tokens."""
+
+    prompt_ids: list[int]
+    ids: list[int]
+    logits: list[torch.Tensor]
+
+
+def full_replies(lm: LoadedModel, turns: Sequence[str], max_new_tokens: int) -> list[FullTurn]:
+    """The full-cache side of a run of ``turns``: it depends on no policy, so runs of several policies on the same
+    turns (a sweep) can share it."""
+    _check(turns, max_new_tokens)
+    full, replies = Session(lm), []
+    for text in turns:
+        full.add_user_turn(text)
+        prompt_ids = list(full.transcript.ids)
+        replies.append(FullTurn(prompt_ids, *_full_reply(full, max_new_tokens)))
+    return replies
+
+
+def _check(turns: Sequence[str], max_new_tokens: int) -> None:
     if not turns:
         raise KvvizError("a policy run needs at least one turn")
     if max_new_tokens < 1:
         raise KvvizError("max_new_tokens must be at least 1")
-    full = Session(lm)
+
+
+def run_policy(lm: LoadedModel, turns: Sequence[str], settings: RunSettings, max_new_tokens: int = 64,
+               on_step: Callable[[int, int], None] | None = None, full: list[FullTurn] | None = None) -> PolicyRun:
+    """Answer ``turns`` with the full cache and with ``settings``' compression, side by side (module doc).
+    ``on_step(turn, step)`` reports progress; ``full`` is the full side when already computed
+    (:func:`full_replies` of the same turns and ``max_new_tokens``)."""
+    _check(turns, max_new_tokens)
+    full = full if full is not None else full_replies(lm, turns, max_new_tokens)
+    if len(full) != len(turns):
+        raise KvvizError(f"the full run has {len(full)} turns for {len(turns)} turns")
     policy = CompressedSession(lm, settings)
     result = PolicyRun(settings, lm.name)
-    for index, text in enumerate(turns):
-        full.add_user_turn(text)
-        prompt_ids = list(full.transcript.ids)
+    for index, (text, reference) in enumerate(zip(turns, full)):
         policy.add_turn(text)
-        full_ids, full_logits = _full_reply(full, max_new_tokens)
-        forced, free, turn = _compare(policy, full_ids, full_logits, max_new_tokens,
+        forced, free, turn = _compare(policy, reference.ids, reference.logits, max_new_tokens,
                                       lambda step: on_step and on_step(index, step))
-        result.turns.append(TurnRun(text, prompt_ids, forced.prompt_end[-1], full_ids, turn["policy_ids"],
-                                    _text(lm, full_ids), _text(lm, turn["policy_ids"]),
-                                    turn["divergence"], turn["steps"], forced, torch.stack(full_logits).cpu()))
+        result.turns.append(TurnRun(text, reference.prompt_ids, forced.prompt_end[-1], reference.ids,
+                                    turn["policy_ids"], _text(lm, reference.ids), _text(lm, turn["policy_ids"]),
+                                    turn["divergence"], turn["steps"], forced, torch.stack(reference.logits).cpu()))
         policy = free
     return result
 

@@ -3,6 +3,7 @@ as one table row."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from itertools import product
 
@@ -36,31 +37,66 @@ def cases_for(prompts: list[Prompt], policies: list[str], budgets: list[int | fl
             for prompt, policy, budget in product(prompts, policies, budgets)]
 
 
+def by_prompt(cases: list[Case]) -> list[list[Case]]:
+    """Consecutive cases of one prompt, grouped: a worker runs a group in order and computes its full side once."""
+    groups: list[list[Case]] = []
+    for case in cases:
+        if groups and groups[-1][0].prompt == case.prompt and groups[-1][0].max_new_tokens == case.max_new_tokens:
+            groups[-1].append(case)
+        else:
+            groups.append([case])
+    return groups
+
+
 def matches(reply: str, expected: str | None) -> bool | None:
     """Whether ``reply`` contains the expected answer (case and surrounding space ignored); None without one."""
     return None if expected is None else expected.strip().lower() in reply.lower()
 
 
-def run_case(lm: LoadedModel, case: Case) -> Row:
+_shared: dict = {}  # the last full-cache run, by (model, turns, reply length): consecutive cases of a prompt share it
+
+
+def full_side(lm: LoadedModel, case: Case) -> list:
+    """The full-cache run of ``case``'s prompt (:func:`~kvviz.runs.policy_run.full_replies`), computed once for the
+    consecutive cases of one prompt."""
+    from kvviz.runs.policy_run import full_replies
+
+    key = (lm, case.prompt.turns, case.max_new_tokens)
+    if key not in _shared:
+        _shared.clear()
+        _shared[key] = full_replies(lm, case.prompt.turns, case.max_new_tokens)
+    return _shared[key]
+
+
+def run_case(lm: LoadedModel, case: Case, share: bool = True) -> Row:
     """The case's policy run, summarised over its last turn: mean / max KL(full ‖ policy) teacher-forced on the full
     reply, top-1 agreement, the divergence step (None: none), whether the answer changed, and whether each reply
-    contains the expected answer."""
+    contains the expected answer; the prompt's turns ride along (JSON), so a row can be opened again. ``share``:
+    reuse the full-cache run of the previous case when it had the same prompt."""
     from kvviz.policies.user import available
     from kvviz.runs.compressed import RunSettings
     from kvviz.runs.policy_run import run_policy
     from kvviz.runs.report import make_policy
 
     settings = RunSettings(make_policy(available(), case.policy, {}), case.budget, case.mode, case.every)
-    last = run_policy(lm, case.prompt.turns, settings, case.max_new_tokens).last
+    full = full_side(lm, case) if share else None
+    last = run_policy(lm, case.prompt.turns, settings, case.max_new_tokens, full=full).last
     kls = [step.kl for step in last.steps]
     return {
         "key": case.key, "prompt_id": case.prompt.id, "family": case.prompt.family, "policy": case.policy,
-        "budget": case.budget, "mode": case.mode, "every": case.every, "max_new_tokens": case.max_new_tokens,
+        "budget": case.budget, "fraction": isinstance(case.budget, float), "mode": case.mode, "every": case.every, "max_new_tokens": case.max_new_tokens,
         "prompt_slots": len(last.prompt_ids), "steps": len(kls),
         "kl_mean": sum(kls) / len(kls) if kls else 0.0, "kl_max": max(kls, default=0.0),
         "top1_agreement": sum(s.top1_agree for s in last.steps) / len(kls) if kls else 1.0,
         "divergence": last.divergence, "answer_changed": last.changed,
         "expected": case.prompt.expected, "full_match": matches(last.full_text, case.prompt.expected),
         "policy_match": matches(last.policy_text, case.prompt.expected),
-        "full_text": last.full_text, "policy_text": last.policy_text,
+        "full_text": last.full_text, "policy_text": last.policy_text, "turns": json.dumps(list(case.prompt.turns)),
     }
+
+
+def case_of(row: Row) -> Case:
+    """The case a table row came from (its prompt's turns are in the row), e.g. to open it as a policy run."""
+    budget = float(row["budget"]) if row["fraction"] else int(row["budget"])
+    prompt = Prompt(str(row["prompt_id"]), tuple(json.loads(row["turns"])), row.get("expected"), str(row["family"]))
+    return Case(prompt, str(row["policy"]), budget, str(row["mode"]), int(row["every"]), int(row["max_new_tokens"]))

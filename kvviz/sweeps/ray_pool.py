@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from kvviz.errors import KvvizError
-from kvviz.sweeps.cases import Case, Row, run_case
+from kvviz.sweeps.cases import Case, Row, by_prompt, run_case
 
 
 class _Runner:
@@ -17,8 +17,8 @@ class _Runner:
 
         self.lm = load_model(model)
 
-    def run(self, case: Case) -> Row:
-        return run_case(self.lm, case)
+    def run(self, cases: list[Case]) -> list[Row]:
+        return [run_case(self.lm, case) for case in cases]
 
 
 def ray_rows(model: str | None, todo: list[Case], workers: int, address: str) -> Iterator[Row]:
@@ -33,8 +33,8 @@ def ray_rows(model: str | None, todo: list[Case], workers: int, address: str) ->
                  include_dashboard=False, log_to_driver=False)
     runner = ray.remote(num_cpus=1)(_Runner)
     actors = [runner.remote(model) for _ in range(max(1, workers))]
-    pending = {actors[index % len(actors)].run.remote(case): case for index, case in enumerate(todo)}
+    groups = by_prompt(todo)  # one task per prompt: its cases share the full-cache run
+    pending = [actors[index % len(actors)].run.remote(group) for index, group in enumerate(groups)]
     while pending:
-        finished, _ = ray.wait(list(pending), num_returns=1)
-        pending.pop(finished[0])
-        yield ray.get(finished[0])
+        finished, pending = ray.wait(pending, num_returns=1)
+        yield from ray.get(finished[0])

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from kvviz.errors import KvvizError
-from kvviz.sweeps.cases import Case, Row, cases_for, run_case
+from kvviz.sweeps.cases import Case, Row, by_prompt, cases_for, run_case
 from kvviz.sweeps.prompts import load_prompts
 
 FORMAT = "kvviz-sweep/1"
@@ -179,16 +179,17 @@ def _start_worker(model: str | None, threads: int) -> None:
     _worker_lm = load_model(model)
 
 
-def _work(case: Case) -> Row:
-    return run_case(_worker_lm, case)
+def _work(cases: list[Case]) -> list[Row]:
+    return [run_case(_worker_lm, case) for case in cases]
 
 
 def _pool_rows(model: str | None, todo: list[Case], workers: int) -> Iterator[Row]:
-    """The rows of ``todo`` from a local pool of ``workers`` processes (spawned: no state shared with this one)."""
+    """The rows of ``todo`` from a local pool of ``workers`` processes (spawned: no state shared with this one), one
+    task per prompt (its cases share the full-cache run)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     threads = max(1, (os.cpu_count() or 1) // workers)
     with ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"), _start_worker, (model, threads)) as pool:
-        for future in as_completed([pool.submit(_work, case) for case in todo]):
-            yield future.result()
+        for future in as_completed([pool.submit(_work, group) for group in by_prompt(todo)]):
+            yield from future.result()

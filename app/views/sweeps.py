@@ -1,0 +1,93 @@
+"""Sweeps: a sweep's table (uploaded, or one of the server's ``KVVIZ_SWEEPS`` folders), damage against budget per
+policy, the worst cases first, and any case opened as a live policy run with one click."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import pandas as pd
+import streamlit as st
+
+from app import state
+from app.plain import plain, warn
+from app.views.policies import policy_classes
+from kvviz import figures
+from kvviz.errors import KvvizError
+from kvviz.runs.compressed import RunSettings
+from kvviz.runs.policy_run import held_slots, run_policy
+from kvviz.runs.report import make_policy
+from kvviz.sweeps import read_table, records
+from kvviz.sweeps.cases import case_of
+
+COLUMNS = ["prompt_id", "policy", "budget", "kl_mean", "kl_max", "top1_agreement", "divergence", "answer_changed",
+           "full_match", "policy_match", "policy_text"]
+NEEDED = {"key", "prompt_id", "family", "policy", "budget", "fraction", "mode", "every", "max_new_tokens", "kl_mean",
+          "turns"}
+
+
+def render() -> None:
+    table = _table()
+    if table is None:
+        st.info("Run `python -m kvviz sweep --prompts builtin:needle --policy h2o --policy snapkv --budget 0.25 "
+                "--budget 0.5 --out DIR`, then upload DIR/table.parquet (or .csv) here.")
+        return
+    chart = figures.damage_chart(table)
+    st.vega_lite_chart(chart.data, chart.spec, key="sweep-damage")
+    worst = table.sort_values("kl_mean", ascending=False).reset_index(drop=True)
+    st.caption(f"{len(table)} cases, the worst first (mean KL of the policy against the full cache, teacher-forced on "
+               "the full reply).")
+    st.dataframe(worst[[c for c in COLUMNS if c in worst]], hide_index=True, key="sweep-rows",
+                 column_config={"kl_mean": st.column_config.NumberColumn(format="%.4f"),
+                                "kl_max": st.column_config.NumberColumn(format="%.4f"),
+                                "top1_agreement": st.column_config.NumberColumn(format="percent")})
+    rows = records(worst)
+    pick, go = st.columns([4, 1], vertical_alignment="bottom")
+    index = pick.selectbox("Case", range(len(rows)), key="sweep-case", format_func=lambda i: (
+        f"{rows[i]['prompt_id']} · {rows[i]['policy']} · budget {case_of(rows[i]).budget} · KL {rows[i]['kl_mean']:.4f}"))
+    if go.button("Open as a policy run", key="sweep-open"):
+        _open(rows[index])
+
+
+def _table() -> pd.DataFrame | None:
+    """The chosen table, checked to be a sweep's; None when there is none yet."""
+    folders = [f.strip() for f in os.environ.get("KVVIZ_SWEEPS", "").split(",") if f.strip()]
+    source = st.selectbox("Sweep on this server (KVVIZ_SWEEPS)", ["(upload one)", *folders]) if folders else None
+    try:
+        if source and source != "(upload one)":
+            table = read_table(source)
+        else:
+            upload = st.file_uploader("Sweep table (table.parquet or table.csv)", type=["parquet", "csv"],
+                                      key="sweep-upload")
+            if upload is None:
+                return None
+            data = io.BytesIO(upload.getvalue())
+            table = pd.read_parquet(data) if upload.name.endswith(".parquet") else pd.read_csv(data)
+    except KvvizError as exc:
+        warn(exc)
+        return None
+    except Exception as exc:  # a file that is not a table at all
+        warn(f"cannot read this table ({type(exc).__name__}); upload the table.parquet or table.csv of a sweep")
+        return None
+    missing = NEEDED - set(table.columns)
+    if missing or table.empty:
+        warn(f"this is not a kvviz sweep table (missing {', '.join(sorted(missing)) or 'rows'})")
+        return None
+    return table
+
+
+def _open(row: dict) -> None:
+    """Run the row's case again, on this page's model, and show it in the Policy run tab."""
+    session = state.session()
+    try:
+        case = case_of(row)
+        settings = RunSettings(make_policy(policy_classes(), case.policy, {}), case.budget, case.mode, case.every)
+        state.make_room(held_slots(session.lm, list(case.prompt.turns), case.max_new_tokens))
+        with st.spinner("Running the full cache and the policy side by side…"):
+            state.keep_policy_run(run_policy(session.lm, list(case.prompt.turns), settings, case.max_new_tokens))
+    except (KvvizError, ValueError, TypeError) as exc:
+        warn(exc if isinstance(exc, KvvizError) else f"this row cannot be opened ({exc})")
+        return
+    state.notify(f"Opened {case.prompt.id} · {case.policy} · budget {case.budget} as a policy run on {session.lm.name}: "
+                 "see the Policy run tab.")
+    st.rerun()  # the Policy run tab, drawn before this one, shows it
