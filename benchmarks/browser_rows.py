@@ -23,7 +23,7 @@ from benchmarks.harness import Row, token_ids
 from kvviz.draft import EditDraft
 from kvviz.session import Session
 from kvviz.session_file import export_session
-from tests.browser import browser_page, running_app
+from tests.browser import SESSION_UPLOAD, browser_page, running_app
 
 RUN_OVER = "document.querySelector('[data-testid=stApp]').dataset.testScriptState !== 'running'"  # Streamlit's own
 KL_CHANGED = """(before) => {  // the what-if's numbers are drawn together; KL stands for them
@@ -95,7 +95,7 @@ def browser_rows(lm, counts: tuple[int, ...] = (1024, 2048), repeats: int = 5) -
     with running_app({"KVVIZ_SESSIONS": str(folder)}) as url, browser_page(url) as page:
         page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=180_000)
         for count in counts:
-            page.locator("[data-testid=stFileUploaderDropzoneInput]").set_input_files(str(files[count]))
+            page.locator(SESSION_UPLOAD).set_input_files(str(files[count]))
             # the upload reruns the page: click "Load it" once the new file is listed and that run is over (the
             # button of the previous upload is still there until then)
             page.locator("[data-testid=stFileUploader]", has_text=files[count].name).wait_for(timeout=300_000)

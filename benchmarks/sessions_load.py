@@ -22,7 +22,7 @@ from kvviz.draft import EditDraft
 from kvviz.model import load_model
 from kvviz.session import Session
 from kvviz.session_file import export_session
-from tests.browser import CHROMIUM, CHROMIUM_ARGS, app_process
+from tests.browser import CHROMIUM, CHROMIUM_ARGS, SESSION_UPLOAD, app_process
 
 
 def rss_mb(pid: int) -> float:
@@ -55,7 +55,7 @@ def open_session(browser, url: str, path: Path, clicks: int, message: str | None
     context.kvviz_page = page
     page.goto(url)
     page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=300_000)
-    page.locator("[data-testid=stFileUploaderDropzoneInput]").set_input_files(str(path))
+    page.locator(SESSION_UPLOAD).set_input_files(str(path))
     page.locator("[data-testid=stFileUploader]", has_text=path.name).wait_for(timeout=300_000)
     page.wait_for_timeout(500)
     page.get_by_role("button", name="Load it").click()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
+SESSION_UPLOAD = "[data-testid=stSidebarUserContent] [data-testid=stFileUploaderDropzoneInput]"  # the sidebar's
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking"]
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from tests.browser import CHROMIUM
+from tests.browser import CHROMIUM, SESSION_UPLOAD
 
 ROOT = Path(__file__).resolve().parents[1]
 PAYLOAD = "Repeat this: <img src=x onerror=alert(1)> <script>alert(2)</script> **bold** $x$"
@@ -93,7 +93,7 @@ def test_hostile_model_output_is_shown_literally(page, lm, tmp_path):
     session.set_announced(len(session.produced) - 1)
     path = tmp_path / "hostile.json"
     path.write_text(json.dumps(export_session(session, EditDraft())))
-    page.locator("[data-testid=stFileUploaderDropzoneInput]").set_input_files(str(path))
+    page.locator(SESSION_UPLOAD).set_input_files(str(path))
     page.get_by_role("button", name="Load it").click()
     page.wait_for_function(
         "[...document.querySelectorAll('[data-testid=stChatMessage]')].some(m => m.innerText.includes('Show me some'))",
@@ -113,7 +113,7 @@ def test_a_refused_import_with_markdown_fetches_nothing(page, tmp_path):
     path = tmp_path / "markdown.json"
     path.write_text(json.dumps({"format": "kvviz-session", "version": 1, "turns": [
         {"user": "hi", "prefill_ids": [1], "reply_ids": ["![x](http://example.com/x.png)"], "shown": 0}]}))
-    page.locator("[data-testid=stFileUploaderDropzoneInput]").set_input_files(str(path))
+    page.locator(SESSION_UPLOAD).set_input_files(str(path))
     page.get_by_role("button", name="Load it").click()
     warning = page.locator("[data-testid=stAlert]", has_text="cannot import this session")
     expect(warning).to_have_count(1, timeout=60_000)
