@@ -214,6 +214,13 @@ class Session:
         ids = [i for i in self.produced[: self._announced] if i not in self.lm.stop_ids]
         return self.lm.tokenizer.decode(ids, skip_special_tokens=True)
 
+    def reply_parts(self) -> tuple[str, str | None]:
+        """This turn's reply as the cache holds it — its generated slots, decoded — and the text of the pending token
+        (chosen, not yet cached; None once the turn has ended)."""
+        cached = [i for i in self.produced[:-1] if i not in self.lm.stop_ids]
+        text = self.lm.tokenizer.decode(cached, skip_special_tokens=True)
+        return text, None if self.turn_ended else self.piece(self.pending)
+
     def conversation(self) -> list[dict[str, str]]:
         """Turns so far as ``{"user", "assistant"}``; the newest assistant text is the reply so far."""
         turns = [dict(turn) for turn in self.turns]
@@ -257,9 +264,13 @@ class Session:
         self.commits.push(edit, len(self))
         self.version += 1
 
-    def undo(self) -> None:
-        """Take the newest committed edit back (evicted slots reappear, quantized ones get their original K/V)."""
-        self.commits.pop()
+    def undo(self, count: int = 1) -> None:
+        """Take the newest ``count`` committed edits back (evicted slots reappear, quantized ones get their original
+        K/V); refuses more than there are, changing nothing."""
+        if not 1 <= count <= len(self.commits.stack):
+            raise KvvizError(f"there are {len(self.commits.stack)} committed edits; cannot undo {count}")
+        for _ in range(count):
+            self.commits.pop()
         self.version += 1
 
     def attention_row(self, layer: int, head: int, slot: int) -> torch.Tensor:

@@ -33,14 +33,27 @@ def window_start(session: Session, at: int, layer: int) -> int:
     return 0 if window is None else max(0, at - window + 1)
 
 
+def _eviction_codes(edit) -> dict[int, int]:
+    """Slot → 1 (evicted everywhere) or 2 (in some layers / KV heads only) for an edit's evictions."""
+    codes: dict[int, int] = {}
+    for eviction in edit.evictions:
+        for slot in eviction.slots:
+            codes[slot] = 1 if eviction.everywhere or codes.get(slot) == 1 else 2
+    return codes
+
+
 def strip_chips(session: Session, draft: EditDraft, at: int, layer: int, head: int | None) -> list[list]:
     """One row per slot up to ``at``: ``[slot, text, segment code, turn, attention ∈ [0, 1] (relative to the max),
     evicted 0/1/2 (no / everywhere / some layers or heads), key bits, value bits, selected 0/1, a control token the user
-    typed 0/1, outside ``layer``'s sliding window at this step 0/1]``."""
+    typed 0/1, outside ``layer``'s sliding window at this step 0/1, committed eviction 0/1/2, committed key bits,
+    committed value bits]`` — the draft's columns are the edit being tried, the committed ones the cache as it stood
+    after this step (the commits made up to then: part of the conversation, in force for the next step)."""
     if at < 0:
         return []
     row = attention_row(session, at, layer, head)
     start = window_start(session, at, layer)
+    committed = session.commits.edit_at(at + 1).resolved(at + 1)
+    gone = _eviction_codes(committed)
     relative = (row / row.max().clamp_min(1e-12)).tolist()
     partial = {s for e in draft.policy.evictions if not e.everywhere for s in e.slots}
     everywhere = draft.evicted | {s for e in draft.policy.evictions if e.everywhere for s in e.slots}
@@ -50,8 +63,28 @@ def strip_chips(session: Session, draft: EditDraft, at: int, layer: int, head: i
         evicted = 1 if slot.slot in everywhere else 2 if slot.slot in partial else 0
         chips.append([slot.slot, slot.text, SEGMENT_CODE[segments[slot.slot]], slot.turn, round(relative[slot.slot], 4),
                       evicted, draft.key_bits.get(slot.slot, 16), draft.value_bits.get(slot.slot, 16),
-                      int(slot.slot in draft.selected), int(slot.slot in typed), int(slot.slot < start)])
+                      int(slot.slot in draft.selected), int(slot.slot in typed), int(slot.slot < start),
+                      gone.get(slot.slot, 0), committed.key_bits.get(slot.slot, 16),
+                      committed.value_bits.get(slot.slot, 16)])
     return chips
+
+
+def commit_rows(session: Session) -> list[dict]:
+    """The session's committed edits, oldest first: ``{"index", "at" (the step it applies from), "turn", "evicted"
+    (slots it newly evicted, everywhere or in some layers / heads), "keys", "values" (slots whose key / value bits it
+    changed)}``."""
+    rows, before = [], None
+    for index, commit in enumerate(session.commits.stack):
+        edit = commit.edit.resolved(commit.at)
+        old_gone = _eviction_codes(before) if before is not None else {}
+        gone = _eviction_codes(edit)
+        changed = lambda now, then: sorted(s for s, b in now.items() if then.get(s, 16) != b)  # noqa: E731
+        rows.append({"index": index, "at": commit.at, "turn": session.transcript.slots[commit.at - 1].turn,
+                     "evicted": sorted(s for s, c in gone.items() if old_gone.get(s) != c),
+                     "keys": changed(edit.key_bits, before.key_bits if before else {}),
+                     "values": changed(edit.value_bits, before.value_bits if before else {})})
+        before = edit
+    return rows
 
 
 def pool(values: np.ndarray, size: int, axis: int) -> np.ndarray:

@@ -35,7 +35,7 @@ def test_full_flow_send_select_compare_commit_undo():
     assert_clean(app)
     session = app.session_state["session"]
     assert len(session) > 0 and session.turns[0]["user"] == "a = 3, b = 5. What is a + b?"
-    assert session.reply in [t.value for t in app.text]
+    assert session.reply_parts()[0] in [t.value for t in app.text]  # the reply as cached; the pending token apart
     assert metric(app, "KL") == "0"  # nothing edited yet
     draft = app.session_state["draft"]  # a selection as the strip would make it
     for slot in (30, 31, 32):
@@ -170,3 +170,49 @@ def test_a_bad_user_policy_module_is_one_line_and_the_built_ins_still_run(monkey
     assert_clean(app)
     result = app.session_state["policy_run"]
     assert result.settings.policy.name == "h2o" and result.last.full_ids
+
+
+def test_committed_edits_stay_on_the_strip_and_the_commit_list_undoes_them():
+    from kvviz.draft import EditDraft
+    from kvviz.view_data import strip_chips
+
+    app = start()
+    app.chat_input[0].set_value("a = 3, b = 5. What is a + b?").run()
+    draft = app.session_state["draft"]
+    for slot in (30, 31):
+        draft.toggle_evicted(slot)
+    app.run()
+    next(b for b in app.button if b.label.startswith("Commit edit")).click().run()
+    draft = app.session_state["draft"]
+    draft.set_bits(range(5, 8), 4, 2)
+    app.run()
+    next(b for b in app.button if b.label.startswith("Commit edit")).click().run()
+    assert_clean(app)
+    session = app.session_state["session"]
+    at = len(session) - 1
+    chips = strip_chips(session, EditDraft(), at, 0, None)  # nothing being tried: only what is committed
+    assert [c[11] for c in chips[28:33]] == [0, 0, 1, 1, 0] and all(c[5] == 0 for c in chips)
+    assert [(c[12], c[13]) for c in chips[4:9]] == [(16, 16), (4, 2), (4, 2), (4, 2), (16, 16)]
+    listed = [t.value for t in app.text if t.value.startswith("#")]
+    assert listed[0].startswith("#2 ") and "quantized the keys of 3 and the values of 3 slots" in listed[0]
+    assert listed[1].startswith("#1 ") and "evicted 2 slots" in listed[1]
+    app.button(key="undo-0").click().run()  # the first commit, and the one made on top of it
+    assert_clean(app)
+    assert not app.session_state["session"].commits.stack
+    assert not [t.value for t in app.text if t.value.startswith("#1 ")]
+
+
+def test_step_one_token_advances_the_reply_as_the_strip_holds_it():
+    app = start()
+    app.session_state["max_new_tokens"] = 3  # stops before the end of the turn
+    app.chat_input[0].set_value("Tell me a short story about a cat.").run()
+    session = app.session_state["session"]
+    for _ in range(2):
+        next(b for b in app.button if b.label == "Step one token").click().run()
+        assert_clean(app)
+        turn = session.transcript.turn
+        generated = [s.id for s in session.transcript.slots if s.turn == turn and s.kind == "decode"]
+        expected = session.lm.tokenizer.decode(generated, skip_special_tokens=True)
+        assert expected and app.chat_message[-1].children[0].value == expected  # the reply's text element
+        assert any("not cached yet" in c.value and c.value.endswith(f"id {session.pending}") for c in app.caption)
+    assert len(generated) == 4

@@ -5,23 +5,30 @@
 const SEGMENTS = ["history", "query", "generated"];
 
 function describe(chip, row, at) {
-  const [slot, text, segment, turn, attention, evicted, keyBits, valueBits, selected, typed, outside] = row;
+  const [slot, text, segment, turn, attention, evicted, keyBits, valueBits, selected, typed, outside,
+         gone, committedKeyBits, committedValueBits] = row;
   chip.className = "kv-chip kv-" + SEGMENTS[segment] + (evicted === 1 ? " kv-evicted" : "") +
     (evicted === 2 ? " kv-partial" : "") + (selected ? " kv-selected" : "") + (slot === at ? " kv-current" : "") +
-    (typed ? " kv-typed" : "") + (outside ? " kv-outside" : "");
+    (typed ? " kv-typed" : "") + (outside ? " kv-outside" : "") + (gone === 1 ? " kv-committed" : "") +
+    (gone === 2 ? " kv-committed-partial" : "");
   chip.style.setProperty("--kv-attention", String(attention));
   const quantized = keyBits < 16 || valueBits < 16;
+  const committedBits = committedKeyBits < 16 || committedValueBits < 16;
   chip.title = "slot " + slot + " · " + SEGMENTS[segment] + " · turn " + turn + " · attention " +
-    attention.toFixed(3) + " of max" + (quantized ? " · K" + keyBits + "/V" + valueBits : "") +
+    attention.toFixed(3) + " of max" + (quantized ? " · trying K" + keyBits + "/V" + valueBits : "") +
+    (gone === 1 ? " · committed: evicted" : "") + (gone === 2 ? " · committed: evicted in some layers / heads" : "") +
+    (committedBits ? " · committed: K" + committedKeyBits + "/V" + committedValueBits : "") +
     (typed ? " · a control token typed by the user" : "") +
     (outside ? " · outside this layer's sliding window: the layer no longer holds it" : "");
   chip.textContent = text.replace(/\n/g, "↵").replace(/\t/g, "⇥") || "∅";
-  if (quantized) {
-    const badge = document.createElement("sup");
-    badge.className = "kv-bits";
-    badge.textContent = keyBits === valueBits ? String(keyBits) : keyBits + "/" + valueBits;
-    chip.appendChild(badge);
-  }
+  const badge = (className, k, v) => {
+    const sup = document.createElement("sup");
+    sup.className = className;
+    sup.textContent = k === v ? String(k) : k + "/" + v;
+    chip.appendChild(sup);
+  };
+  if (committedBits) badge("kv-bits kv-bits-committed", committedKeyBits, committedValueBits);
+  if (quantized) badge("kv-bits", keyBits, valueBits);
 }
 
 function rebuild(root, chips, at) {

@@ -13,25 +13,32 @@ SAVE_SECONDS = 1.0  # a reply being written is autosaved this often (a kill or r
 
 def render() -> None:
     session = state.session()
-    for turn in session.conversation():
+    turns = session.conversation()
+    for index, turn in enumerate(turns):
         st.chat_message("user").text(turn["user"])
-        if turn["assistant"]:
-            st.chat_message("assistant").text(turn["assistant"])
+        if index < len(turns) - 1:
+            if turn["assistant"]:
+                st.chat_message("assistant").text(turn["assistant"])
+            continue
+        cached, next_piece = session.reply_parts()  # the newest reply exactly as the strip holds it
+        if cached or next_piece is not None:
+            message = st.chat_message("assistant")
+            message.text(cached)
+            if next_piece is not None:
+                message.caption(plain(f"next token (chosen, not cached yet): {next_piece!r} · id {session.pending}"))
     pending = session.pending_token()
     st.toggle("Read control tokens I type (e.g. <|im_end|>) as real ones", key="raw_special_tokens",
               help="Off: what you type is text, so a message cannot end its turn or open a system turn. On: typed "
                    "control strings become the model's control tokens (outlined in purple on the strip).")
-    left, stop, right = st.columns([3, 1, 1])
+    _, stop, right = st.columns([3, 1, 1])
     stop.button("Stop", help="Stops generation between two decode steps (the cache stays whole)")
     with right:
         can_step = pending is not None and not session.turn_ended
         if st.button("Step one token", disabled=not can_step, help="Decode exactly one token (teaching mode)"):
-            _guard(session.step)
+            if _guard(session.step):
+                session.set_announced(len(session.produced))  # every chosen token is now part of the reply
             state.travel(None)
             st.rerun()
-    with left:
-        if pending is not None:
-            st.caption(plain(f"Pending (chosen, not yet cached): {pending.text!r} · id {pending.id}"))
     if prompt := st.chat_input("Message the model (Stop: press any button while it writes)"):
         st.chat_message("user").text(prompt)
         tokens = len(session.lm.tokenizer.encode(prompt)) + st.session_state.max_new_tokens

@@ -11,7 +11,7 @@ from app.components.strip import clicked, parse_click, token_strip
 from kvviz.attention_math import kv_head_of
 from kvviz.errors import KvvizError
 from kvviz.quant import Quantizer
-from kvviz.view_data import strip_chips, window_start
+from kvviz.view_data import commit_rows, strip_chips, window_start
 
 BITS = [16, 8, 4, 3, 2]
 
@@ -51,12 +51,42 @@ def render() -> None:
     at = state.step_slot()
     chips = strip_chips(session, draft, at, st.session_state.layer, state.head())
     st.caption("Click a chip to evict it · shift-click to select · background = attention of the current step "
-               "(dashed) · band: grey history, blue query, orange generated")
+               "(dashed) · band: grey history, blue query, orange generated · struck through: the edit you are trying "
+               "(faded) or committed (grey, double line; purple filled badge: committed bits)")
     note = window_note(session, at, st.session_state.layer)
     if note:
         st.caption(note)
     token_strip(chips, at, _on_click, large=st.session_state.large)
+    _commits(session)
     _picker(draft, session, at)
+
+
+def _commits(session) -> None:
+    """The committed edits, newest first, each with its undo (which takes the later ones back too: they were made on
+    top of it)."""
+    rows = commit_rows(session)
+    if not rows:
+        return
+    with st.container(border=True, key="commit-list"):
+        st.markdown("**Committed edits** — part of the conversation: every step after them ran on the edited cache")
+        slots = session.transcript.slots
+        for row in reversed(rows):
+            later = len(rows) - row["index"]
+            parts = []
+            if row["evicted"]:
+                words = "".join(slots[s].text for s in row["evicted"][:6]) + ("…" if len(row["evicted"]) > 6 else "")
+                parts.append(f"evicted {len(row['evicted'])} slots ({words!r})")
+            if row["keys"] or row["values"]:
+                parts.append(f"quantized the keys of {len(row['keys'])} and the values of {len(row['values'])} slots")
+            text, button = st.columns([5, 1], vertical_alignment="center")
+            text.text(f"#{row['index'] + 1} · from slot {row['at']} (turn {row['turn']}) · "
+                      + ("; ".join(parts) or "no change"))
+            if button.button("Undo" if later == 1 else f"Undo with {later - 1} later", key=f"undo-{row['index']}"):
+                try:
+                    session.undo(later)
+                except KvvizError as exc:
+                    state.notify(str(exc))
+                st.rerun()  # the whole page: every view shows the cache as it now is
 
 
 def window_note(session, at: int, layer: int) -> str | None:
