@@ -16,7 +16,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from app import housekeeping, launch, server_memory, state  # noqa: E402
 from app.plain import plain, warn  # noqa: E402
-from app.views import attention, chat, growth, held, policies, policy_run, sidebar, sweeps, token_strip, toy, whatif  # noqa: E402
+from app.views import (attention, chat, growth, guide, held, policies, policy_run, sidebar, sweeps,  # noqa: E402
+                       token_strip, toy, whatif)
 from kvviz.errors import KvvizError  # noqa: E402
 from kvviz.model import load_model  # noqa: E402
 
@@ -68,6 +69,7 @@ if st.session_state.large:
 
 st.title("kvviz — the KV cache, visible")
 guarded(held)
+guarded(guide)
 guarded(toy)
 guarded(chat)
 st.subheader(f"Cache: {len(state.session())} slots")
@@ -82,7 +84,11 @@ def editor() -> None:
     stands above them (see ``whatif.summary``)."""
     state.begin_run()  # a click reruns only this fragment: the session is in use until its end
     if notice := state.take_notice():  # e.g. a refused click, noted by its callback just before this run
-        warn(notice)
+        message, note = notice
+        if note:
+            st.info(plain(message))
+        else:
+            warn(message)
     guarded(whatif.prepare)
     strip = st.container()
     guarded(whatif.summary)

@@ -271,10 +271,11 @@ def policy_blame():
     return st.session_state.get("policy_blame")
 
 
-def take_notice() -> str | None:
-    """The message noted for this run (see :func:`notify`), once."""
-    message, st.session_state.notice = st.session_state.notice, None
-    return message
+def take_notice() -> tuple[str, bool] | None:
+    """The message noted for this run and whether it is a plain note rather than a warning (see :func:`notify`),
+    once."""
+    notice, st.session_state.notice = st.session_state.notice, None
+    return notice
 
 
 def step_slot() -> int:
@@ -294,6 +295,7 @@ def detail_head() -> int:
     return head() or 0
 
 
-def notify(message: str) -> None:
-    """A message shown once at the top of the next run (e.g. a refused click, reported from a callback)."""
-    st.session_state.notice = message
+def notify(message: str, note: bool = False) -> None:
+    """A message shown once at the top of the next run: a warning (e.g. a refused click, reported from a callback), or
+    with ``note`` a plain note (what a demo shows, where a result went)."""
+    st.session_state.notice = (message, note)

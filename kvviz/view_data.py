@@ -42,20 +42,41 @@ def _eviction_codes(edit) -> dict[int, int]:
     return codes
 
 
-def strip_chips(session: Session, draft: EditDraft, at: int, layer: int, head: int | None) -> list[list]:
-    """One row per slot up to ``at``: ``[slot, text, segment code, turn, attention ∈ [0, 1] (relative to the max),
+SHADINGS = ("linear", "log", "rank")
+
+
+def shade(row: torch.Tensor, shading: str = "linear") -> list[float]:
+    """Attention ``(n,)`` as chip shades in [0, 1]: ``linear`` relative to the strongest slot (a sink leaves the rest
+    white), ``log`` over the six decades below the strongest, or ``rank`` (the weakest 0, the strongest 1)."""
+    row = row.double().cpu()
+    top = row.max().clamp_min(1e-12)
+    if shading == "log":
+        return ((torch.log10((row / top).clamp_min(1e-6)) + 6) / 6).tolist()
+    if shading == "rank":
+        ranks = torch.empty_like(row).scatter_(0, row.argsort(stable=True), torch.arange(len(row), dtype=row.dtype))
+        return (ranks / max(len(row) - 1, 1)).tolist()
+    return (row / top).tolist()
+
+
+def strip_chips(session: Session, draft: EditDraft, at: int, layer: int, head: int | None,
+                shading: str = "linear") -> list[list]:
+    """One row per slot up to ``at``: ``[slot, text, segment code, turn, attention shade ∈ [0, 1] (see :func:`shade`),
     evicted 0/1/2 (no / everywhere / some layers or heads), key bits, value bits, selected 0/1, a control token the user
     typed 0/1, outside ``layer``'s sliding window at this step 0/1, committed eviction 0/1/2, committed key bits,
-    committed value bits]`` — the draft's columns are the edit being tried, the committed ones the cache as it stood
-    after this step (the commits made up to then: part of the conversation, in force for the next step)."""
+    committed value bits, (layer, KV head) pairs that evict the slot in the draft, the same committed]`` — the draft's
+    columns are the edit being tried, the committed ones the cache as it stood after this step (the commits made up
+    to then: part of the conversation, in force for the next step)."""
     if at < 0:
         return []
     row = attention_row(session, at, layer, head)
     start = window_start(session, at, layer)
     committed = session.commits.edit_at(at + 1).resolved(at + 1)
     gone = _eviction_codes(committed)
-    relative = (row / row.max().clamp_min(1e-12)).tolist()
+    relative = shade(row, shading)
     partial = {s for e in draft.policy.evictions if not e.everywhere for s in e.slots}
+    lm, n = session.lm, len(session)
+    pairs = [(edit.evicted_mask(n, lm.layers, lm.kv_heads).sum((0, 1)).tolist() if 2 in codes else None)
+             for edit, codes in ((draft.policy, {2} if partial else set()), (committed, set(gone.values())))]
     everywhere = draft.evicted | {s for e in draft.policy.evictions if e.everywhere for s in e.slots}
     segments, typed = session.transcript.segments(), session.transcript.typed_control
     chips = []
@@ -65,8 +86,16 @@ def strip_chips(session: Session, draft: EditDraft, at: int, layer: int, head: i
                       evicted, draft.key_bits.get(slot.slot, 16), draft.value_bits.get(slot.slot, 16),
                       int(slot.slot in draft.selected), int(slot.slot in typed), int(slot.slot < start),
                       gone.get(slot.slot, 0), committed.key_bits.get(slot.slot, 16),
-                      committed.value_bits.get(slot.slot, 16)])
+                      committed.value_bits.get(slot.slot, 16),
+                      *(int(counts[slot.slot]) if counts else 0 for counts in pairs)])
     return chips
+
+
+def kept_per_head(session: Session, edit, at: int) -> tuple[int, int]:
+    """The fewest and the most of the ``at`` slots before the step that ``edit`` keeps in one (layer, KV head)."""
+    lm = session.lm
+    kept = at - edit.evicted_mask(at, lm.layers, lm.kv_heads).sum(-1)  # (L, KV)
+    return int(kept.min()), int(kept.max())
 
 
 def commit_rows(session: Session) -> list[dict]:

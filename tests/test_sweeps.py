@@ -158,4 +158,4 @@ def test_the_app_opens_a_sweep_case_as_a_policy_run(spec, one_by_one, tmp_path, 
     assert [t.user for t in result.turns] == json.loads(worst["turns"])
     assert result.settings.label.startswith(worst["policy"])
     assert result.last.policy_text == worst["policy_text"] and result.last.full_text == worst["full_text"]
-    assert any("as a policy run" in w.value for w in app.warning)
+    assert any("as a policy run" in i.value for i in app.info)

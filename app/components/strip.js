@@ -6,7 +6,7 @@ const SEGMENTS = ["history", "query", "generated"];
 
 function describe(chip, row, at) {
   const [slot, text, segment, turn, attention, evicted, keyBits, valueBits, selected, typed, outside,
-         gone, committedKeyBits, committedValueBits] = row;
+         gone, committedKeyBits, committedValueBits, draftPairs, committedPairs] = row;
   chip.className = "kv-chip kv-" + SEGMENTS[segment] + (evicted === 1 ? " kv-evicted" : "") +
     (evicted === 2 ? " kv-partial" : "") + (selected ? " kv-selected" : "") + (slot === at ? " kv-current" : "") +
     (typed ? " kv-typed" : "") + (outside ? " kv-outside" : "") + (gone === 1 ? " kv-committed" : "") +
@@ -16,7 +16,9 @@ function describe(chip, row, at) {
   const committedBits = committedKeyBits < 16 || committedValueBits < 16;
   chip.title = "slot " + slot + " · " + SEGMENTS[segment] + " · turn " + turn + " · attention " +
     attention.toFixed(3) + " of max" + (quantized ? " · trying K" + keyBits + "/V" + valueBits : "") +
-    (gone === 1 ? " · committed: evicted" : "") + (gone === 2 ? " · committed: evicted in some layers / heads" : "") +
+    (evicted === 2 ? " · trying: evicted in " + draftPairs + " of the (layer, KV head) pairs" : "") +
+    (gone === 1 ? " · committed: evicted" : "") +
+    (gone === 2 ? " · committed: evicted in " + committedPairs + " of the (layer, KV head) pairs" : "") +
     (committedBits ? " · committed: K" + committedKeyBits + "/V" + committedValueBits : "") +
     (typed ? " · a control token typed by the user" : "") +
     (outside ? " · outside this layer's sliding window: the layer no longer holds it" : "");

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import streamlit as st
 
 from app import state
@@ -10,14 +12,28 @@ from kvviz import figures
 from kvviz.view_data import attention_row, head_map, overview
 
 
+def _pick_cell(bins: int) -> None:
+    """A click on the overview: the layer of its row and the query head of its column become the views' own."""
+    points = st.session_state["overview"].selection.get("points") or []
+    if not points:
+        return
+    lm = state.session().lm
+    head = figures.overview_cell(points[0]["x"], lm.heads, lm.kv_heads, bins)
+    if head is not None:
+        st.session_state.layer, st.session_state.head = int(points[0]["y"]), head
+
+
 def render() -> None:
     session, at = state.session(), state.step_slot()
     if len(session) == 0:
         st.info("Send a message to see attention.")
         return
     layer, head = st.session_state.layer, state.detail_head()
-    st.plotly_chart(figures.overview_figure(overview(session, at), session.lm.kv_heads, at), key="overview")
-    st.caption("Pick the layer and head above the strip to open that head's map.")
+    rows = overview(session, at)
+    st.plotly_chart(figures.overview_figure(rows, session.lm.kv_heads, at), key="overview",
+                    on_select=partial(_pick_cell, rows.shape[2]), selection_mode="points")
+    st.caption(f"Click a head in a layer row to open its map (or pick them above the strip) · shown: layer {layer}, "
+               f"head {head}")
     windows = session.lm.attention.windows
     if any(w is not None for w in windows):
         local = [str(i) for i, w in enumerate(windows) if w is not None]

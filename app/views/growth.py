@@ -24,7 +24,8 @@ def render() -> None:
         warn(exc)
         return
     cols = st.columns(3)
-    cols[0].metric(f"Cache ({session.lm.device_label})", f"{memory.full_bytes:,} B")
+    cols[0].metric(f"Cache after the last step ({session.lm.device_label})", f"{memory.full_bytes:,} B",
+                   help="K and V of every cached slot (the what-if counts the cache before its step)")
     cols[1].metric("At fp16", f"{memory.fp16_bytes:,} B")
     cols[2].metric("With committed edits, packed", f"{memory.edited_bytes:,} B")
     st.dataframe([{"segment": name, **values.to_dict()} for name, values in memory.segments.items()], hide_index=True)

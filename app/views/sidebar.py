@@ -63,7 +63,7 @@ def _scenarios(lm: LoadedModel) -> None:
                     if scenario.policy_run:
                         state.keep_policy_run(*run_policy_scenario(lm, scenario))
                 state.replace(session, draft, at=answer_step)
-                state.notify(scenario.description)
+                state.notify(scenario.description, note=True)
             st.rerun()
 
 

@@ -11,7 +11,7 @@ from app.components.strip import clicked, parse_click, token_strip
 from kvviz.attention_math import kv_head_of
 from kvviz.errors import KvvizError
 from kvviz.quant import Quantizer
-from kvviz.view_data import commit_rows, strip_chips, window_start
+from kvviz.view_data import SHADINGS, commit_rows, kept_per_head, strip_chips, window_start
 
 BITS = [16, 8, 4, 3, 2]
 
@@ -36,23 +36,29 @@ def _on_click() -> None:
 def view_settings() -> None:
     """Layer, head and step: they change every view, so they live outside the editor fragment."""
     session = state.session()
-    view = st.columns([2, 2, 3])
+    view = st.columns([2, 2, 2, 3])
     view[0].selectbox("Layer", range(session.lm.layers), key="layer")
     view[1].selectbox("Head", [state.MEAN, *range(session.lm.heads)], key="head",
                       format_func=lambda h: "mean of heads" if h == state.MEAN else
                       f"head {h} (KV {kv_head_of(h, session.lm.heads, session.lm.kv_heads)})")
+    view[2].segmented_control("Chip shading", SHADINGS, key="shading", default="linear",
+                              help="How attention shades the chips: linear (relative to the strongest: a sink leaves "
+                                   "the rest white), log (six decades) or by rank")
     if len(session) > 1:
-        view[2].slider("Step (time travel)", 0, len(session) - 1, value=state.step_slot(), key="at_slider",
+        view[3].slider("Step (time travel)", 0, len(session) - 1, value=state.step_slot(), key="at_slider",
                        on_change=_travel)
 
 
 def render() -> None:
     session, draft = state.session(), state.draft()
     at = state.step_slot()
-    chips = strip_chips(session, draft, at, st.session_state.layer, state.head())
-    st.caption("Click a chip to evict it · shift-click to select · background = attention of the current step "
-               "(dashed) · band: grey history, blue query, orange generated · struck through: the edit you are trying "
-               "(faded) or committed (grey, double line; purple filled badge: committed bits)")
+    shading = st.session_state.get("shading") or "linear"  # None when the control was clicked off
+    chips = strip_chips(session, draft, at, st.session_state.layer, state.head(), shading)
+    scale = {"linear": "relative to the strongest slot", "log": "log scale over six decades",
+             "rank": "by rank"}[shading]
+    st.caption(f"Click a chip to evict it · shift-click to select · background = attention of the current step "
+               f"(dashed), {scale} · band: grey history, blue query, orange generated · struck through: the edit you "
+               "are trying (faded) or committed (grey, double line; purple filled badge: committed bits)")
     note = window_note(session, at, st.session_state.layer)
     if note:
         st.caption(note)
@@ -157,5 +163,11 @@ def _picker(draft, session, at) -> None:
         warn(exc)
         return
     evicted = sorted(draft.evicted_somewhere())
-    st.caption(f"Edit: {len(evicted)} slots evicted" + (f" (policy: {plain(draft.policy_name)})" if draft.policy_name else "")
-               + f" · {len(summary.key_bits)} keys and {len(summary.value_bits)} values quantized")
+    if draft.policy_name:  # a policy keeps slots per (layer, KV head): their union says little
+        low, high = kept_per_head(session, summary, at)
+        kept = f"{low}" if low == high else f"{low}–{high}"
+        what = (f"Edit: {plain(draft.policy_name)} keeps {kept} of {at} slots per KV head ({len(evicted)} slots evicted "
+                "in at least one layer or head)")
+    else:
+        what = f"Edit: {len(evicted)} slots evicted"
+    st.caption(f"{what} · {len(summary.key_bits)} keys and {len(summary.value_bits)} values quantized")

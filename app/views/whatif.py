@@ -52,6 +52,9 @@ def summary() -> None:
     if len(state.session()) < 2:
         st.info("Send a message first: the what-if re-runs a step on the cache before it.")
         return
+    if apply_quantizers() is not None:  # said once, in the quantizer settings below
+        st.caption("No what-if while the quantizer settings do not fit the model (see Quantizer settings).")
+        return
     try:
         result = compute()
     except KvvizError as exc:
@@ -81,8 +84,18 @@ def render() -> None:
     texts = [s.text for s in session.transcript.slots[: result.at + 1]]
     charts = {"alpha": figures.alpha_chart(result.detail, texts), "heads": figures.head_grid_chart(result.heads),
               "hidden": figures.hidden_chart(result.hidden_delta)}
-    for name, chart in charts.items():
-        st.vega_lite_chart(chart.data, chart.spec, key=name)  # keyed: a click swaps its data in place
+    for name, chart in charts.items():  # keyed: a click swaps its data in place
+        if name == "heads":
+            st.caption("ρ: evicted attention mass per layer and query head · ‖Δo‖ isolated: how much the head's output "
+                       "moves when only its own cache is edited (the full run's query) · propagated: how much it moves "
+                       "in the edited run, where earlier layers changed too · click a cell of ρ to open that layer and "
+                       f"head (now layer {result.detail.layer}, head {result.detail.head})")
+        elif name == "alpha":
+            st.caption("α: the step's attention weights with the full cache · α′ = α/(1−ρ): the same weights "
+                       "renormalized over what is left (the closed form) · edited: what the edited run really used "
+                       "(they differ when quantized keys move the scores)")
+        st.vega_lite_chart(chart.data, chart.spec, key=name,
+                           on_select=_pick_cell if name == "heads" else "ignore")
     st.download_button("Download these figures (HTML, works offline)",  # built when clicked
                        lambda: figures.figures_html(list(charts.values()), f"kvviz what-if at slot {result.at}"),
                        file_name=f"kvviz-whatif-slot{result.at}.html", mime="text/html", on_click="ignore")
@@ -91,16 +104,29 @@ def render() -> None:
     _buttons()
 
 
+def _pick_cell() -> None:
+    """A click on a cell of the ρ map: that layer and head become the ones every view shows."""
+    cells = st.session_state["heads"].selection.get("cell") or []
+    if cells and {"layer", "head"} <= set(cells[0]):
+        st.session_state.layer, st.session_state.head = int(cells[0]["layer"]), int(cells[0]["head"])
+
+
 def _summary(result: WhatIf) -> None:
     nt, memory = result.next_token, result.memory
     row = st.container(horizontal=True)  # one block, not six as st.columns(5): the numbers reach the page sooner
-    row.metric("KL(full‖edited), nats", f"{nt.kl:.3g}")
-    row.metric("Total variation", f"{nt.tv:.3g}")
-    row.metric("Top-1", "FLIPS" if nt.top1_changed else "unchanged")
-    row.metric("ρ (detail head)", f"{float(result.heads['rho'][result.detail.layer, result.detail.head]):.4f}")
+    row.metric("KL(full‖edited), nats", f"{nt.kl:.3g}", help="How far the edited cache's next-token distribution "
+               "is from the full cache's: Σ p log(p/q), 0 when nothing changed")
+    row.metric("Total variation", f"{nt.tv:.3g}", help="Half the summed absolute difference of the two next-token "
+               "distributions: the probability mass that moved (0 to 1)")
+    row.metric("Top-1", "FLIPS" if nt.top1_changed else "unchanged", help="Whether the most likely next token changed")
+    row.metric("ρ (detail head)", f"{float(result.heads['rho'][result.detail.layer, result.detail.head]):.4f}",
+               help=f"Evicted mass: the share of layer {result.detail.layer}, head {result.detail.head}'s attention that "
+                    "went to the evicted slots; the rest is rescaled by 1/(1−ρ)")
     saved = 1 - memory.edited_bytes / max(memory.full_bytes, 1)
-    row.metric("Cache bytes", f"{memory.edited_bytes:,}", f"-{saved:.1%} vs {memory.full_bytes:,}",
-               delta_color="off")
+    row.metric("Cache bytes before this step", f"{memory.edited_bytes:,}", f"-{saved:.1%} vs {memory.full_bytes:,}",
+               delta_color="off", help="K and V of the slots this step reads (before its own is added), packed as the "
+               "edit stores them, against the full cache at the model's dtype; sliding-window layers count only "
+               "what they hold")
 
 
 def _continuation(result: WhatIf) -> None:

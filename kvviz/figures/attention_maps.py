@@ -37,6 +37,17 @@ def overview_figure(rows: np.ndarray, kv_heads: int, at: int) -> go.Figure:
     return go.Figure(dict(data=[heatmap], layout=layout))
 
 
+def overview_cell(x: float, heads: int, kv_heads: int, bins: int) -> int | None:
+    """The query head under column ``x`` of :func:`overview_figure`'s image (``bins`` columns per head, a 2-column gap
+    between KV groups), or None on a gap."""
+    group, column = heads // kv_heads, int(round(x))
+    for head in range(heads):
+        start = head * bins + 2 * (head // group)
+        if start <= column < start + bins:
+            return head
+    return None
+
+
 def head_map_figure(weights: np.ndarray, block: int, boundaries: list[tuple[int, str]], title: str) -> go.Figure:
     """One head's causal map (queries down, keys across). ``block`` slots per pixel; ``boundaries`` are
     ``(slot, label)`` lines, e.g. where segments or turns start."""

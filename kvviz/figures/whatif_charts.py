@@ -110,6 +110,7 @@ def head_grid_chart(heads: Mapping[str, torch.Tensor]) -> Chart:
     deltas = [MAPS["delta_isolated"], MAPS["delta_propagated"]]
     spec = {"hconcat": [
         {"title": MAPS["rho"], "transform": [{"filter": {"field": "map", "equal": MAPS["rho"]}}],
+         "params": [{"name": "cell", "select": {"type": "point", "fields": ["layer", "head"], "on": "click"}}],
          **grid({"domain": [0, 1]})},
         {"transform": [{"filter": {"field": "map", "oneOf": deltas}}],
          "facet": {"column": _field("map", "nominal", title=None, sort=deltas)}, "spec": grid({"zero": True})},
@@ -118,12 +119,16 @@ def head_grid_chart(heads: Mapping[str, torch.Tensor]) -> Chart:
 
 
 def hidden_chart(hidden_delta: list[float]) -> Chart:
-    """‖h̃ − h‖ after the embeddings (0) and after each layer: how the edit propagates (docs/math.md §6)."""
-    data = pd.DataFrame({"layer": np.arange(len(hidden_delta)), "delta": hidden_delta})
+    """‖h̃ − h‖ after the embeddings and after each layer — the last point after the final norm too, as transformers
+    returns it: how the edit propagates (docs/math.md §6)."""
+    count = len(hidden_delta)
+    names = ["embeddings", *map(str, range(1, count - 1)), f"{count - 1} + final norm"]
+    data = pd.DataFrame({"layer": names, "delta": hidden_delta})
     spec = {"title": "Hidden-state change by layer", "height": 220, "mark": {"type": "line", "point": True},
-            "encoding": {"x": _field("layer", "quantitative", title="layer (0 = embeddings)"),
+            "encoding": {"x": _field("layer", "ordinal", title="after layer", sort=names,
+                                            axis={"labelAngle": 0, "labelOverlap": True}),
                          "y": _field("delta", "quantitative", title="‖h̃ − h‖"),
-                         "tooltip": [_field("layer", "quantitative"), _field("delta", "quantitative", format=".4g")]}}
+                         "tooltip": [_field("layer", "ordinal"), _field("delta", "quantitative", format=".4g")]}}
     return Chart(spec, data)
 
 
