@@ -82,6 +82,8 @@ def editor() -> None:
     save is also the page's: nothing drawn after it changes the session or the draft without a rerun. The what-if
     is computed before anything is drawn (see ``whatif.prepare``), and its numbers are sent before the strip that
     stands above them (see ``whatif.summary``)."""
+    if st.session_state.pop("whole_page", False):  # a click in the editor chose what the whole page shows
+        st.rerun(scope="app")
     state.begin_run()  # a click reruns only this fragment: the session is in use until its end
     if notice := state.take_notice():  # e.g. a refused click, noted by its callback just before this run
         message, note = notice

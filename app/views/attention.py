@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from functools import partial
-
 import streamlit as st
 
 from app import state
@@ -12,15 +10,13 @@ from kvviz import figures
 from kvviz.view_data import attention_row, head_map, overview
 
 
-def _pick_cell(bins: int) -> None:
-    """A click on the overview: the layer of its row and the query head of its column become the views' own."""
+def _pick_cell() -> None:
+    """A click on the overview: the layer and query head of that tile become the views' own."""
     points = st.session_state["overview"].selection.get("points") or []
-    if not points:
-        return
     lm = state.session().lm
-    head = figures.overview_cell(points[0]["x"], lm.heads, lm.kv_heads, bins)
-    if head is not None:
-        st.session_state.layer, st.session_state.head = int(points[0]["y"]), head
+    index = points[0].get("point_index") if points and points[0].get("curve_number") == 1 else None
+    if isinstance(index, int) and 0 <= index < lm.layers * lm.heads:  # the tile markers: layer-major
+        st.session_state.layer, st.session_state.head = divmod(index, lm.heads)
 
 
 def render() -> None:
@@ -29,9 +25,8 @@ def render() -> None:
         st.info("Send a message to see attention.")
         return
     layer, head = st.session_state.layer, state.detail_head()
-    rows = overview(session, at)
-    st.plotly_chart(figures.overview_figure(rows, session.lm.kv_heads, at), key="overview",
-                    on_select=partial(_pick_cell, rows.shape[2]), selection_mode="points")
+    st.plotly_chart(figures.overview_figure(overview(session, at), session.lm.kv_heads, at), key="overview",
+                    on_select=_pick_cell, selection_mode="points")
     st.caption(f"Click a head in a layer row to open its map (or pick them above the strip) · shown: layer {layer}, "
                f"head {head}")
     windows = session.lm.attention.windows

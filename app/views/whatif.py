@@ -94,7 +94,7 @@ def render() -> None:
             st.caption("α: the step's attention weights with the full cache · α′ = α/(1−ρ): the same weights "
                        "renormalized over what is left (the closed form) · edited: what the edited run really used "
                        "(they differ when quantized keys move the scores)")
-        st.vega_lite_chart(chart.data, chart.spec, key=name,
+        st.vega_lite_chart(chart.data, chart.spec, key=name, width="content" if name == "heads" else "stretch",
                            on_select=_pick_cell if name == "heads" else "ignore")
     st.download_button("Download these figures (HTML, works offline)",  # built when clicked
                        lambda: figures.figures_html(list(charts.values()), f"kvviz what-if at slot {result.at}"),
@@ -109,6 +109,7 @@ def _pick_cell() -> None:
     cells = st.session_state["heads"].selection.get("cell") or []
     if cells and {"layer", "head"} <= set(cells[0]):
         st.session_state.layer, st.session_state.head = int(cells[0]["layer"]), int(cells[0]["head"])
+        st.session_state.whole_page = True  # every view shows the new layer and head, not only the editor
 
 
 def _summary(result: WhatIf) -> None:

@@ -31,21 +31,15 @@ def overview_figure(rows: np.ndarray, kv_heads: int, at: int) -> go.Figure:
     image = np.concatenate(tiles, axis=1)
     heatmap = dict(type="heatmap", z=image, colorscale="Viridis", zmin=0, zmax=float(np.nanmax(rows)) or 1,
                    hovertemplate="layer %{y}<br>weight %{z:.3f}<extra></extra>", colorbar=dict(title="α", thickness=10))
+    # a heatmap cannot be selected: one invisible marker per (layer, head) tile makes a click one
+    centres = np.array(ticks)
+    targets = dict(type="scatter", mode="markers", x=np.tile(centres, layers), y=np.repeat(np.arange(layers), heads),
+                   marker=dict(size=14, opacity=0), hoverinfo="none", showlegend=False)  # point i: layer i // H
     layout = dict(title=f"Attention of slot {at}: every layer × query head (keys left → right, max-pooled)",
                   height=560, xaxis=dict(tickvals=ticks, ticktext=labels, showgrid=False),
-                  yaxis=dict(title="layer", autorange="reversed", dtick=2, showgrid=False), **LAYOUT)
-    return go.Figure(dict(data=[heatmap], layout=layout))
-
-
-def overview_cell(x: float, heads: int, kv_heads: int, bins: int) -> int | None:
-    """The query head under column ``x`` of :func:`overview_figure`'s image (``bins`` columns per head, a 2-column gap
-    between KV groups), or None on a gap."""
-    group, column = heads // kv_heads, int(round(x))
-    for head in range(heads):
-        start = head * bins + 2 * (head // group)
-        if start <= column < start + bins:
-            return head
-    return None
+                  yaxis=dict(title="layer", autorange="reversed", dtick=2, showgrid=False), clickmode="event+select",
+                  **LAYOUT)
+    return go.Figure(dict(data=[heatmap, targets], layout=layout))
 
 
 def head_map_figure(weights: np.ndarray, block: int, boundaries: list[tuple[int, str]], title: str) -> go.Figure:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kvviz.figures.whatif_charts import Chart
+from kvviz.figures.whatif_charts import Chart, nice_max
 
 
 def damage_chart(table: pd.DataFrame, measure: str = "kl_mean") -> Chart:
@@ -22,7 +22,8 @@ def damage_chart(table: pd.DataFrame, measure: str = "kl_mean") -> Chart:
         "title": f"Damage against budget: {measure} per case (median, band: 25th–75th percentile)", "height": 300,
         "layer": [
             {"mark": {"type": "area", "opacity": 0.2}, "encoding": {
-                "x": x, "y": {"field": "low", "type": "quantitative", "title": measure}, "y2": {"field": "high"},
+                "x": x, "y": {"field": "low", "type": "quantitative", "title": measure,
+                              "scale": {"domain": [0, nice_max(data["high"])]}}, "y2": {"field": "high"},
                 "color": color}},
             {"mark": {"type": "line", "point": True}, "encoding": {
                 "x": x, "y": {"field": "median", "type": "quantitative"}, "color": color,

@@ -28,11 +28,22 @@ def visible(text: str) -> str:
 # chart and swaps its data in place while the spec is unchanged (the specs hold no per-click values), whereas it
 # remounts a plotly chart whose figure changed; measured at 1k slots on 2 cores, the browser's last long task of a
 # click ended at ~0.55–0.75 s instead of ~0.9 s. Plain dicts: Altair validates as it builds (~0.18 s for these three
-# at 1k); the tests check the specs against the Vega-Lite schema.
+# at 1k); the tests check the specs against the Vega-Lite schema. Quantitative scales get explicit domains: Streamlit
+# runs a chart once before its data arrives, and a domain left to the data then logs "Infinite extent" warnings. Their
+# maxima are rounded up to 1, 2 or 5 × 10^k (:func:`nice_max`), so most clicks keep the spec and only swap the data.
 SERIES = {"full": ("α full", "#7f8c9a"), "renorm": ("α′ = α/(1−ρ)", "#2f80ed"),
           "edited": ("α used by the edited run", "#f2994a")}
 BAR_LIMIT = 128  # up to this many slots α is drawn as grouped bars, above as step lines (one bar would be < 3 px)
 MAPS = {"rho": "evicted mass ρ", "delta_isolated": "‖Δo‖ isolated", "delta_propagated": "‖Δo‖ propagated"}
+
+
+def nice_max(values) -> float:
+    """The smallest of 1, 2, 5 × 10^k at or above the largest of ``values`` (1 for nothing above 0)."""
+    top = float(np.nanmax(np.asarray(values, dtype=float), initial=0.0))
+    if not top > 0 or not np.isfinite(top):
+        return 1.0
+    power = 10.0 ** np.floor(np.log10(top))
+    return next(float(step * power) for step in (1, 2, 5, 10) if step * power >= top * (1 - 1e-12))
 
 
 @dataclass
@@ -65,7 +76,8 @@ def alpha_chart(detail: Detail, texts: list[str]) -> Chart:
     names = [name for name, _ in SERIES.values()]
     if n <= BAR_LIMIT:
         x = _field("slot", "ordinal", title="slot")
-        marks = [{"mark": "bar", "encoding": {"x": x, "xOffset": _field("series", "nominal", sort=names)}}]
+        marks = [{"mark": "bar", "encoding": {"x": x, "xOffset": _field("series", "nominal", sort=names),
+                                              "y": _field("weight", "quantitative", stack=None)}}]
     else:
         x = _field("slot", "quantitative", title="slot", scale={"domain": [0, n - 1], "nice": False})
         marks = [{"mark": {"type": "line", "interpolate": "step", "strokeWidth": 1}, "encoding": {"x": x}},
@@ -81,7 +93,8 @@ def alpha_chart(detail: Detail, texts: list[str]) -> Chart:
         "title": f"Layer {detail.layer}, head {detail.head}: attention weights of the step (evicted slots crossed"
                  + ("; grey squares: outside this layer's sliding window" if windowed else "") + ")",
         "height": 300, "layer": [*marks, crosses, *([dropped] if windowed else [])],
-        "encoding": {"y": _field("weight", "quantitative", title="weight"),
+        "encoding": {"y": _field("weight", "quantitative", title="weight",
+                                 scale={"domain": [0, nice_max(data["weight"])]}),
                      "color": _field("series", "nominal", scale={"domain": names, "range": [c for _, c in SERIES.values()]},
                                      legend={"orient": "bottom", "title": None}),
                      "tooltip": [_field("slot", "quantitative"), _field("token", "nominal"), _field("series", "nominal"),
@@ -113,8 +126,9 @@ def head_grid_chart(heads: Mapping[str, torch.Tensor]) -> Chart:
          "params": [{"name": "cell", "select": {"type": "point", "fields": ["layer", "head"], "on": "click"}}],
          **grid({"domain": [0, 1]})},
         {"transform": [{"filter": {"field": "map", "oneOf": deltas}}],
-         "facet": {"column": _field("map", "nominal", title=None, sort=deltas)}, "spec": grid({"zero": True})},
-    ], "resolve": {"scale": {"color": "independent"}}}
+         "facet": {"column": _field("map", "nominal", title=None, sort=deltas)},
+         "spec": grid({"domain": [0, nice_max(data.loc[data["map"].isin(deltas), "value"])]})},
+    ], "resolve": {"scale": {"color": "independent"}}, "autosize": {"type": "pad"}}  # "fit" is for single views
     return Chart(spec, data)
 
 
@@ -127,7 +141,8 @@ def hidden_chart(hidden_delta: list[float]) -> Chart:
     spec = {"title": "Hidden-state change by layer", "height": 220, "mark": {"type": "line", "point": True},
             "encoding": {"x": _field("layer", "ordinal", title="after layer", sort=names,
                                             axis={"labelAngle": 0, "labelOverlap": True}),
-                         "y": _field("delta", "quantitative", title="‖h̃ − h‖"),
+                         "y": _field("delta", "quantitative", title="‖h̃ − h‖",
+                                     scale={"domain": [0, nice_max(hidden_delta)]}),
                          "tooltip": [_field("layer", "ordinal"), _field("delta", "quantitative", format=".4g")]}}
     return Chart(spec, data)
 
