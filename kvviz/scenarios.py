@@ -27,6 +27,8 @@ class Scenario:
     evict_slots: list[int] = field(default_factory=list)
     toy: dict | None = None
     policy_run: dict | None = None  # {"policy", "params", "budget", "mode", "blame_unit", "expect_blame"}
+    continuation: int = 0  # greedy tokens the what-if continues with both caches when the demo opens
+    claim: dict | None = None  # what the demo shows, checked by the tests (see :func:`check_claim`)
 
 
 def load_scenarios(folder: Path = SCENARIOS) -> list[Scenario]:
@@ -60,6 +62,34 @@ def run_scenario(lm: LoadedModel, scenario: Scenario) -> tuple[Session, EditDraf
     answer_step = max(s.slot for s in session.transcript.slots if s.kind == "prefill")
     draft.evict_many(sorted(s for s in slots if s < answer_step))
     return session, draft, answer_step
+
+
+def demo_view(session: Session, draft: EditDraft, at: int, scenario: Scenario) -> dict:
+    """How the demo opens: the layer and query head whose attention the edit takes most of (largest ρ) and the
+    continuation length."""
+    from kvviz.whatif import what_if
+
+    rho = what_if(session, draft.edit(at), at=at).heads["rho"]  # (L, H)
+    layer, head = divmod(int(rho.argmax()), rho.shape[1])
+    return {"layer": layer, "head": head, "continuation": scenario.continuation}
+
+
+def check_claim(session: Session, draft: EditDraft, at: int, scenario: Scenario) -> list[str]:
+    """What of the scenario's ``claim`` does not hold (empty: all of it). Keys: ``full_contains`` / ``full_lacks`` /
+    ``edited_contains`` / ``edited_lacks`` (text in the greedy continuation with the full / edited cache),
+    ``min_kl`` (next-token KL at the answer step), ``min_mean_rho`` (ρ averaged over layers and heads)."""
+    from kvviz.whatif import what_if
+
+    claim = scenario.claim or {}
+    result = what_if(session, draft.edit(at), at=at, continuation=max(scenario.continuation, 1))
+    texts = {"full": result.continuation.full, "edited": result.continuation.edited}
+    failed = [f"{key}: {texts[key.split('_')[0]]!r}" for key in claim if key.endswith(("_contains", "_lacks"))
+              and (claim[key] in texts[key.split("_")[0]]) != key.endswith("_contains")]
+    if result.next_token.kl < claim.get("min_kl", 0):
+        failed.append(f"min_kl: {result.next_token.kl:.3f}")
+    if float(result.heads["rho"].mean()) < claim.get("min_mean_rho", 0):
+        failed.append(f"min_mean_rho: {float(result.heads['rho'].mean()):.3f}")
+    return failed
 
 
 def toy_example(alpha: list[float], evict: list[int]) -> dict:

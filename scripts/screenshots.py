@@ -35,7 +35,7 @@ def main() -> None:
     with running_app() as url, browser_page(url, width=1440, height=4200) as page:
         # one tall viewport: Streamlit's main area scrolls internally, so element shots of a short one come out blank
         page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=120_000)
-        page.get_by_role("button", name="Evict the definitions").click()
+        page.get_by_role("button", name="Evict a fact").click()
         page.wait_for_selector(".kv-chip", timeout=300_000)
         page.mouse.move(1400, 20)  # no tooltip over the sidebar
         wait_idle(page, 3)

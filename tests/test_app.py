@@ -98,11 +98,14 @@ def test_policy_seeds_the_strip_and_comparison_runs():
 
 def test_demo_scenarios_load_with_their_edits():
     app = start()
-    next(b for b in app.button if b.label == "Evict the definitions").click().run()
+    next(b for b in app.button if b.label == "Evict a fact").click().run()
     assert_clean(app)
     session, draft = app.session_state["session"], app.session_state["draft"]
     evicted = sorted(draft.evicted)
-    assert evicted and "".join(session.transcript.slots[s].text for s in evicted).replace(" ", "") == "a=3b=5"
+    assert evicted and "".join(session.transcript.slots[s].text for s in evicted).strip() == "Whiskers"
+    assert app.session_state["continuation"] == 12  # the demo opens with both continuations
+    assert any("Whiskers" in i.value for i in app.info)  # its story, as a note
+    assert isinstance(app.session_state["head"], int)  # one head (the edit's largest ρ), not the mean
     next(b for b in app.button if b.label == "Toy numbers: ρ and α′").click().run()
     assert_clean(app)
     table = app.dataframe[0].value.to_dict("records")
@@ -216,3 +219,16 @@ def test_step_one_token_advances_the_reply_as_the_strip_holds_it():
         assert expected and app.chat_message[-1].children[0].value == expected  # the reply's text element
         assert any("not cached yet" in c.value and c.value.endswith(f"id {session.pending}") for c in app.caption)
     assert len(generated) == 4
+
+
+@pytest.mark.parametrize("name", ["Evict a fact", "Instruction kept vs evicted", "Attention sinks"])
+def test_each_demo_shows_what_it_claims_on_the_bundled_model(lm, name):
+    from kvviz.scenarios import check_claim, demo_view, load_scenarios, run_scenario
+    from kvviz.whatif import what_if
+
+    scenario = next(s for s in load_scenarios() if s.name == name)
+    session, draft, at = run_scenario(lm, scenario)
+    assert check_claim(session, draft, at, scenario) == []
+    view = demo_view(session, draft, at, scenario)
+    rho = what_if(session, draft.edit(at), at=at).heads["rho"]
+    assert float(rho[view["layer"], view["head"]]) == pytest.approx(float(rho.max()))

@@ -56,10 +56,62 @@ function rebuild(root, chips, at) {
   return drawn;
 }
 
+const SEGMENT_COLOURS = ["#7f8c9a", "#2f80ed", "#f2994a"];
+
+function chipAt(root, slot) {
+  return root.querySelector('.kv-chip[data-slot="' + slot + '"]');
+}
+
+function scrollToChip(root, chip) {
+  // within the strip only (the page stays where it is): the chip a third of the way down
+  if (!chip) return;
+  root.scrollTop += chip.getBoundingClientRect().top - root.getBoundingClientRect().top - root.clientHeight / 3;
+}
+
+function drawMinimap(canvas, root, chips, at, found) {
+  // the whole cache in one bar: attention (red, top), segments (band, bottom), evicted (dark), search hits (yellow),
+  // the current step (black) and the part of the strip in view (outline)
+  const width = canvas.clientWidth || 600, height = 18, n = chips.length;
+  canvas.width = width;
+  canvas.height = height;
+  const ctx = canvas.getContext("2d");
+  ctx.clearRect(0, 0, width, height);
+  if (!n) return;
+  const step = width / n, hits = new Set(found);
+  chips.forEach((row, i) => {
+    const x = i * step, w = Math.max(step, 1);
+    ctx.fillStyle = "rgba(235, 87, 87, " + (row[4] * 0.9) + ")";
+    ctx.fillRect(x, 0, w, 12);
+    ctx.fillStyle = SEGMENT_COLOURS[row[2]];
+    ctx.fillRect(x, 13, w, 5);
+    if (row[5] === 1 || row[11] === 1) { ctx.fillStyle = "rgba(40, 40, 40, 0.75)"; ctx.fillRect(x, 4, w, 5); }
+    if (hits.has(row[0])) { ctx.fillStyle = "#f2c94c"; ctx.fillRect(x, 0, w, 4); }
+  });
+  ctx.fillStyle = "#000";
+  ctx.fillRect(Math.min(at, n - 1) * step, 0, Math.max(step, 2), height);
+  const first = root.querySelector(".kv-chip");
+  if (first && root.scrollHeight > root.clientHeight) {
+    const top = root.scrollTop / root.scrollHeight, seen = root.clientHeight / root.scrollHeight;
+    ctx.strokeStyle = "#333";
+    ctx.strokeRect(top * width + 0.5, 0.5, Math.max(seen * width, 3), height - 1);
+  }
+}
+
 export default function (component) {
   const { data, parentElement, setTriggerValue } = component;
   let root = parentElement.querySelector(".kv-strip");
+  let minimap = parentElement.querySelector(".kv-minimap");
   if (!root) {
+    minimap = document.createElement("canvas");
+    minimap.className = "kv-minimap";
+    minimap.title = "The whole cache: click to scroll the strip there";
+    parentElement.appendChild(minimap);
+    minimap.addEventListener("click", (event) => {
+      const chips = root.kvChips || [];
+      const rect = minimap.getBoundingClientRect();
+      const index = Math.floor((event.clientX - rect.left) / rect.width * chips.length);
+      if (chips[index]) scrollToChip(root, chipAt(root, chips[index][0]));
+    });
     root = document.createElement("div");
     root.className = "kv-strip";
     root.setAttribute("role", "list");
@@ -73,8 +125,10 @@ export default function (component) {
   }
   const chips = (data && data.chips) || [];
   const at = data ? data.at : -1;
+  const found = (data && data.found) || [];
   const layout = JSON.stringify(chips.map((row) => [row[0], row[1], row[3]]));  // slots, texts and turns
-  if (root.kvLayout === layout && root.kvAt === at) {
+  const fresh = !(root.kvLayout === layout && root.kvAt === at);
+  if (!fresh) {
     chips.forEach((row, index) => {
       const key = JSON.stringify(row);
       const drawn = root.kvDrawn[index];
@@ -89,4 +143,20 @@ export default function (component) {
     root.kvAt = at;
   }
   root.classList.toggle("kv-large", Boolean(data && data.large));
+  const hits = new Set(found);
+  root.kvDrawn.forEach(({ chip }, index) => chip.classList.toggle("kv-found", hits.has(chips[index][0])));
+  const search = JSON.stringify(found);
+  if (search !== root.kvSearch && found.length) {
+    scrollToChip(root, chipAt(root, found[0]));  // a new search: its first hit
+  } else if (fresh) {
+    scrollToChip(root, root.querySelector(".kv-current"));  // a new step or conversation: the step in view
+  }
+  root.kvSearch = search;
+  root.kvChips = chips;
+  drawMinimap(minimap, root, chips, at, found);
+  if (!root.kvScrollHooked) {
+    root.addEventListener("scroll", () => drawMinimap(minimap, root, root.kvChips || [], root.kvAt, root.kvFound || []));
+    root.kvScrollHooked = true;
+  }
+  root.kvFound = found;
 }

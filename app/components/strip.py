@@ -16,9 +16,13 @@ _component = st.components.v2.component(
 )
 
 
-def token_strip(chips: list[list], at: int, on_click: Callable[[], None], large: bool = False, key: str = "strip"):
-    """Mount the strip; ``on_click`` runs (as a callback) after a chip is clicked: read ``clicked(key)`` there."""
-    return _component(data={"chips": chips, "at": at, "large": large}, key=key, on_click_change=on_click)
+def token_strip(chips: list[list], at: int, on_click: Callable[[], None], large: bool = False, key: str = "strip",
+                found: list[int] | None = None):
+    """Mount the strip; ``on_click`` runs (as a callback) after a chip is clicked: read ``clicked(key)`` there.
+    ``found``: slots a search matched (highlighted; the strip scrolls to the first). A minimap of the whole cache
+    above the strip scrolls it."""
+    return _component(data={"chips": chips, "at": at, "large": large, "found": found or []}, key=key,
+                      on_click_change=on_click)
 
 
 def clicked(key: str = "strip") -> object:

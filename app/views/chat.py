@@ -9,16 +9,27 @@ from app.plain import plain, warn
 from kvviz.errors import KvvizError
 
 SAVE_SECONDS = 1.0  # a reply being written is autosaved this often (a kill or reload loses at most this much)
+LONG = 1200  # characters: a longer message is shown folded
+
+
+def _message(role: str, text: str) -> None:
+    """One chat message as plain text; a long one folded to its start, the whole of it one click away."""
+    message = st.chat_message(role)
+    if len(text) <= LONG:
+        message.text(text)
+        return
+    message.text(text[: LONG // 2] + f" … ({len(text) - LONG // 2:,} more characters)")
+    message.expander("The whole message").text(text)
 
 
 def render() -> None:
     session = state.session()
     turns = session.conversation()
     for index, turn in enumerate(turns):
-        st.chat_message("user").text(turn["user"])
+        _message("user", turn["user"])
         if index < len(turns) - 1:
             if turn["assistant"]:
-                st.chat_message("assistant").text(turn["assistant"])
+                _message("assistant", turn["assistant"])
             continue
         cached, next_piece = session.reply_parts()  # the newest reply exactly as the strip holds it
         if cached or next_piece is not None:

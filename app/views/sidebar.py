@@ -11,7 +11,7 @@ from app.plain import plain, warn
 from kvviz.errors import KvvizError
 from kvviz.model import BUNDLED, LoadedModel, allowed_models
 from kvviz.sampling import Sampling
-from kvviz.scenarios import load_scenarios, run_policy_scenario, run_scenario, toy_example
+from kvviz.scenarios import demo_view, load_scenarios, run_policy_scenario, run_scenario, toy_example
 
 
 def render() -> None:
@@ -62,7 +62,11 @@ def _scenarios(lm: LoadedModel) -> None:
                     session, draft, answer_step = run_scenario(lm, scenario)
                     if scenario.policy_run:
                         state.keep_policy_run(*run_policy_scenario(lm, scenario))
+                    view = demo_view(session, draft, answer_step, scenario) if draft.evicted else None
                 state.replace(session, draft, at=answer_step)
+                if view is not None:  # the views that tell the demo's story
+                    st.session_state.layer, st.session_state.head = view["layer"], view["head"]
+                    st.session_state.continuation = view["continuation"]
                 state.notify(scenario.description, note=True)
             st.rerun()
 

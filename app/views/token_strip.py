@@ -11,7 +11,7 @@ from app.components.strip import clicked, parse_click, token_strip
 from kvviz.attention_math import kv_head_of
 from kvviz.errors import KvvizError
 from kvviz.quant import Quantizer
-from kvviz.view_data import SHADINGS, commit_rows, kept_per_head, strip_chips, window_start
+from kvviz.view_data import SHADINGS, commit_rows, find_slots, kept_per_head, strip_chips, window_start
 
 BITS = [16, 8, 4, 3, 2]
 
@@ -62,7 +62,14 @@ def render() -> None:
     note = window_note(session, at, st.session_state.layer)
     if note:
         st.caption(note)
-    token_strip(chips, at, _on_click, large=st.session_state.large)
+    find, count = st.columns([2, 5], vertical_alignment="bottom")
+    query = find.text_input("Find in the cache", key="find", placeholder="a word or phrase",
+                            help="Highlights the chips of every match (yellow, also on the bar above the strip) and "
+                                 "scrolls to the first")
+    found = find_slots(session, at, query or "")
+    if query:
+        count.caption(f"{len(found)} slots match" if found else "no slot matches")
+    token_strip(chips, at, _on_click, large=st.session_state.large, found=found)
     _commits(session)
     _picker(draft, session, at)
 
