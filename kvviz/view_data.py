@@ -63,7 +63,8 @@ def strip_chips(session: Session, draft: EditDraft, at: int, layer: int, head: i
     """One row per slot up to ``at``: ``[slot, text, segment code, turn, attention shade ∈ [0, 1] (see :func:`shade`),
     evicted 0/1/2 (no / everywhere / some layers or heads), key bits, value bits, selected 0/1, a control token the user
     typed 0/1, outside ``layer``'s sliding window at this step 0/1, committed eviction 0/1/2, committed key bits,
-    committed value bits, (layer, KV head) pairs that evict the slot in the draft, the same committed]`` — the draft's
+    committed value bits, (layer, KV head) pairs that evict the slot in the draft, the same committed, cached late
+    0/1 (the end-of-turn token that closed the previous reply, first cached by this turn's prefill)]`` — the draft's
     columns are the edit being tried, the committed ones the cache as it stood after this step (the commits made up
     to then: part of the conversation, in force for the next step)."""
     if at < 0:
@@ -79,15 +80,18 @@ def strip_chips(session: Session, draft: EditDraft, at: int, layer: int, head: i
              for edit, codes in ((draft.policy, {2} if partial else set()), (committed, set(gone.values())))]
     everywhere = draft.evicted | {s for e in draft.policy.evictions if e.everywhere for s in e.slots}
     segments, typed = session.transcript.segments(), session.transcript.typed_control
+    slots, stops = session.transcript.slots, session.lm.stop_ids
+    late = {s.slot for s in slots[1 : at + 1] if s.kind == "prefill" and s.id in stops
+            and slots[s.slot - 1].turn < s.turn}
     chips = []
-    for slot in session.transcript.slots[: at + 1]:
+    for slot in slots[: at + 1]:
         evicted = 1 if slot.slot in everywhere else 2 if slot.slot in partial else 0
         chips.append([slot.slot, slot.text, SEGMENT_CODE[segments[slot.slot]], slot.turn, round(relative[slot.slot], 4),
                       evicted, draft.key_bits.get(slot.slot, 16), draft.value_bits.get(slot.slot, 16),
                       int(slot.slot in draft.selected), int(slot.slot in typed), int(slot.slot < start),
                       gone.get(slot.slot, 0), committed.key_bits.get(slot.slot, 16),
                       committed.value_bits.get(slot.slot, 16),
-                      *(int(counts[slot.slot]) if counts else 0 for counts in pairs)])
+                      *(int(counts[slot.slot]) if counts else 0 for counts in pairs), int(slot.slot in late)])
     return chips
 
 
@@ -119,7 +123,8 @@ def kept_per_head(session: Session, edit, at: int) -> tuple[int, int]:
 
 
 def commit_rows(session: Session) -> list[dict]:
-    """The session's committed edits, oldest first: ``{"index", "at" (the step it applies from), "turn", "evicted"
+    """The session's committed edits, oldest first: ``{"index", "at" (the step it applies from), "turn" (from 1),
+    "evicted"
     (slots it newly evicted, everywhere or in some layers / heads), "keys", "values" (slots whose key / value bits it
     changed)}``."""
     rows, before = [], None
@@ -128,7 +133,7 @@ def commit_rows(session: Session) -> list[dict]:
         old_gone = _eviction_codes(before) if before is not None else {}
         gone = _eviction_codes(edit)
         changed = lambda now, then: sorted(s for s, b in now.items() if then.get(s, 16) != b)  # noqa: E731
-        rows.append({"index": index, "at": commit.at, "turn": session.transcript.slots[commit.at - 1].turn,
+        rows.append({"index": index, "at": commit.at, "turn": session.transcript.slots[commit.at - 1].turn + 1,
                      "evicted": sorted(s for s, c in gone.items() if old_gone.get(s) != c),
                      "keys": changed(edit.key_bits, before.key_bits if before else {}),
                      "values": changed(edit.value_bits, before.value_bits if before else {})})

@@ -232,3 +232,19 @@ def test_each_demo_shows_what_it_claims_on_the_bundled_model(lm, name):
     view = demo_view(session, draft, at, scenario)
     rho = what_if(session, draft.edit(at), at=at).heads["rho"]
     assert float(rho[view["layer"], view["head"]]) == pytest.approx(float(rho.max()))
+
+
+def test_the_end_of_turn_that_closed_a_reply_is_marked_cached_late(lm):
+    from kvviz.draft import EditDraft
+    from kvviz.session import Session
+    from kvviz.view_data import strip_chips
+
+    session = Session(lm)
+    session.add_user_turn("Say hi.")
+    session.generate(24)
+    first = len(session)
+    session.add_user_turn("And bye?")
+    chips = strip_chips(session, EditDraft(), len(session) - 1, 0, None)
+    late = [c[0] for c in chips if c[16]]
+    assert session.pending is not None and chips[first][1] == "<|im_end|>" and late == [first]
+    assert chips[first][3] == 1 and chips[first][2] == 1  # it stays in turn 2's query segment (where it was cached)

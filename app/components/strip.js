@@ -6,21 +6,23 @@ const SEGMENTS = ["history", "query", "generated"];
 
 function describe(chip, row, at) {
   const [slot, text, segment, turn, attention, evicted, keyBits, valueBits, selected, typed, outside,
-         gone, committedKeyBits, committedValueBits, draftPairs, committedPairs] = row;
+         gone, committedKeyBits, committedValueBits, draftPairs, committedPairs, late] = row;
   chip.className = "kv-chip kv-" + SEGMENTS[segment] + (evicted === 1 ? " kv-evicted" : "") +
     (evicted === 2 ? " kv-partial" : "") + (selected ? " kv-selected" : "") + (slot === at ? " kv-current" : "") +
-    (typed ? " kv-typed" : "") + (outside ? " kv-outside" : "") + (gone === 1 ? " kv-committed" : "") +
+    (typed ? " kv-typed" : "") + (outside ? " kv-outside" : "") + (late ? " kv-late" : "") +
+    (gone === 1 ? " kv-committed" : "") +
     (gone === 2 ? " kv-committed-partial" : "");
   chip.style.setProperty("--kv-attention", String(attention));
   const quantized = keyBits < 16 || valueBits < 16;
   const committedBits = committedKeyBits < 16 || committedValueBits < 16;
-  chip.title = "slot " + slot + " · " + SEGMENTS[segment] + " · turn " + turn + " · attention " +
+  chip.title = "slot " + slot + " · " + SEGMENTS[segment] + " · turn " + (turn + 1) + " · attention " +
     attention.toFixed(3) + " of max" + (quantized ? " · trying K" + keyBits + "/V" + valueBits : "") +
     (evicted === 2 ? " · trying: evicted in " + draftPairs + " of the (layer, KV head) pairs" : "") +
     (gone === 1 ? " · committed: evicted" : "") +
     (gone === 2 ? " · committed: evicted in " + committedPairs + " of the (layer, KV head) pairs" : "") +
     (committedBits ? " · committed: K" + committedKeyBits + "/V" + committedValueBits : "") +
     (typed ? " · a control token typed by the user" : "") +
+    (late ? " · ends turn " + turn + "'s reply: chosen then, cached by turn " + (turn + 1) + "'s prefill" : "") +
     (outside ? " · outside this layer's sliding window: the layer no longer holds it" : "");
   chip.textContent = text.replace(/\n/g, "↵").replace(/\t/g, "⇥") || "∅";
   const badge = (className, k, v) => {
@@ -38,13 +40,13 @@ function rebuild(root, chips, at) {
   const drawn = [];
   let turn = null;
   for (const row of chips) {
-    if (turn !== null && row[3] !== turn) {
+    if (turn !== null && row[3] !== turn && !row[16]) {  // a late end-of-turn stays with the reply it closes
       const separator = document.createElement("span");
       separator.className = "kv-turn";
-      separator.textContent = "turn " + row[3];
+      separator.textContent = "turn " + (row[3] + 1);  // turns count from 1 on the page
       fragment.appendChild(separator);
     }
-    turn = row[3];
+    if (!row[16]) turn = row[3];
     const chip = document.createElement("span");
     chip.dataset.slot = row[0];
     chip.setAttribute("role", "listitem");
@@ -126,7 +128,7 @@ export default function (component) {
   const chips = (data && data.chips) || [];
   const at = data ? data.at : -1;
   const found = (data && data.found) || [];
-  const layout = JSON.stringify(chips.map((row) => [row[0], row[1], row[3]]));  // slots, texts and turns
+  const layout = JSON.stringify(chips.map((row) => [row[0], row[1], row[3], row[16]]));  // slots, texts, turns
   const fresh = !(root.kvLayout === layout && root.kvAt === at);
   if (!fresh) {
     chips.forEach((row, index) => {
