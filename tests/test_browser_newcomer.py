@@ -1,0 +1,136 @@
+"""The dashboard as a newcomer meets it, in a real headless Chromium: committed edits stay on the strip and undo from
+their list, Step one token advances the reply as the strip holds it, a long conversation opens at its current step and
+search finds a word, the ρ map and the overview pick the head, each what-if demo shows its claim — all without a
+console warning or error."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.browser import CHROMIUM
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
+                                reason="Debian's chromium is not installed (scripts/test.sh installs it)")
+
+
+@pytest.fixture(scope="module")
+def server():
+    from tests.browser import running_app
+
+    with running_app() as url:
+        yield url
+
+
+@pytest.fixture
+def page(server):
+    """A fresh page (a new conversation) whose console warnings and errors must stay empty."""
+    from tests.browser import browser_page
+
+    with browser_page(server, width=1500, height=1000) as page:
+        page.console = []
+        page.on("console", lambda m: page.console.append(f"{m.type}: {m.text}") if m.type in ("warning", "error")
+                else None)
+        page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=120_000)
+        yield page
+        assert page.console == []
+
+
+def idle(page, seconds: float = 1.0) -> None:
+    page.wait_for_function("!document.querySelector('[data-testid=stStatusWidget]')", timeout=300_000)
+    page.wait_for_timeout(seconds * 1000)
+
+
+def send(page, text: str) -> None:
+    page.fill("[data-testid=stChatInputTextArea]", text)
+    page.keyboard.press("Enter")
+    page.wait_for_selector(".kv-chip", timeout=300_000)
+    page.wait_for_function("document.querySelectorAll('[data-testid=stMetric]').length >= 5", timeout=300_000)
+    idle(page)
+
+
+def test_committed_edits_stay_on_the_strip_and_undo_from_the_list(page):
+    send(page, "My cat is called Whiskers. What is my cat called?")
+    for slot in (3, 4):
+        page.locator(f'.kv-chip[data-slot="{slot}"]').click()
+        idle(page)
+    expect(page.locator(".kv-chip.kv-evicted")).to_have_count(2)
+    page.get_by_role("button", name="Commit edit to the conversation").click()
+    idle(page)
+    expect(page.locator(".kv-chip.kv-committed")).to_have_count(2)
+    expect(page.locator(".kv-chip.kv-evicted")).to_have_count(0)  # nothing is being tried any more
+    listed = page.locator("[data-testid=stText]", has_text="#1 · from slot")
+    expect(listed).to_have_count(1)
+    assert "evicted 2 slots" in listed.inner_text()
+    page.get_by_role("button", name="Undo", exact=True).click()
+    idle(page)
+    expect(page.locator(".kv-chip.kv-committed")).to_have_count(0)
+    expect(page.locator("[data-testid=stText]", has_text="#1 · from slot")).to_have_count(0)
+
+
+def test_step_one_token_keeps_the_chat_equal_to_the_strip(page):
+    send(page, "Tell me a long story about a cat who travels the world.")
+    for _ in range(2):
+        page.get_by_role("button", name="Step one token").click()
+        idle(page)
+    reply = page.locator("[data-testid=stChatMessage]").last.locator("[data-testid=stText]").first.inner_text()
+    generated = page.locator(".kv-chip.kv-generated").evaluate_all(  # the strip lives in a shadow root
+        "(chips) => chips.map(c => c.firstChild.textContent).join('')")
+    assert reply.strip() and reply.strip() == generated.replace("↵", "\n").strip()
+    assert page.get_by_text("next token (chosen, not cached yet)").count() == 1
+
+
+def test_a_long_conversation_opens_at_its_step_and_search_finds_a_word(page):
+    text = " ".join(f"Note {i}: the committee met in the hall and discussed the budget for the coming year."
+                    for i in range(50)) + " The treasurer lives in Lisbon. Where does the treasurer live?"
+    send(page, text)
+    assert page.locator(".kv-chip").count() > 900
+    in_view = """(chip) => { const s = chip.parentElement.getBoundingClientRect(), r = chip.getBoundingClientRect();
+        return r.top >= s.top - 1 && r.bottom <= s.bottom + 1; }"""
+    assert page.locator(".kv-current").evaluate(in_view)
+    page.locator("input[aria-label='Find in the cache']").fill("Lisbon")
+    page.keyboard.press("Enter")
+    idle(page)
+    found = page.locator(".kv-chip.kv-found")
+    assert found.count() >= 1 and found.first.inner_text().strip() == "Lisbon"
+    page.locator(".kv-strip").evaluate("(strip) => { strip.scrollTop = 0; }")
+    page.locator(".kv-minimap").click(position={"x": 2, "y": 9})  # the bar scrolls the strip to the start
+    assert page.locator(".kv-strip").evaluate("(strip) => strip.scrollTop") < 50
+    assert page.locator("[data-testid=stExpander]", has_text="The whole message").count() == 1  # the message folded
+
+
+def test_the_rho_map_and_the_overview_choose_the_head(page):
+    send(page, "My cat is called Whiskers. What is my cat called?")
+    heads = page.locator("[data-testid=stVegaLiteChart]").nth(1).locator("g.mark-rect path")
+    heads.nth(2 * 9 + 5).click(force=True)  # ρ of layer 2, head 5 (9 query heads)
+    idle(page)
+    expect(page.get_by_text("now layer 2, head 5")).to_have_count(1)
+    page.get_by_role("tab", name="Attention").click()
+    idle(page)
+    expect(page.get_by_text("shown: layer 2, head 5", exact=False)).to_have_count(1)
+    plot = page.locator(".js-plotly-plot").first
+    x, y = plot.evaluate("""(el) => { const l = el._fullLayout, t = el._fullData[1], i = 7 * 9 + 4;
+        return [l.xaxis._offset + l.xaxis.l2p(t.x[i]), l.yaxis._offset + l.yaxis.l2p(t.y[i])]; }""")
+    plot.click(position={"x": x, "y": y})
+    idle(page)
+    expect(page.get_by_text("shown: layer 7, head 4", exact=False)).to_have_count(1)
+
+
+@pytest.mark.parametrize("demo, full, edited", [
+    ("Evict a fact", "Whiskers", None),
+    ("Instruction kept vs evicted", None, "sky"),
+])
+def test_a_demo_opens_with_the_continuations_that_tell_its_story(page, demo, full, edited):
+    page.get_by_role("button", name=demo).click()
+    page.get_by_text("Greedy continuations").wait_for(timeout=300_000)
+    expect(page.locator("[data-testid=stCode]")).to_have_count(2, timeout=120_000)
+    idle(page)
+    texts = page.locator("[data-testid=stCode]").all_inner_texts()  # full, then edited
+    if full:
+        assert full in texts[0] and full not in texts[1]
+    if edited:
+        assert edited in texts[1] and edited not in texts[0]
+    assert page.locator("[data-testid=stAlert]", has_text="Answer in Spanish" if edited else "Whiskers").count() == 1
