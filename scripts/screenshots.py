@@ -48,11 +48,23 @@ def main() -> None:
         page.get_by_role("button", name="Policy run: a name asked late").click()
         page.get_by_text("StreamingLLM keeps 4 sink slots").wait_for(timeout=300_000)  # the demo's notice: it ran
         wait_idle(page, 2)
-        page.get_by_role("tab", name="Policy run").click()
-        page.get_by_text("Restoring one evicted word").wait_for(timeout=300_000)
+        for _ in range(5):  # a rerun still under way can take the click: until the tab is really open
+            page.get_by_role("tab", name="Policy run", exact=True).click()
+            wait_idle(page, 1)
+            if page.get_by_text("Restoring one evicted word").is_visible():
+                break
         page.mouse.move(1400, 20)
         wait_idle(page, 3)
         shoot(page, "policy-run", top="text=streaming_llm, budget 24", bottom="[data-testid=stChatInput]")
+    with running_app() as url, browser_page(url, width=1280, height=720) as page:  # what a laptop shows first
+        page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=120_000)
+        page.get_by_role("button", name="Evict a fact").click()
+        page.wait_for_selector(".kv-chip", timeout=300_000)
+        page.mouse.move(1270, 10)
+        wait_idle(page, 3)
+        page.get_by_text("Click a chip to evict it").scroll_into_view_if_needed()
+        wait_idle(page, 1)
+        page.screenshot(path=str(ROOT / "assets" / "screenshot-1280x720.png"))
 
 
 def window_shots(model: str) -> None:

@@ -134,3 +134,15 @@ def test_a_demo_opens_with_the_continuations_that_tell_its_story(page, demo, ful
     if edited:
         assert edited in texts[1] and edited not in texts[0]
     assert page.locator("[data-testid=stAlert]", has_text="Answer in Spanish" if edited else "Whiskers").count() == 1
+
+
+def test_jump_to_a_slot_moves_the_step_and_the_slider(page):
+    send(page, "My cat is called Whiskers. What is my cat called?")
+    jump = page.locator("input[aria-label='Jump to']")
+    jump.fill("7")
+    jump.press("Enter")
+    idle(page)
+    expect(page.locator(".kv-chip.kv-current")).to_have_attribute("data-slot", "7")
+    step = page.locator("[data-testid=stSlider]", has_text="Step (time travel)")
+    assert step.locator("[data-testid=stSliderThumbValue]").inner_text() == "7"
+    assert page.locator("[data-testid=stAlert]", has_text="Session State").count() == 0

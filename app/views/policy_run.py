@@ -32,7 +32,9 @@ def render() -> None:
                                  help="prefill: once after the prompt; decode: before every step over the budget")
         every = cols[3].number_input("Every N steps", min_value=1, value=1)
         quant = st.columns(4)
-        kivi_on = quant[0].checkbox("KIVI quantization")
+        kivi_on = quant[0].checkbox("KIVI quantization", help="KIVI keeps the newest R slots at 16 bits and quantizes "
+                                    "older ones in groups of G as they leave that window: keys per channel, values per "
+                                    "token, at the chosen bits")
         bits = quant[1].selectbox("KIVI bits", [2, 4], index=0)
         group = quant[2].number_input("Group G", min_value=1, value=32)
         residual = quant[3].number_input("Full-precision R", min_value=0, value=128)

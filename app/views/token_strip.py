@@ -36,23 +36,31 @@ def _on_click() -> None:
 def view_settings() -> None:
     """Layer, head and step: they change every view, so they live outside the editor fragment."""
     session = state.session()
-    view = st.columns([2, 2, 2, 3])
+    view = st.columns([2, 2, 2, 3, 1], vertical_alignment="bottom")
     view[0].selectbox("Layer", range(session.lm.layers), key="layer")
     view[1].selectbox("Head", [state.MEAN, *range(session.lm.heads)], key="head",
                       format_func=lambda h: "mean of heads" if h == state.MEAN else
                       f"head {h} (KV {kv_head_of(h, session.lm.heads, session.lm.kv_heads)})")
-    view[2].segmented_control("Chip shading", SHADINGS, key="shading", default="linear",
-                              help="How attention shades the chips: linear (relative to the strongest: a sink leaves "
-                                   "the rest white), log (six decades) or by rank")
-    if len(session) > 1:
-        view[3].slider("Step (time travel)", 0, len(session) - 1, value=state.step_slot(), key="at_slider",
-                       on_change=_travel)
+    view[2].selectbox("Chip shading", SHADINGS, key="shading",
+                      help="How attention shades the chips: linear (relative to the strongest: a sink leaves the rest "
+                           "white), log (six decades) or by rank")
+    if len(session) > 1:  # both controls show the step in view (set through the state: no default to fight)
+        st.session_state.at_slider = st.session_state.at_jump = state.step_slot()
+        view[3].slider("Step (time travel)", 0, len(session) - 1, key="at_slider", on_change=_travel)
+        view[4].number_input("Jump to", 0, len(session) - 1, key="at_jump", on_change=_jump,
+                             help="The step of this slot (the strip scrolls to it)")
+
+
+def _jump() -> None:
+    newest = len(state.session()) - 1
+    chosen = st.session_state.at_jump
+    state.travel(None if chosen == newest else chosen)
 
 
 def render() -> None:
     session, draft = state.session(), state.draft()
     at = state.step_slot()
-    shading = st.session_state.get("shading") or "linear"  # None when the control was clicked off
+    shading = st.session_state.get("shading", "linear")
     chips = strip_chips(session, draft, at, st.session_state.layer, state.head(), shading)
     scale = {"linear": "relative to the strongest slot", "log": "log scale over six decades",
              "rank": "by rank"}[shading]
