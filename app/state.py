@@ -17,7 +17,6 @@ from app.plain import plain
 from app.progress import replay_progress
 from app.server_memory import ServerMemory
 from kvviz.draft import EditDraft
-from kvviz.errors import KvvizError
 from kvviz.model import LoadedModel, cache_root
 from kvviz.sampling import Sampling
 from kvviz.session import Session

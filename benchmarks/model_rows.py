@@ -4,8 +4,8 @@ transformers doing the same work in the same run."""
 from __future__ import annotations
 
 import itertools
-import statistics
-import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache

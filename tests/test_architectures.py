@@ -10,15 +10,14 @@ from transformers import AutoTokenizer
 
 from kvviz.edits import Edit
 from kvviz.errors import ModelLoadError
-from kvviz.model import LoadedModel, load_model, resolve_checkpoint
+from kvviz.model import load_model, resolve_checkpoint
 from kvviz.policies import POLICIES
 from kvviz.runs.compressed import RunSettings
 from kvviz.runs.policy_run import run_policy
-from kvviz.session import Session
 from kvviz.session_file import export_session, import_session
 from kvviz.whatif import what_if
 from tests.conftest import removed_step
-from tests.tiny_models import ARCHITECTURES, tiny
+from tests.tiny_models import ARCHITECTURES, tiny, tiny_pair
 
 TURNS = ["a = 3, b = 5. What is a + b?", "And a - b?"]
 
@@ -31,16 +30,7 @@ def tokenizer():
 @pytest.fixture(scope="module", params=sorted(ARCHITECTURES))
 def model(request, tokenizer):
     """A tiny model of the architecture through kvviz, and the same weights with transformers' eager attention."""
-    ours = tiny(request.param)
-    eager = tiny(request.param, attention="eager")
-    eager.load_state_dict(ours.state_dict())
-    lm = LoadedModel(model=ours.requires_grad_(False), tokenizer=tokenizer, name=f"tiny {request.param}",
-                     device=torch.device("cpu"))
-    session = Session(lm)
-    for text in TURNS:
-        session.add_user_turn(text)
-        session.generate(6)
-    return lm, eager.requires_grad_(False), session
+    return tiny_pair(request.param, tokenizer, TURNS)
 
 
 def test_the_second_turn_on_the_cache_equals_a_forward_without_cache(model):

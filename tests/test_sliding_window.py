@@ -11,10 +11,9 @@ from transformers import AutoTokenizer
 from kvviz.draft import EditDraft
 from kvviz.edits import Edit
 from kvviz.model import LoadedModel, resolve_checkpoint
-from kvviz.session import Session
 from kvviz.view_data import strip_chips, window_start
 from kvviz.whatif import step_memory, what_if
-from tests.tiny_models import WINDOW, tiny
+from tests.tiny_models import WINDOW, tiny_pair
 
 TURNS = ["a = 3, b = 5. What is a + b?", "And a - b?"]
 WINDOWS = {"mistral": (WINDOW, WINDOW, WINDOW), "gemma2": (WINDOW, None, WINDOW)}  # as the configs in tiny_models say
@@ -27,17 +26,9 @@ def windows(lm: LoadedModel) -> tuple[int | None, ...]:
 @pytest.fixture(scope="module", params=["mistral", "gemma2"])
 def windowed(request):
     """A tiny windowed model through kvviz, a session of two turns on it, and the same weights with eager attention."""
-    tokenizer = AutoTokenizer.from_pretrained(resolve_checkpoint(None)[0])
-    ours, eager = tiny(request.param), tiny(request.param, attention="eager")
-    eager.load_state_dict(ours.state_dict())
-    lm = LoadedModel(model=ours.requires_grad_(False), tokenizer=tokenizer, name=f"tiny {request.param}",
-                     device=torch.device("cpu"))
-    session = Session(lm)
-    for text in TURNS:
-        session.add_user_turn(text)
-        session.generate(6)
+    lm, eager, session = tiny_pair(request.param, AutoTokenizer.from_pretrained(resolve_checkpoint(None)[0]), TURNS)
     assert len(session) > 3 * WINDOW
-    return lm, eager.requires_grad_(False), session
+    return lm, eager, session
 
 
 def test_the_layers_windows_are_read_from_the_config(windowed):

@@ -33,3 +33,20 @@ def tiny(kind: str, attention: str = "kvviz", **overrides) -> torch.nn.Module:
     config = getattr(transformers, name)(**{**COMMON, **settings, **overrides})
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(config, attn_implementation=attention, dtype=torch.float32).eval()
+
+
+def tiny_pair(kind: str, tokenizer, turns: list[str], new_tokens: int = 6):
+    """A tiny model of ``kind`` through kvviz (a :class:`LoadedModel`), the same weights with transformers' eager
+    attention, and a session that answered ``turns`` with ``new_tokens`` each."""
+    from kvviz.model import LoadedModel
+    from kvviz.session import Session
+
+    ours, eager = tiny(kind), tiny(kind, attention="eager")
+    eager.load_state_dict(ours.state_dict())
+    lm = LoadedModel(model=ours.requires_grad_(False), tokenizer=tokenizer, name=f"tiny {kind}",
+                     device=torch.device("cpu"))
+    session = Session(lm)
+    for text in turns:
+        session.add_user_turn(text)
+        session.generate(new_tokens)
+    return lm, eager.requires_grad_(False), session

@@ -10,7 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from app import state
-from app.plain import plain, warn
+from app.plain import warn
 from app.views.policies import policy_classes
 from kvviz import figures
 from kvviz.errors import KvvizError
