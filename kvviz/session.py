@@ -214,13 +214,6 @@ class Session:
         ids = [i for i in self.produced[: self._announced] if i not in self.lm.stop_ids]
         return self.lm.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def reply_parts(self) -> tuple[str, str | None]:
-        """This turn's reply as the cache holds it — its generated slots, decoded — and the text of the pending token
-        (chosen, not yet cached; None once the turn has ended)."""
-        cached = [i for i in self.produced[:-1] if i not in self.lm.stop_ids]
-        text = self.lm.tokenizer.decode(cached, skip_special_tokens=True)
-        return text, None if self.turn_ended else self.piece(self.pending)
-
     def conversation(self) -> list[dict[str, str]]:
         """Turns so far as ``{"user", "assistant"}``; the newest assistant text is the reply so far."""
         turns = [dict(turn) for turn in self.turns]

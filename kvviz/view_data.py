@@ -26,6 +26,14 @@ def attention_row(session: Session, at: int, layer: int, head: int | None) -> to
     return session.memoized("views", ("row", at, layer, head), compute)
 
 
+def reply_as_cached(session: Session) -> tuple[str, str | None]:
+    """The newest turn's reply as the cache holds it — its generated slots, decoded — and the text of the pending
+    token (chosen, not yet cached; None once the turn has ended)."""
+    cached = [i for i in session.produced[:-1] if i not in session.lm.stop_ids]
+    text = session.lm.tokenizer.decode(cached, skip_special_tokens=True)
+    return text, None if session.turn_ended else session.piece(session.pending)
+
+
 def window_start(session: Session, at: int, layer: int) -> int:
     """The first slot ``layer`` still sees at the step of slot ``at``: 0, or in a sliding window ``w`` the slot
     ``at − w + 1`` (the slots before it the window itself dropped, whatever the person edits)."""

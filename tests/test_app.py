@@ -10,6 +10,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from kvviz.policies import H2O
+from kvviz.view_data import reply_as_cached
 
 APP = str(Path(__file__).resolve().parents[1] / "app" / "main.py")
 
@@ -35,7 +36,7 @@ def test_full_flow_send_select_compare_commit_undo():
     assert_clean(app)
     session = app.session_state["session"]
     assert len(session) > 0 and session.turns[0]["user"] == "a = 3, b = 5. What is a + b?"
-    assert session.reply_parts()[0] in [t.value for t in app.text]  # the reply as cached; the pending token apart
+    assert reply_as_cached(session)[0] in [t.value for t in app.text]  # the reply as cached; the pending token apart
     assert metric(app, "KL") == "0"  # nothing edited yet
     draft = app.session_state["draft"]  # a selection as the strip would make it
     for slot in (30, 31, 32):

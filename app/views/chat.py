@@ -7,6 +7,7 @@ import streamlit as st
 from app import state
 from app.plain import plain, warn
 from kvviz.errors import KvvizError
+from kvviz.view_data import reply_as_cached
 
 SAVE_SECONDS = 1.0  # a reply being written is autosaved this often (a kill or reload loses at most this much)
 LONG = 1200  # characters: a longer message is shown folded
@@ -31,7 +32,7 @@ def render() -> None:
             if turn["assistant"]:
                 _message("assistant", turn["assistant"])
             continue
-        cached, next_piece = session.reply_parts()  # the newest reply exactly as the strip holds it
+        cached, next_piece = reply_as_cached(session)  # the newest reply exactly as the strip holds it
         if cached or next_piece is not None:
             message = st.chat_message("assistant")
             message.text(cached)
