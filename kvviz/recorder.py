@@ -9,7 +9,7 @@ Without a probe the function is plain SDPA
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
@@ -124,7 +124,7 @@ class QueryLog:
     """
 
     def __init__(self, layers: int, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device):
-        self.length = 0
+        self.length, self.layers = 0, layers
         self._buffer = torch.empty(layers, heads, 0, head_dim, dtype=dtype, device=device)
 
     def _reserve(self, size: int) -> None:
@@ -155,14 +155,18 @@ class QueryLog:
 
 
 class QueryRecorder(Probe):
-    """The session's probe: stores each layer's post-RoPE queries (batch row 0) in a :class:`QueryLog` and hides
-    the slots a committed edit evicted (``evicted``: bool ``(L, KV, n)`` or None)."""
+    """The session's probe: stores each layer's post-RoPE queries (batch row 0) in a :class:`QueryLog`, hides the
+    slots a committed edit evicted (``evicted``: bool ``(L, KV, n)`` or None) and tells ``on_layer(done, layers)``
+    as each layer starts (a long prefill's progress)."""
 
-    def __init__(self, log: QueryLog, evicted: torch.Tensor | None = None):
-        self.log, self.evicted = log, evicted
+    def __init__(self, log: QueryLog, evicted: torch.Tensor | None = None,
+                 on_layer: Callable[[int, int], None] | None = None):
+        self.log, self.evicted, self.on_layer = log, evicted, on_layer
 
     def on_query(
         self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     ) -> torch.Tensor | None:
         self.log.write(layer, query[0])
+        if self.on_layer is not None:
+            self.on_layer(layer, self.log.layers)
         return None if self.evicted is None else ~self.evicted[layer][None]

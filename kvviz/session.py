@@ -62,6 +62,7 @@ class Session:
         self.version = 0  # bumped by every change of the cache (views key their caches on it)
         self.memo = Memo()  # derived data (views, the what-if's full runs), dropped when ``version`` moves
         self.released: str | None = None  # why :meth:`release` freed this session's tensors, once it has
+        self.on_layer: Callable[[int, int], None] | None = None  # told (layers done, layers) as a forward pass runs
 
     # --- turns -----------------------------------------------------------------------------------------------
 
@@ -130,7 +131,6 @@ class Session:
 
     def _prefill(self, ids: list[int]) -> None:
         self._forward(ids, "prefill")
-
     def step(self) -> Token:
         """Decode one step: the pending token's K/V is appended to the cache and the next token is chosen."""
         if self.pending is None:
@@ -147,7 +147,7 @@ class Session:
         start = self.transcript.next_position
         device = self.lm.device
         try:
-            probe = QueryRecorder(self.queries, self.commits.evicted(length + len(ids)))
+            probe = QueryRecorder(self.queries, self.commits.evicted(length + len(ids)), self.on_layer)
             with torch.no_grad(), probing(probe):
                 out = self.lm.model(
                     input_ids=torch.tensor([ids], device=device),

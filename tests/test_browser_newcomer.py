@@ -86,7 +86,11 @@ def test_step_one_token_keeps_the_chat_equal_to_the_strip(page):
 def test_a_long_conversation_opens_at_its_step_and_search_finds_a_word(page):
     text = " ".join(f"Note {i}: the committee met in the hall and discussed the budget for the coming year."
                     for i in range(50)) + " The treasurer lives in Lisbon. Where does the treasurer live?"
-    send(page, text)
+    page.fill("[data-testid=stChatInputTextArea]", text)
+    page.keyboard.press("Enter")
+    page.get_by_text("Reading your message").wait_for(timeout=120_000)  # the prefill's progress, layer by layer
+    page.wait_for_function("document.querySelectorAll('[data-testid=stMetric]').length >= 5", timeout=300_000)
+    idle(page)
     assert page.locator(".kv-chip").count() > 900
     in_view = """(chip) => { const s = chip.parentElement.getBoundingClientRect(), r = chip.getBoundingClientRect();
         return r.top >= s.top - 1 && r.bottom <= s.bottom + 1; }"""

@@ -235,3 +235,10 @@ def test_recorded_state_stays_near_kv_cache_size(lm):
     session.add_user_turn("word " * 1500)
     memory = session.memory()
     assert memory.recorded_bytes <= 2.0 * memory.kv_bytes
+
+
+def test_a_forward_pass_reports_its_layers_as_they_run(lm):
+    session, seen = Session(lm), []
+    session.on_layer = lambda done, layers: seen.append((done, layers))
+    session.add_user_turn("Hello there.")
+    assert seen == [(layer, lm.layers) for layer in range(lm.layers)]

@@ -11,6 +11,7 @@ from kvviz.view_data import reply_as_cached
 
 SAVE_SECONDS = 1.0  # a reply being written is autosaved this often (a kill or reload loses at most this much)
 LONG = 1200  # characters: a longer message is shown folded
+LONG_PREFILL = 512  # tokens: a message this long shows its prefill's progress
 
 
 def _message(role: str, text: str) -> None:
@@ -56,7 +57,7 @@ def render() -> None:
         tokens = len(session.lm.tokenizer.encode(prompt)) + st.session_state.max_new_tokens
         if _guard(lambda: state.make_room(tokens)) is None:
             return
-        if _guard(lambda: session.add_user_turn(prompt, st.session_state.raw_special_tokens)) is None:
+        if _guard(lambda: _prefill(session, prompt, tokens - st.session_state.max_new_tokens)) is None:
             return
         state.travel(None)
         state.save()  # the message is kept before the reply starts, and the reply as it grows
@@ -65,6 +66,20 @@ def render() -> None:
             placeholder.text(session.reply)
             state.save_every(SAVE_SECONDS)
         st.rerun()
+
+
+def _prefill(session, prompt: str, tokens: int) -> list[int]:
+    """Add the turn; a long message shows the prefill's progress, layer by layer (one forward pass reads it all)."""
+    bar = st.progress(0.0) if tokens >= LONG_PREFILL else None
+    if bar is not None:
+        session.on_layer = lambda done, layers: bar.progress(
+            done / layers, text=f"Reading your message (about {tokens:,} tokens in one pass): layer {done + 1} of {layers}")
+    try:
+        return session.add_user_turn(prompt, st.session_state.raw_special_tokens)
+    finally:
+        session.on_layer = None
+        if bar is not None:
+            bar.empty()
 
 
 def _guard(action):
