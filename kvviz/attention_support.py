@@ -59,8 +59,10 @@ class AttentionRule:
     def outside(self, at: int, n: int, device: torch.device | str | None = None) -> torch.Tensor:
         """Bool ``(L, n)``: the slots ``0..n-1`` each layer's window hides from the query at slot ``at`` (all False
         without windows)."""
-        slots = torch.arange(n, device=device)
-        return torch.stack([slots <= at - (w if w is not None else at + 1) for w in self.windows])
+        if not self.windowed:
+            return torch.zeros(len(self.windows), n, dtype=torch.bool, device=device)
+        reach = torch.tensor([at - (w if w is not None else at + 1) for w in self.windows], device=device)
+        return torch.arange(n, device=device) <= reach[:, None]
 
     def held(self, layer: int, n: int) -> int:
         """Slots ``layer`` holds between steps after ``n`` were processed: all of them, or in a window ``w`` the last
