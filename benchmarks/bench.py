@@ -30,7 +30,7 @@ def planned(quick: bool = False, browser: bool = True) -> dict[str, Callable[[Be
     rows |= {} if quick else {"whatif evict 4096": lambda b: b.whatif(4096)}
     rows |= {"whatif quant 1024": lambda b: b.whatif(1024, quantize=True), f"memory {memory}": lambda b: b.memory(memory)}
     rows |= {"policy run decode 64, h2o, 1k": policy_rows.policy_run, "blame 32 slots at 1k": policy_rows.blame_row}
-    rows |= {"launches whatif evict and quant 1024": launch_rows}
+    rows |= {"launches of two what-ifs at 1024": launch_rows}
     rows |= {"sweep throughput, 2 workers": sweep_row}
     rows |= {"whatif evict 512 on tiny llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3": architecture_rows}
     if browser and not quick:
