@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import expect
 
 from tests.browser import CHROMIUM
 from tests.test_policy_run import USER_POLICY
@@ -27,12 +28,16 @@ def test_run_a_policy_open_a_step_and_blame_it(tmp_path):
         page.fill("[data-testid=stChatInputTextArea]", "My name is Zorblax and I live in Quintara. I like green tea. What is my name?")
         page.keyboard.press("Enter")
         page.wait_for_selector(".kv-chip", timeout=180_000)
-        page.get_by_role("tab", name="Policy run").click()
+        # the reply streams, then the page reruns: click the tab once the page is idle
+        page.wait_for_function("!document.querySelector('[data-testid=stStatusWidget]')", timeout=300_000)
+        page.get_by_role("tab", name="Policy run", exact=True).click()
         form = page.locator("[data-testid=stForm]")
         form.wait_for(timeout=60_000)
-        form.locator("[data-testid=stSelectbox]").first.click()
+        choice = form.locator("[data-testid=stSelectbox]").first
+        choice.click()
         page.keyboard.type("newest")  # the user's policy is offered beside the built-ins
         page.keyboard.press("Enter")
+        expect(choice.locator("input")).to_have_value("newest", timeout=30_000)  # chosen before the run
         budget = form.get_by_label("Budget (slots)")
         budget.fill("16")
         form.get_by_label("New tokens per turn").fill("8")
