@@ -107,8 +107,10 @@ def render() -> None:
 def _pick_cell() -> None:
     """A click on a cell of the ρ map: that layer and head become the ones every view shows."""
     cells = st.session_state["heads"].selection.get("cell") or []
-    if cells and {"layer", "head"} <= set(cells[0]):
-        st.session_state.layer, st.session_state.head = int(cells[0]["layer"]), int(cells[0]["head"])
+    cell = cells[0] if cells and isinstance(cells[0], dict) else {}
+    layer, head, lm = cell.get("layer"), cell.get("head"), state.session().lm
+    if isinstance(layer, int) and isinstance(head, int) and 0 <= layer < lm.layers and 0 <= head < lm.heads:
+        st.session_state.layer, st.session_state.head = layer, head  # anything else (a tampered page) is ignored
         st.session_state.whole_page = True  # every view shows the new layer and head, not only the editor
 
 
