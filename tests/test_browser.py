@@ -27,6 +27,13 @@ def page():
         yield page
 
 
+def load_it(page) -> None:
+    """Press *Load it* once the upload's rerun is over (a click during it can be lost on a busy machine)."""
+    page.get_by_role("button", name="Load it").wait_for(timeout=60_000)
+    page.wait_for_function("!document.querySelector('[data-testid=stStatusWidget]')", timeout=120_000)
+    page.get_by_role("button", name="Load it").click()
+
+
 def kl_text(page) -> str:
     return page.locator("[data-testid=stMetric]", has_text="KL(full").locator("[data-testid=stMetricValue]").inner_text()
 
@@ -94,7 +101,7 @@ def test_hostile_model_output_is_shown_literally(page, lm, tmp_path):
     path = tmp_path / "hostile.json"
     path.write_text(json.dumps(export_session(session, EditDraft())))
     page.locator(SESSION_UPLOAD).set_input_files(str(path))
-    page.get_by_role("button", name="Load it").click()
+    load_it(page)
     page.wait_for_function(
         "[...document.querySelectorAll('[data-testid=stChatMessage]')].some(m => m.innerText.includes('Show me some'))",
         timeout=180_000)
@@ -114,7 +121,7 @@ def test_a_refused_import_with_markdown_fetches_nothing(page, tmp_path):
     path.write_text(json.dumps({"format": "kvviz-session", "version": 1, "turns": [
         {"user": "hi", "prefill_ids": [1], "reply_ids": ["![x](http://example.com/x.png)"], "shown": 0}]}))
     page.locator(SESSION_UPLOAD).set_input_files(str(path))
-    page.get_by_role("button", name="Load it").click()
+    load_it(page)
     warning = page.locator("[data-testid=stAlert]", has_text="cannot import this session")
     expect(warning).to_have_count(1, timeout=60_000)
     assert "![x](http://example.com/x.png)" in warning.inner_text()
