@@ -37,16 +37,8 @@ def load_scenarios(folder: Path = SCENARIOS) -> list[Scenario]:
 
 def find_slots(session: Session, text: str) -> list[int]:
     """Slots whose pieces cover the first occurrence of ``text`` in the cached text (empty when absent)."""
-    pieces = [s.text for s in session.transcript.slots]
-    starts, offset = [], 0
-    for piece in pieces:
-        starts.append(offset)
-        offset += len(piece)
-    found = "".join(pieces).find(text)
-    if found < 0:
-        return []
-    end = found + len(text)
-    return [slot for slot, (start, piece) in enumerate(zip(starts, pieces)) if start < end and start + len(piece) > found]
+    spans = session.transcript.matches(text)
+    return spans[0] if spans else []
 
 
 def run_scenario(lm: LoadedModel, scenario: Scenario) -> tuple[Session, EditDraft, int]:

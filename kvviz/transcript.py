@@ -84,6 +84,24 @@ class Transcript:
             counts[segment] += 1
         return counts
 
+    def matches(self, text: str, stop: int | None = None, ignore_case: bool = False) -> list[list[int]]:
+        """Per occurrence of ``text`` in the joined text of the slots before ``stop``, the slots whose pieces cover
+        it (so a word split over several tokens is found)."""
+        slots = self.slots[:stop]
+        starts, offset = [], 0
+        for slot in slots:
+            starts.append(offset)
+            offset += len(slot.text)
+        joined = "".join(s.text for s in slots)
+        if ignore_case:
+            joined, text = joined.lower(), text.lower()
+        found, begin = [], joined.find(text) if text else -1
+        while begin >= 0:
+            end = begin + len(text)
+            found.append([s.slot for s, start in zip(slots, starts) if start < end and start + len(s.text) > begin])
+            begin = joined.find(text, begin + 1)
+        return found
+
     def history_slots(self, before: int) -> list[int]:
         """Slots below ``before`` that belong to earlier turns."""
         return [s.slot for s in self.slots[:before] if s.turn < self.turn]

@@ -106,21 +106,8 @@ def strip_chips(session: Session, draft: EditDraft, at: int, layer: int, head: i
 def find_slots(session: Session, at: int, query: str) -> list[int]:
     """The slots up to ``at`` whose text overlaps a match of ``query`` (case ignored) in the text of all of them, so
     a word split over several tokens is found too."""
-    query = query.strip().lower()
-    if not query:
-        return []
-    slots = session.transcript.slots[: at + 1]
-    starts, text = [], ""
-    for slot in slots:
-        starts.append(len(text))
-        text += slot.text
-    text = text.lower()
-    found, begin = set(), text.find(query)
-    while begin >= 0:
-        end = begin + len(query)
-        found.update(i for i, start in enumerate(starts) if start < end and start + len(slots[i].text) > begin)
-        begin = text.find(query, begin + 1)
-    return sorted(found)
+    spans = session.transcript.matches(query.strip(), at + 1, ignore_case=True)
+    return sorted({slot for span in spans for slot in span})
 
 
 def kept_per_head(session: Session, edit, at: int) -> tuple[int, int]:
