@@ -49,6 +49,16 @@ class RoomyLayer(DynamicLayer):
         return self.keys, self.values
 
 
+def reserve(cache: Cache, capacity: int) -> None:
+    """Room for ``capacity`` slots in every started :class:`RoomyLayer` (a chunked prefill allocates once, not once
+    per chunk)."""
+    for entry in cache.layers:
+        if isinstance(entry, RoomyLayer) and entry.is_initialized and not entry._fits(capacity):
+            length = entry.get_seq_length()
+            entry._buffers = tuple(_grown(t, length, t, capacity) for t in (entry.keys, entry.values))
+            entry.keys, entry.values = (buffer[:, :, :length] for buffer in entry._buffers)
+
+
 def _grown(old: torch.Tensor, length: int, new: torch.Tensor, capacity: int) -> torch.Tensor:
     """A buffer ``(B, KV, capacity, D)`` like ``new`` holding the first ``length`` slots of ``old`` (``(B, KV, ≥ length,
     D)``, or the 1-D empty tensor of a fresh layer)."""

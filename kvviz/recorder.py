@@ -127,7 +127,8 @@ class QueryLog:
         self.length, self.layers = 0, layers
         self._buffer = torch.empty(layers, heads, 0, head_dim, dtype=dtype, device=device)
 
-    def _reserve(self, size: int) -> None:
+    def reserve(self, size: int) -> None:
+        """Capacity for ``size`` slots (grown by at least a quarter when it grows)."""
         capacity = self._buffer.shape[2]
         if size <= capacity:
             return
@@ -138,7 +139,7 @@ class QueryLog:
 
     def write(self, layer: int, query: torch.Tensor) -> None:
         """Stage ``query`` ``(H, q, D)`` of ``layer`` right after the committed slots."""
-        self._reserve(self.length + query.shape[1])
+        self.reserve(self.length + query.shape[1])
         self._buffer[layer, :, self.length : self.length + query.shape[1]] = query
 
     def commit(self, count: int) -> None:

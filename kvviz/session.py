@@ -13,7 +13,7 @@ from typing import TypeVar
 
 import torch
 
-from kvviz import kv_cache
+from kvviz import kv_cache, prefill
 from kvviz.chat_template import chat_delta, check_unicode
 from kvviz.commits import CommitLog
 from kvviz.edits import Edit
@@ -21,7 +21,7 @@ from kvviz.errors import KvvizError
 from kvviz.memo import Memo, held_bytes
 from kvviz.model import LoadedModel
 from kvviz.recorded_weights import recorded_weights
-from kvviz.recorder import QueryLog, QueryRecorder, probing
+from kvviz.recorder import QueryLog
 from kvviz.sampling import Sampling, Token
 from kvviz.transcript import Transcript, token_pieces
 
@@ -63,6 +63,7 @@ class Session:
         self.memo = Memo()  # derived data (views, the what-if's full runs), dropped when ``version`` moves
         self.released: str | None = None  # why :meth:`release` freed this session's tensors, once it has
         self.on_layer: Callable[[int, int], None] | None = None  # told (layers done, layers) as a forward pass runs
+        self.prefill_chunk = prefill.CHUNK  # a longer prefill runs as passes of this many tokens (same numbers)
 
     # --- turns -----------------------------------------------------------------------------------------------
 
@@ -81,8 +82,7 @@ class Session:
         messages = self.messages + self._reply_message() + [message]
         delta, typed = chat_delta(self.lm.tokenizer, messages, self.transcript.ids)
         self.check_room(len(delta))
-        self._begin_turn(text)
-        self._prefill(delta)
+        self._prefill(delta, text)
         self.transcript.typed_control |= {len(self) - len(delta) + index for index in typed}
         self.messages = messages
         return delta
@@ -96,8 +96,7 @@ class Session:
         if any(not 0 <= i < vocab for i in ids):
             raise KvvizError(f"token ids must be in [0, {vocab})")
         self.check_room(len(ids))
-        self._begin_turn(self.lm.tokenizer.decode(ids))
-        self._prefill(ids)
+        self._prefill(ids, self.lm.tokenizer.decode(ids))
 
     def _reply_message(self) -> list[dict[str, str]]:
         return [{"role": "assistant", "content": self.reply}] if self.messages else []
@@ -129,8 +128,12 @@ class Session:
 
     # --- forward passes --------------------------------------------------------------------------------------
 
-    def _prefill(self, ids: list[int]) -> None:
-        self._forward(ids, "prefill")
+    def _prefill(self, ids: list[int], user: str) -> None:
+        """A new turn: the pass first (it may fail or be stopped, changing nothing), then the turn's bookkeeping."""
+        logits = self._forward(ids)
+        self._begin_turn(user)
+        self._accept(ids, logits, "prefill")
+
     def step(self) -> Token:
         """Decode one step: the pending token's K/V is appended to the cache and the next token is chosen."""
         if self.pending is None:
@@ -138,31 +141,19 @@ class Session:
         if self.transcript.next_position >= self.lm.context_window:
             raise KvvizError("the context window is full")
         self.check_room(1)
-        self._forward([self.pending], "decode")
+        self._accept([self.pending], self._forward([self.pending]), "decode")
         return self._token(self.pending)
 
-    def _forward(self, ids: list[int], kind: str) -> None:
+    def _forward(self, ids: list[int]) -> torch.Tensor:
+        """Append the K/V and queries of ``ids`` (atomic, see :mod:`kvviz.prefill`); the last one's ``(V,)`` logits."""
         self._check_held()
-        length = self.cache.get_seq_length()
-        start = self.transcript.next_position
-        device = self.lm.device
-        try:
-            probe = QueryRecorder(self.queries, self.commits.evicted(length + len(ids)), self.on_layer)
-            with torch.no_grad(), probing(probe):
-                out = self.lm.model(
-                    input_ids=torch.tensor([ids], device=device),
-                    position_ids=torch.arange(start, start + len(ids), device=device)[None],
-                    cache=self.cache,
-                    use_cache=True,
-                    logits_to_keep=1,
-                )
-        except BaseException:
-            kv_cache.truncate(self.cache, length)  # undo the layers that were already appended to
-            raise
-        self.queries.commit(len(ids))
+        return prefill.forward(self.lm, self.cache, self.queries, self.commits, ids, self.transcript.next_position,
+                               self.on_layer, self.prefill_chunk)
+
+    def _accept(self, ids: list[int], logits: torch.Tensor, kind: str) -> None:
         self.version += 1
         self.transcript.append(ids, token_pieces(self.lm.tokenizer, ids), kind)  # type: ignore[arg-type]
-        self.logits = out.logits[0, -1].float()
+        self.logits = logits
         self.pending = self.sampling.choose(self.logits, self._generator)
         self.produced.append(self.pending)
 

@@ -178,7 +178,7 @@ def test_refused_turns_change_nothing(lm):
 
 
 def test_failed_forward_leaves_cache_and_transcript_intact(lm, monkeypatch):
-    import kvviz.session as session_module
+    import kvviz.prefill as prefill_module
     from kvviz.recorder import QueryRecorder
 
     session = Session(lm)
@@ -191,7 +191,7 @@ def test_failed_forward_leaves_cache_and_transcript_intact(lm, monkeypatch):
                 raise RuntimeError("boom")
             return super().on_query(layer, query, key, value)
 
-    monkeypatch.setattr(session_module, "QueryRecorder", Failing)
+    monkeypatch.setattr(prefill_module, "QueryRecorder", Failing)
     with pytest.raises(RuntimeError):
         session.step()
     monkeypatch.undo()

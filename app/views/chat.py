@@ -69,11 +69,12 @@ def render() -> None:
 
 
 def _prefill(session, prompt: str, tokens: int) -> list[int]:
-    """Add the turn; a long message shows the prefill's progress, layer by layer (one forward pass reads it all)."""
+    """Add the turn; a long message shows the prefill's progress, layer by layer of each chunk. Stop (or any button)
+    during it cancels the message: the pass is atomic, so the session stays as it was."""
     bar = st.progress(0.0) if tokens >= LONG_PREFILL else None
     if bar is not None:
-        session.on_layer = lambda done, layers: bar.progress(
-            done / layers, text=f"Reading your message (about {tokens:,} tokens in one pass): layer {done + 1} of {layers}")
+        session.on_layer = lambda done, total: bar.progress(
+            done / total, text=f"Reading your message (about {tokens:,} tokens): {done / total:.0%} · Stop cancels it")
     try:
         return session.add_user_turn(prompt, st.session_state.raw_special_tokens)
     finally:

@@ -10,7 +10,7 @@ GUIDE = """
 - **The cache.** The model reads your message and writes its reply one token at a time; every token it has processed
   keeps its key and value vectors (K/V) in the **KV cache**, one *slot* each. The strip below the chat shows one chip
   per slot. Its coloured band is the slot's segment: **history** (earlier turns, grey), **query** (your new message,
-  read in one pass, blue), **generated** (the reply, one decode step per token, orange). A chip's red background is how
+  read in one prefill, blue), **generated** (the reply, one decode step per token, orange). A chip's red background is how
   much the current step attends to that slot.
 - **Edit it.** Click chips to **evict** them (the step no longer sees their K/V) or pick **bits** to quantize them. The
   what-if below re-runs the step with your edit beside the unedited one: **KL** and **total variation** of the next-token
