@@ -14,6 +14,7 @@ from benchmarks import policy_rows
 from benchmarks.architecture_rows import architecture_rows
 from benchmarks.launch_rows import launch_rows
 from benchmarks.model_rows import Bench
+from benchmarks.startup_rows import cold_start_row
 from benchmarks.sweep_rows import sweep_row
 from kvviz.errors import KvvizError
 
@@ -24,10 +25,11 @@ def planned(quick: bool = False, browser: bool = True) -> dict[str, Callable[[Be
     contexts = (256, 1024) if quick else (256, 1024, 4096)
     memory = 1024 if quick else 4096
     rows: dict[str, Callable[[Bench], Row | list[Row]]] = {"load": lambda b: b.load()}
-    rows |= {f"prefill {n}": lambda b, n=n: b.prefill(n) for n in contexts}
+    rows |= {f"prefill {n}": lambda b, n=n: b.prefill(n) for n in (*contexts, *(() if quick else (8000,)))}
     rows |= {"generate 64": lambda b: b.generate(), "whatif evict 1024": lambda b: b.whatif(1024),
              "whatif evict 1024 cold": lambda b: b.whatif(1024, cold=True)}
-    rows |= {} if quick else {"whatif evict 4096": lambda b: b.whatif(4096)}
+    rows |= {} if quick else {"whatif evict 4096": lambda b: b.whatif(4096), "whatif evict 8000": lambda b: b.whatif(8000),
+                              "click during prefill 8000": lambda b: b.click_during_prefill()}
     rows |= {"whatif quant 1024": lambda b: b.whatif(1024, quantize=True), f"memory {memory}": lambda b: b.memory(memory)}
     rows |= {"policy run decode 64, h2o, 1k": policy_rows.policy_run, "blame 32 slots at 1k": policy_rows.blame_row}
     rows |= {"launches of two what-ifs at 1024": launch_rows}
@@ -36,6 +38,7 @@ def planned(quick: bool = False, browser: bool = True) -> dict[str, Callable[[Be
     if browser and not quick:
         rows["browser click 1024, 2048 and overview draw"] = _browser
         rows["timeline draw 1k × 256"] = policy_rows.timeline_draw
+        rows["app cold start"] = cold_start_row
     return rows
 
 

@@ -4,6 +4,9 @@ transformers doing the same work in the same run."""
 from __future__ import annotations
 
 import itertools
+import statistics
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -52,6 +55,7 @@ class Bench:
         return row("load", *paired_times(lambda _: load_model(), plain, max(self.repeats, 9)), 1.2)
 
     def prefill(self, count: int) -> Row:
+        """One turn of ``count`` tokens (chunked beyond :data:`kvviz.prefill.CHUNK`) vs one plain pass."""
         ids = token_ids(self.lm, count)
         tensor = torch.tensor([ids], device=self.lm.device)
 
@@ -59,7 +63,8 @@ class Bench:
             with torch.no_grad():
                 self.plain(input_ids=tensor, cache=DynamicCache(config=self.plain.config), use_cache=True, logits_to_keep=1)
 
-        return row(f"prefill {count}", *paired_times(lambda _: Session(self.lm).add_ids(ids), plain, self.repeats), 1.3)
+        repeats = self.repeats if count <= 4096 else min(self.repeats, 3)  # ~20 s a side at 8k on 2 CPU cores
+        return row(f"prefill {count}", *paired_times(lambda _: Session(self.lm).add_ids(ids), plain, repeats), 1.3)
 
     def generate(self, count: int = 64) -> Row:
         ids = token_ids(self.lm, 32)
@@ -111,8 +116,41 @@ class Bench:
         name = f"whatif {'quant' if quantize else 'evict'} {count}{' cold' if cold else ''}"
         return row(name, ours, plain, (1.5 if quantize else 1.3) * (2 if cold else 1))
 
+    def click_during_prefill(self, count: int = 1024, long: int = 8000) -> Row:
+        """Fairness: a first click's what-if (cold) at ``count`` slots while another session prefills ``long`` tokens
+        in a thread (as two browser sessions on one server), against the same click alone."""
+        session = self._context(count)
+        at = len(session) - 1
+        edit = Edit.evict(range(at // 2, at // 2 + 10))
+
+        def click() -> float:
+            session.memo.clear()
+            start = time.perf_counter()
+            what_if(session, edit)
+            return time.perf_counter() - start
+
+        alone = [click() for _ in range(self.repeats + 1)][1:]
+        ids, during, took = token_ids(self.lm, long), [], []
+        other = threading.Thread(target=lambda: took.append(_timed(lambda: Session(self.lm).add_ids(ids))))
+        other.start()
+        while other.is_alive():
+            during.append(click())
+        other.join()
+        during = during[:-1] or during  # the last one may have run partly alone
+        ratio = statistics.median(during) / statistics.median(alone)
+        return Row(f"click during prefill {long}", ratio, 2.0, False, ratio <= 2.0,
+                   f"what-if at {count} slots: {statistics.median(during):.3g} s ({min(during):.3g}–{max(during):.3g})"
+                   f" × {len(during)} while another session's {long}-token prefill ran ({took[0]:.1f} s) vs "
+                   f"{statistics.median(alone):.3g} s alone; 2.0 = an even share of the machine")
+
     def memory(self, count: int) -> Row:
         usage = self._context(count).memory()
         ratio = usage.recorded_bytes / usage.kv_bytes
         return Row(f"memory {count}", ratio, 2.0, False, ratio <= 2.0,
                    f"recorded {usage.recorded_bytes:,} B vs KV cache {usage.kv_bytes:,} B")
+
+
+def _timed(action: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    action()
+    return time.perf_counter() - start
