@@ -232,42 +232,35 @@ def model_path() -> str | None:
     return st.session_state.get("model_path")
 
 
-def show_toy(toy) -> None:
-    """Show a toy example (a scenario and its computed cases) above the chat; None closes it."""
-    if toy is None:
-        st.session_state.pop("toy", None)
-    else:
-        st.session_state.toy = toy
+KEPT = ("toy", "comparison", "policy_run", "policy_blame")  # results shown until replaced; recomputed, not saved
 
 
-def toy():
-    return st.session_state.get("toy")
+def keep(name: str, value) -> None:
+    """Keep a result of :data:`KEPT` to show until the next one (a toy example and its cases, the last policy
+    comparison, policy run or blame); None drops it."""
+    if name not in KEPT:
+        raise KeyError(name)
+    st.session_state[name] = value
 
 
-def keep_comparison(report) -> None:
-    """The last policy comparison, shown until the next one."""
-    st.session_state.policy_compare = report
-
-
-def comparison():
-    return st.session_state.get("policy_compare")
+def kept(name: str):
+    """The result kept under ``name`` (see :func:`keep`), or None."""
+    return st.session_state.get(name)
 
 
 def keep_policy_run(result, blame=None) -> None:
-    """The last policy run (and the blame of one of its steps), shown until the next one; recomputed, not saved."""
-    st.session_state.policy_run, st.session_state.policy_blame = result, blame
+    """A new policy run drops the blame of the previous one."""
+    keep("policy_run", result)
+    keep("policy_blame", blame)
 
 
-def policy_run():
-    return st.session_state.get("policy_run")
+def upload_key() -> str:
+    """The import uploader's key: a new one after each load, so a refused or stale file never stays behind."""
+    return f"import_file_{st.session_state.get('uploads', 0)}"
 
 
-def keep_blame(blame) -> None:
-    st.session_state.policy_blame = blame
-
-
-def policy_blame():
-    return st.session_state.get("policy_blame")
+def clear_upload() -> None:
+    st.session_state.uploads = st.session_state.get("uploads", 0) + 1
 
 
 def take_notice() -> tuple[str, bool] | None:

@@ -90,7 +90,7 @@ def test_policy_seeds_the_strip_and_comparison_runs():
     assert draft.policy == H2O(recent_fraction=0.25).edit(session, 0.5, len(session) - 1)
     next(b for b in app.button if b.label == "Compare the two").click().run()
     assert_clean(app)
-    report = app.session_state["policy_compare"]
+    report = app.session_state["comparison"]
     assert [r.policy for r in report.rows] == ["h2o", "streaming_llm"] and 0 <= report.overlap <= 1
     app.number_input(key="policy-1-streaming_llm-sinks").set_value(-1).run()  # refused with one line
     assert_clean(app)

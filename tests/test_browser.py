@@ -141,3 +141,36 @@ def test_a_tampered_strip_event_shows_one_line_and_no_traceback(page, slot):
     assert "Traceback" not in page.locator("[data-testid=stApp]").inner_text()
     assert page.locator(".kv-chip.kv-evicted").count() == 0
     chip.evaluate("(chip) => { chip.dataset.slot = '3'; }")
+
+
+def _page_state(page) -> tuple[str, int, int]:
+    """What an upload must not change: the cache heading, the chat's messages and the strip's chips."""
+    heading = page.locator("h3", has_text="Cache:").first.inner_text()
+    return heading, page.locator("[data-testid=stChatMessage]").count(), page.locator(".kv-chip").count()
+
+
+@pytest.mark.parametrize("kind", ["50 MB", "nested", "100k ids"])
+def test_an_oversized_or_hostile_upload_is_refused_in_one_line_and_changes_nothing(page, tmp_path, kind):
+    page.wait_for_function("!document.querySelector('[data-testid=stStatusWidget]')", timeout=120_000)
+    before = _page_state(page)
+    path = tmp_path / "upload.json"
+    if kind == "50 MB":  # over the server's maxUploadSize: the uploader refuses it before anything is sent
+        path.write_text('{"format": "kvviz-session", "pad": "' + "x" * (50 * 2**20) + '"}')
+    elif kind == "nested":
+        path.write_text('{"format": "kvviz-session", "version": 1, "view": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    else:
+        path.write_text(json.dumps({"format": "kvviz-session", "version": 1, "turns": [
+            {"user": "hi", "prefill_ids": [1, 2, 3], "reply_ids": [5] * 100_000, "shown": 0}]}))
+    page.locator(SESSION_UPLOAD).set_input_files(str(path))
+    if kind == "50 MB":
+        uploader = page.locator("[data-testid=stSidebarUserContent] [data-testid=stFileUploader]")
+        expect(uploader).to_contain_text("File must be 16.0MB or smaller", timeout=30_000)
+        expect(page.get_by_role("button", name="Load it")).to_have_count(0)  # nothing to load: it never came
+    else:
+        load_it(page)
+        warning = page.locator("[data-testid=stAlert]", has_text="cannot import this session")
+        expect(warning).to_have_count(1, timeout=60_000)
+        assert len(warning.inner_text().strip().splitlines()) == 1
+    page.wait_for_function("!document.querySelector('[data-testid=stStatusWidget]')", timeout=120_000)
+    assert "Traceback" not in page.locator("[data-testid=stApp]").inner_text()
+    assert _page_state(page) == before

@@ -41,10 +41,10 @@ def render() -> None:
             st.rerun()
     if right.button("Compare the two"):
         try:
-            state.keep_comparison(compare_policies(session, policies, float(budget), at))
+            state.keep("comparison", compare_policies(session, policies, float(budget), at))
         except KvvizError as exc:
             warn(exc)
-    report = state.comparison()
+    report = state.kept("comparison")
     if report:
         st.dataframe([asdict(row) for row in report.rows], hide_index=True,
                      column_config={"kl": st.column_config.NumberColumn("KL", format="%.4g"),

@@ -63,7 +63,7 @@ def render() -> None:
                 state.keep_policy_run(run_policy(session.lm, lines, settings, int(max_new)))
         except KvvizError as exc:
             warn(exc)
-    result = state.policy_run()
+    result = state.kept("policy_run")
     if result is not None:
         _show(result)
 
@@ -76,7 +76,7 @@ def _show(result) -> None:
             "differs from its first token on" if turn.divergence == -1 else f"diverges at step {turn.divergence}")
         left.markdown(f"**Turn {index + 1} · full cache**  \n{plain(turn.full_text)}")
         right.markdown(f"**Policy · {mark}**  \n{plain(turn.policy_text)}")
-    ranked = state.policy_blame()
+    ranked = state.kept("policy_blame")
     index = len(result.turns) - 1
     if len(result.turns) > 1:
         index = st.selectbox("Turn to look into", range(len(result.turns)), format_func=lambda i: f"turn {i + 1}",
@@ -124,10 +124,10 @@ def _step(result, turn: int, step: int) -> None:
     unit = cols[0].radio("Blame unit", ["slot", "word"], horizontal=True, key="run-unit")
     if cols[1].button("Blame this step", key="run-blame"):
         try:
-            state.keep_blame(blame(result, turn=turn, step=step, unit=unit))
+            state.keep("policy_blame", blame(result, turn=turn, step=step, unit=unit))
         except KvvizError as exc:
             warn(exc)
-    ranked = state.policy_blame()
+    ranked = state.kept("policy_blame")
     if ranked is None or (ranked.turn, ranked.step) != (turn, step):
         return
     st.markdown(f"Restoring one evicted {ranked.unit} at a time into the policy's cache of this step · KL to the full "

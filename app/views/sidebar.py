@@ -7,7 +7,7 @@ import os
 import streamlit as st
 
 from app import state
-from app.plain import plain, warn
+from app.plain import plain
 from kvviz.errors import KvvizError
 from kvviz.model import BUNDLED, LoadedModel, allowed_models
 from kvviz.sampling import Sampling
@@ -56,7 +56,7 @@ def _scenarios(lm: LoadedModel) -> None:
     for scenario in load_scenarios():
         if st.button(scenario.name, help=scenario.description, key=f"demo-{scenario.name}"):
             if scenario.toy:
-                state.show_toy((scenario, [toy_example(scenario.toy["alpha"], e) for e in scenario.toy["evict"]]))
+                state.keep("toy", (scenario, [toy_example(scenario.toy["alpha"], e) for e in scenario.toy["evict"]]))
             else:
                 with st.spinner(plain(f"Running “{scenario.name}”…")):
                     session, draft, answer_step = run_scenario(lm, scenario)
@@ -76,12 +76,13 @@ def _export_import(lm: LoadedModel) -> None:
     st.caption("Saved automatically: reloading this page restores it.")
     st.download_button("Export session (JSON)", state.export_json(), file_name="kvviz-session.json",
                        mime="application/json", on_click="ignore")
-    upload = st.file_uploader("Import session", type=["json"], key="import_file")
+    upload = st.file_uploader("Import session", type=["json"], key=state.upload_key())
     if upload is not None and st.button("Load it"):
+        state.clear_upload()  # loaded or refused, the file is not kept: a later refused upload cannot leave it behind
         try:
             session, draft, view = state.load(lm, upload.getvalue(), "Importing the session")
         except KvvizError as exc:
-            warn(exc)
-            return
+            state.notify(str(exc))  # shown at the top of the page, after the rerun that empties the uploader
+            st.rerun()
         state.replace(session, draft, view)
         st.rerun()

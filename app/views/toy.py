@@ -8,9 +8,9 @@ from app import state
 
 
 def render() -> None:
-    if state.toy() is None:
+    if state.kept("toy") is None:
         return
-    scenario, cases = state.toy()
+    scenario, cases = state.kept("toy")
     with st.expander(f"{scenario.name} — {scenario.description}", expanded=True):
         alpha = scenario.toy["alpha"]
         rows = [{"": "α", **{f"#{i + 1}": f"{a:.3f}" for i, a in enumerate(alpha)}, "ρ": ""}]
@@ -20,5 +20,5 @@ def render() -> None:
                                        for i, v in enumerate(case["alpha_renorm"])}, "ρ": f"{case['rho']:.2f}"})
         st.dataframe(rows, hide_index=True)
         if st.button("Close the toy example"):
-            state.show_toy(None)
+            state.keep("toy", None)
             st.rerun()
