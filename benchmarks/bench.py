@@ -36,7 +36,7 @@ def planned(quick: bool = False, browser: bool = True) -> dict[str, Callable[[Be
     rows |= {"sweep throughput, 2 workers": sweep_row}
     rows |= {"whatif evict 512 on tiny llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3": architecture_rows}
     if browser and not quick:
-        rows["browser click 1024, 2048 and overview draw"] = _browser
+        rows["browser click and settled 2048, 8000, overview draw"] = _browser
         rows["timeline draw 1k × 256"] = policy_rows.timeline_draw
         rows["app cold start"] = cold_start_row
     return rows

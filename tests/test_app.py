@@ -74,9 +74,9 @@ def test_every_view_renders_on_a_long_conversation():
     assert len(app.get("plotly_chart")) == 4  # attention (3), growth
     import pyarrow as pa
 
-    charts = app.get("vega_lite_chart")  # the what-if's; α's one table holds 3 series of every cached slot
+    charts = app.get("vega_lite_chart")  # the what-if's; α's one table holds 3 series of 1,101 slots in 2-slot blocks
     rows = pa.ipc.open_stream(charts[0].proto.data.data).read_all().num_rows
-    assert len(charts) == 3 and rows == 3 * 1101
+    assert len(charts) == 3 and rows == 3 * 551
 
 
 def test_policy_seeds_the_strip_and_comparison_runs():
@@ -156,7 +156,7 @@ def test_picker_buttons_edit_before_the_what_if_runs(monkeypatch):
         edit = draft.edit(at)
         assert len(calls) == 1 and calls[0] == edit and check(edit), label  # one run, with this click's edit
         assert metric(app, "Cache bytes") == f"{step_memory(session, edit, at).edited_bytes:,}"
-        chips = json.loads(app.get("bidi_component")[0].proto.json)["chips"]  # the strip drawn in the same run
+        chips = json.loads(app.get("bidi_component")[0].proto.bytes)["chips"]  # the strip drawn in the same run
         assert {c[0] for c in chips if c[5]} == {s for e in edit.evictions for s in e.slots}, label
         assert {c[0]: c[6] for c in chips if c[6] < 16} == dict(edit.key_bits), label
     assert metric(app, "KL") == "0"

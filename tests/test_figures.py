@@ -69,6 +69,16 @@ def test_whatif_charts_and_html(session):
     long = Detail(0, 0, list(range(300)), [1 / 300] * 300, [None] * 10 + [1 / 290] * 290, [None] * 10 + [1 / 290] * 290)
     marks = [layer["mark"]["type"] for layer in valid(figures.alpha_chart(long, ["t"] * 300))["layer"]]
     assert marks == ["line", "point", "point"]  # long: step lines, hover targets, crosses
+    n, rng = 3000, np.random.default_rng(0)  # over POINT_LIMIT: each series is its max over blocks of 3 slots
+    full = rng.random(n)
+    renorm = [None if 1500 <= s < 1504 else float(v) for s, v in enumerate(full)]
+    blocked = figures.alpha_chart(Detail(0, 0, list(range(n)), full.tolist(), renorm, renorm), ["t"] * n)
+    spec, rows = valid(blocked), blocked.data
+    firsts = rows[rows["series"] == "α full"]
+    assert list(firsts["slot"]) == list(range(0, n, 3)) and "block of 3 slots" in spec["title"]
+    assert list(firsts["weight"]) == pytest.approx([full[a:a + 3].max() for a in range(0, n, 3)])
+    assert list(firsts.loc[firsts["evicted"], "slot"]) == [1500, 1503]  # the blocks holding slots 1500..1503
+    assert firsts["token"].iloc[1] == "slots 3–5"
     grid = figures.head_grid_chart(result.heads)
     valid(grid)
     assert len(grid.data) == 3 * 30 * 9 and set(grid.data["map"]) == set(figures.whatif_charts.MAPS.values())

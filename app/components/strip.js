@@ -99,8 +99,15 @@ function drawMinimap(canvas, root, chips, at, found) {
   }
 }
 
+function decoded(data) {
+  // the page sends one JSON byte string (see strip.py)
+  if (data instanceof ArrayBuffer || ArrayBuffer.isView(data)) return JSON.parse(new TextDecoder().decode(data));
+  return data;
+}
+
 export default function (component) {
-  const { data, parentElement, setTriggerValue } = component;
+  const { parentElement, setTriggerValue } = component;
+  const data = decoded(component.data);
   let root = parentElement.querySelector(".kv-strip");
   let minimap = parentElement.querySelector(".kv-minimap");
   if (!root) {
