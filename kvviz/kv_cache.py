@@ -44,8 +44,8 @@ class RoomyLayer(DynamicLayer):
             self._buffers = tuple(_grown(old, start, new, stop + max(stop // 4, 64))
                                   for old, new in ((self.keys, key_states), (self.values, value_states)))
         for buffer, new in zip(self._buffers, (key_states, value_states)):
-            buffer[:, :, start:stop] = new
-        self.keys, self.values = (buffer[:, :, :stop] for buffer in self._buffers)
+            buffer.narrow(2, start, stop - start).copy_(new)
+        self.keys, self.values = (buffer.narrow(2, 0, stop) for buffer in self._buffers)
         return self.keys, self.values
 
 

@@ -69,6 +69,14 @@ class FullStep:
     written: tuple = ()  # the quantization (see :meth:`plan`) last written into the scratch buffers
     finished: bool = False  # whether that writing finished: the buffers then hold all of it
     edited: KV | None = None  # the buffers the last edited run read: ``buffers`` (lent) or ``scratch``
+    views: dict = field(default_factory=dict)  # per-layer views of ``buffers`` / ``scratch``, made once
+
+    def _over(self, name: str) -> Cache:
+        """A cache over the first ``at`` slots of the buffers named ``name`` (``buffers`` or ``scratch``); their
+        per-layer views are made once (fewer operations per click)."""
+        if name not in self.views:
+            self.views[name] = layer_views(getattr(self, name))
+        return kv_cache.over(self.views[name], self.at)
 
     def plan(self, edit: Edit) -> tuple:
         """What ``edit`` writes into the cache: per kind, its quantizer and its ``(bit-width, slots)`` groups."""
@@ -93,7 +101,7 @@ class FullStep:
         own = tuple(t[:, :, self.at].clone() for t in self.buffers)  # (L, KV, D) each: the run overwrites it
         self.edited = self.buffers
         try:
-            yield kv_cache.over(layer_views(self.buffers), self.at)
+            yield self._over("buffers")
         finally:
             for buffer, slot in zip(self.buffers, own):
                 buffer[:, :, self.at] = slot
@@ -119,7 +127,7 @@ class FullStep:
             edit.quantize_(keys, values, source=tuple(t.flatten(0, 1) for t in self.originals))
             self.finished = True
         self.edited = self.scratch
-        return kv_cache.over(layer_views(self.scratch), self.at)
+        return self._over("scratch")
 
     def continuation(self, session: Session, steps: int) -> list[int]:
         if steps not in self.continuations:

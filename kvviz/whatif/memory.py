@@ -38,7 +38,8 @@ class CacheBytes:
 def _packed(counts: torch.Tensor, width: int, head_dim: int, quantizer, native: int) -> int:
     """Sum of :func:`packed_bytes` over ``counts`` (retained slots per KV head), each distinct count computed once."""
     values, times = torch.unique(counts, return_counts=True)
-    return sum(packed_bytes(int(c), width, head_dim, quantizer, native) * int(t) for c, t in zip(values, times))
+    return sum(packed_bytes(c, width, head_dim, quantizer, native) * t
+               for c, t in zip(values.tolist(), times.tolist()))  # two reads of the device, not two per count
 
 
 def _longs(values: Iterable[int], count: int) -> torch.Tensor:

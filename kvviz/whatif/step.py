@@ -78,7 +78,10 @@ class EditedStepProbe(Probe):
         self.rho = am.evicted_mass(alpha, self.new)  # (L, H)
         self.outputs: list[torch.Tensor] = []  # (1, 1, H, D) per layer, as the run gives them
         self.used: torch.Tensor | None = None  # (H, n): the weights the edited run used at the detail layer
-        self.visible = (~hidden)[:, None].unbind(0) if masked else None  # (1, KV, n) per layer, made once
+        # made once, additive: SDPA would turn a boolean mask into this in every layer
+        dtype = full.buffers[0].dtype
+        self.visible = torch.zeros(hidden.shape, dtype=dtype, device=hidden.device).masked_fill_(
+            hidden, float("-inf"))[:, None].unbind(0) if masked else None  # (1, KV, n) per layer
 
     def on_query(self, layer, query, key, value):
         if layer == self.detail[0]:
