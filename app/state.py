@@ -139,7 +139,7 @@ def autosave_path(sid: str) -> Path:
 
 def document() -> dict:
     """This browser session as an export document (conversation, edits, view)."""
-    view = {key: st.session_state[key] for key in ("layer", "head", "at")}
+    view = {key: st.session_state[key] for key in ("layer", "head", "at")} | {"prepared": prepared()}
     return export_session(session(), draft(), view)
 
 
@@ -202,8 +202,7 @@ def new_conversation(lm: LoadedModel, sampling: Sampling | None = None) -> None:
     if held():  # the held file stays as it is: the new conversation gets its own id
         move_to_new_id()
     st.session_state.session = Session(lm, sampling)
-    st.session_state.draft = EditDraft()
-    st.session_state.at = None
+    st.session_state.draft, st.session_state.at, st.session_state.prepared = EditDraft(), None, []
 
 
 def replace(session: Session, draft: EditDraft, view: dict | None = None, at: int | None = None) -> None:
@@ -211,6 +210,12 @@ def replace(session: Session, draft: EditDraft, view: dict | None = None, at: in
     where given, else the step ``at``."""
     st.session_state.session, st.session_state.draft, st.session_state.at = session, draft, at
     st.session_state.update({k: v for k, v in (view or {}).items() if k in ("layer", "head", "at")})
+    st.session_state.prepared = list((view or {}).get("prepared", []))
+
+
+def prepared() -> list[dict]:
+    """The edits kept for the standalone page (``{"at", "edit", "label"}`` as a session file holds them)."""
+    return st.session_state.setdefault("prepared", [])
 
 
 def travel(at: int | None) -> None:

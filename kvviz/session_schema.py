@@ -88,7 +88,10 @@ def schema(lm: Geometry) -> dict:
         "turns": _list(turn, window),
         "commits": _list(_object({"at": _integer(0, window), "edit": edit}, ("at", "edit")), window),
         "view": _object({"layer": _integer(0, lm.layers - 1), "head": _integer(-1, lm.heads - 1),
-                         "at": {"anyOf": [{"type": "null"}, slot]}}),
+                         "at": {"anyOf": [{"type": "null"}, slot]},
+                         "prepared": _list(_object({"at": slot, "edit": edit,  # kept for the standalone page
+                                                    "label": {"type": "string", "maxLength": 200}}, ("at", "edit")),
+                                           32)}),
         "draft": _object({"edit": edit, "policy_name": {"type": "string", "maxLength": 64},
                           "policy_settings": settings}, ("edit",)),
     }, ("format", "version", "turns"))

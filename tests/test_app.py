@@ -249,3 +249,25 @@ def test_the_end_of_turn_that_closed_a_reply_is_marked_cached_late(lm):
     late = [c[0] for c in chips if c[16]]
     assert session.pending is not None and chips[first][1] == "<|im_end|>" and late == [first]
     assert chips[first][3] == 1 and chips[first][2] == 1  # it stays in turn 2's query segment (where it was cached)
+
+
+def test_kept_edits_are_saved_with_the_session_and_make_the_standalone_page():
+    from kvviz.standalone_page import Prepared, page_data, standalone_html
+
+    app = start()
+    app.chat_input[0].set_value("Name two colours.").run()
+    app.session_state["draft"].toggle_evicted(5)
+    app.run()
+    keep = next(b for b in app.button if b.label == "Keep this edit for the page")
+    keep.click().run()
+    assert_clean(app)
+    session, kept = app.session_state["session"], app.session_state["prepared"]
+    assert [Prepared.from_dict(k) for k in kept] == [Prepared(len(session) - 1, app.session_state["draft"].edit(len(session)))]
+    saved = app.session_state["export"]["doc"]
+    assert saved["view"]["prepared"] == kept  # in the autosave and the export
+    assert any("standalone page (1 kept edits" in b.label for b in app.get("download_button"))
+    page = standalone_html(page_data(session, [Prepared.from_dict(k) for k in kept], [(0, None)]))
+    assert '"evicted":[5]' in page
+    next(b for b in app.button if b.label == "Forget the kept edits").click().run()
+    assert_clean(app)
+    assert not app.session_state["prepared"]

@@ -9,6 +9,7 @@ from app.plain import warn
 from app.views.token_strip import apply_quantizers
 from kvviz import figures
 from kvviz.errors import KvvizError
+from kvviz.standalone_page import MAX_PREPARED, Prepared, page_data, standalone_html
 from kvviz.whatif import WhatIf, what_if
 
 PROB = st.column_config.ProgressColumn("p", format="%.4f", min_value=0.0, max_value=1.0)
@@ -102,6 +103,7 @@ def render() -> None:
     if result.continuation:
         _continuation(result)
     _buttons()
+    _standalone(result)
 
 
 def _pick_cell() -> None:
@@ -141,6 +143,29 @@ def _continuation(result: WhatIf) -> None:
     full.code(cont.full, language=None, wrap_lines=True)
     edited.caption("edited cache")
     edited.code(cont.edited, language=None, wrap_lines=True)
+
+
+def _standalone(result: WhatIf) -> None:
+    """Keep this edit for the standalone page (a list saved with the session) and download the page."""
+    session, kept = state.session(), state.prepared()
+    left, right = st.columns([1, 2], vertical_alignment="center")
+    if left.button("Keep this edit for the page", disabled=len(kept) >= MAX_PREPARED or result.edit.is_empty,
+                   help="The standalone page shows the what-if of each kept edit; clicking a chip there switches "
+                        "between them"):
+        kept.append(Prepared(result.at, result.edit).to_dict())
+        st.rerun()
+    layer, head, detail = st.session_state.layer, state.head(), state.detail_head()
+    views = [(layer, head)] if head is None else [(layer, None), (layer, head)]
+
+    def page() -> str:  # built when the button is pressed
+        prepared = [Prepared.from_dict(value) for value in kept]
+        return standalone_html(page_data(session, prepared, views, (layer, detail)))
+
+    right.download_button(f"Export as a standalone page ({len(kept)} kept edits; opens offline)", page,
+                          file_name="kvviz-page.html", mime="text/html", on_click="ignore")
+    if kept and right.button("Forget the kept edits"):
+        kept.clear()
+        st.rerun()
 
 
 def _buttons() -> None:

@@ -21,18 +21,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document (as chat --json)")
 
 
-def run(args: argparse.Namespace) -> None:
+def read_document(path: Path, model: str | None) -> dict:
+    """A session file's document, parsed with the app's limits and, when the model's shape is known without loading
+    it, checked against it (a refusal before the slow imports and load)."""
     try:
-        if args.file.stat().st_size > MAX_BYTES:
-            raise KvvizError(f"cannot import this session: the file has {args.file.stat().st_size:,} bytes, over "
+        if path.stat().st_size > MAX_BYTES:
+            raise KvvizError(f"cannot import this session: the file has {path.stat().st_size:,} bytes, over "
                              f"the limit of {MAX_BYTES:,}")
-        text = args.file.read_bytes()
+        text = path.read_bytes()
     except OSError as exc:
-        raise KvvizError(f"cannot read {args.file}: {exc.strerror}") from None
+        raise KvvizError(f"cannot read {path}: {exc.strerror}") from None
     document = parse(text)
-    geometry = located_geometry(args.model)
-    if geometry is not None:  # refuse what does not fit before the (slow) imports and load
+    geometry = located_geometry(model)
+    if geometry is not None:
         validate(geometry, document)
+    return document
+
+
+def run(args: argparse.Namespace) -> None:
+    document = read_document(args.file, args.model)
     from kvviz.model import load_model
     from kvviz.session_file import import_session
 
