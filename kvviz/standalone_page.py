@@ -18,6 +18,7 @@ import numpy as np
 
 from kvviz.edits import Edit
 from kvviz.errors import KvvizError
+from kvviz.figures.slides import describe, evicted_slots
 from kvviz.session import Session
 from kvviz.transcript import SEGMENTS
 from kvviz.whatif import what_if
@@ -72,7 +73,7 @@ def _result(session: Session, prepared: Prepared, layer: int, head: int) -> dict
     table = lambda rows: [[c.text, c.prob, c.rank + 1, c.rank_other + 1, c.logit_delta] for c in rows]  # noqa: E731
     edit = prepared.edit.resolved(prepared.at)
     return {
-        "at": result.at, "label": prepared.label or _describe(edit), "evicted": sorted(_evicted(edit)),
+        "at": result.at, "label": prepared.label or describe(edit), "evicted": sorted(evicted_slots(edit)),
         "key_bits": {str(s): b for s, b in edit.key_bits.items()},
         "value_bits": {str(s): b for s, b in edit.value_bits.items()},
         "kl": nt.kl, "tv": nt.tv, "top1_changed": nt.top1_changed,
@@ -82,24 +83,6 @@ def _result(session: Session, prepared: Prepared, layer: int, head: int) -> dict
         "alpha": detail.alpha_full, "renorm": [0.0 if v is None else v for v in detail.alpha_renorm],
         "used": [0.0 if v is None else v for v in detail.alpha_edited],
     }
-
-
-def _evicted(edit: Edit) -> set[int]:
-    """Slots evicted in at least one layer / KV head."""
-    return {slot for eviction in edit.evictions for slot in eviction.slots}
-
-
-def _describe(edit: Edit) -> str:
-    parts = []
-    if _evicted(edit):
-        slots = sorted(_evicted(edit))
-        parts.append(f"evict {len(slots)} slot{'s' * (len(slots) != 1)} ({', '.join(map(str, slots[:6]))}"
-                     f"{', …' if len(slots) > 6 else ''})")
-    widths = sorted(set(edit.key_bits.values()) | set(edit.value_bits.values()))
-    if widths:
-        parts.append(f"quantize {len(set(edit.key_bits) | set(edit.value_bits))} slots to "
-                     f"{'/'.join(map(str, widths))} bits")
-    return "; ".join(parts) or "no edit"
 
 
 def page_data(session: Session, prepared: list[Prepared], views: list[tuple[int, int | None]],

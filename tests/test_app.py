@@ -266,6 +266,7 @@ def test_kept_edits_are_saved_with_the_session_and_make_the_standalone_page():
     saved = app.session_state["export"]["doc"]
     assert saved["view"]["prepared"] == kept  # in the autosave and the export
     assert any("standalone page (1 kept edits" in b.label for b in app.get("download_button"))
+    assert any(b.label == "Download the figure" for b in app.get("download_button"))  # a slide (tests/test_slides.py)
     page = standalone_html(page_data(session, [Prepared.from_dict(k) for k in kept], [(0, None)]))
     assert '"evicted":[5]' in page
     next(b for b in app.button if b.label == "Forget the kept edits").click().run()

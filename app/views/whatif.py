@@ -9,7 +9,9 @@ from app.plain import warn
 from app.views.token_strip import apply_quantizers
 from kvviz import figures
 from kvviz.errors import KvvizError
+from kvviz.figures.slides import to_png, to_svg, whatif_slides
 from kvviz.standalone_page import MAX_PREPARED, Prepared, page_data, standalone_html
+from kvviz.view_data import strip_chips
 from kvviz.whatif import WhatIf, what_if
 
 PROB = st.column_config.ProgressColumn("p", format="%.4f", min_value=0.0, max_value=1.0)
@@ -100,10 +102,34 @@ def render() -> None:
     st.download_button("Download these figures (HTML, works offline)",  # built when clicked
                        lambda: figures.figures_html(list(charts.values()), f"kvviz what-if at slot {result.at}"),
                        file_name=f"kvviz-whatif-slot{result.at}.html", mime="text/html", on_click="ignore")
+    _slides(result)
     if result.continuation:
         _continuation(result)
     _buttons()
     _standalone(result)
+
+
+SLIDE_FORMATS = {"PNG, 1920 px": ("png", 1), "PNG, 3840 px (2×)": ("png", 2), "SVG": ("svg", None)}
+
+
+def _slides(result: WhatIf) -> None:
+    """One figure of this what-if for a slide (light theme, captioned with model, step and edit), rendered offline."""
+    session, draft = state.session(), state.draft()
+    layer, head, shading = st.session_state.layer, state.head(), st.session_state.get("shading", "linear")
+    figure, kind, button = st.columns([2, 2, 3], vertical_alignment="bottom")
+    name = figure.selectbox("Figure for a slide", ["strip", "next-token tables", "attention weights (α, α′)",
+                                                   "ρ and Δo maps", "hidden-state change"], key="slide_figure")
+    chosen = kind.selectbox("Format", list(SLIDE_FORMATS), key="slide_format")
+    extension, scale = SLIDE_FORMATS[chosen]
+
+    def render() -> bytes | str:  # built when the button is pressed
+        chips = strip_chips(session, draft, result.at, layer, head, shading)
+        spec = whatif_slides(result, chips, session.lm.name)[name]
+        return to_png(spec, scale) if extension == "png" else to_svg(spec)
+
+    button.download_button("Download the figure", render, file_name=f"kvviz-{name.split()[0]}-slot{result.at}."
+                           f"{extension}", mime="image/png" if extension == "png" else "image/svg+xml",
+                           on_click="ignore")
 
 
 def _pick_cell() -> None:

@@ -1,0 +1,79 @@
+"""Figures for slides: valid PNG (1920 px wide at most at scale 1, twice at scale 2) and SVG, captioned, holding the
+what-if's own numbers, rendered without any request."""
+
+from __future__ import annotations
+
+import struct
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from kvviz.draft import EditDraft
+from kvviz.figures import alpha_chart, slides
+from kvviz.session import Session
+from kvviz.view_data import strip_chips
+from kvviz.whatif import what_if
+
+
+@pytest.fixture(scope="module")
+def prepared(lm):
+    session = Session(lm)
+    session.add_user_turn("It's a \"quoted\" test \\ with a back'slash. Name a planet.")
+    session.generate(16)
+    at = len(session) - 1
+    draft = EditDraft()
+    for slot in (10, 11, 12):
+        draft.toggle_evicted(slot)
+    result = what_if(session, draft.edit(at), layer=3, head=2)
+    return session, result, strip_chips(session, draft, at, 3, None)
+
+
+def _size(png: bytes) -> tuple[int, int]:
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", png[16:24])
+
+
+def test_every_slide_is_a_valid_png_and_svg_that_fits_a_slide(prepared):
+    session, result, chips = prepared
+    specs = slides.whatif_slides(result, chips, session.lm.name)
+    assert set(specs) == {"strip", "next-token tables", "attention weights (α, α′)", "ρ and Δo maps",
+                          "hidden-state change"}
+    for name, spec in specs.items():
+        width, height = _size(slides.to_png(spec))
+        assert 600 <= width <= slides.WIDTH and height <= 1080, name
+        assert _size(slides.to_png(spec, scale=2)) == (2 * width, 2 * height), name
+        svg = ET.fromstring(slides.to_svg(spec))
+        assert svg.tag.endswith("svg") and float(svg.get("width")) == width, name
+        text = " ".join(t for t in svg.itertext())
+        assert f"step of slot {result.at}" in text and "evict 3 slots (10, 11, 12)" in text, name
+
+
+def test_slides_hold_the_what_ifs_numbers(prepared):
+    session, result, chips = prepared
+    specs = slides.whatif_slides(result, chips, session.lm.name)
+    tables = specs["next-token tables"]
+    full = [row["p"] for row in tables["data"]["values"] if row["side"] == "full cache"]
+    assert full == [c.prob for c in result.next_token.full]
+    assert f"KL {result.next_token.kl:.3g} nats" in tables["title"]["text"]
+    strip = specs["strip"]["data"]["values"]
+    assert [row["evicted"] for row in strip] == [chip[0] in (10, 11, 12) for chip in chips]
+    assert [row["attention"] for row in strip] == [chip[4] for chip in chips]
+
+
+def test_the_alpha_axis_names_tokens_up_to_100_slots_and_quotes_any_text(prepared):
+    session, result, chips = prepared
+    texts = [chip[1] for chip in chips]
+    spec = slides.alpha_slide(alpha_chart(result.detail, texts), "caption")
+    expression = spec["layer"][0]["encoding"]["x"]["axis"]["labelExpr"]
+    assert f"datum.value == 0 ? '0 " in expression and "\\'" in expression  # the quote of "It's", escaped
+    width, _ = _size(slides.to_png(spec))  # renders: the expression parses
+    assert width <= slides.WIDTH
+    long = alpha_chart(result.detail.__class__(0, 0, list(range(300)), [1 / 300] * 300, [1 / 300] * 300,
+                                               [1 / 300] * 300), ["t"] * 300)
+    assert "axis" not in slides.alpha_slide(long, "caption")["layer"][0]["encoding"]["x"]
+
+
+def test_rendering_makes_no_request():
+    spec = {"data": {"url": "http://example.com/data.csv"}, "mark": "point"}
+    with pytest.raises(ValueError, match="External data url not allowed"):
+        slides.to_png(spec)
