@@ -17,7 +17,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from app import housekeeping, launch, server_memory, state  # noqa: E402
 from app.plain import plain, warn  # noqa: E402
 from app.views import (attention, chat, growth, guide, held, policies, policy_run, sidebar, sweeps,  # noqa: E402
-                       token_strip, toy, whatif)
+                       token_strip, tour, toy, whatif)
 from kvviz.errors import KvvizError  # noqa: E402
 from kvviz.model import load_model  # noqa: E402
 
@@ -69,6 +69,7 @@ if st.session_state.large:
 
 st.title("kvviz — the KV cache, visible")
 guarded(held)
+guarded(tour)
 guarded(guide)
 guarded(toy)
 guarded(chat)

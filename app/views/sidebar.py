@@ -7,6 +7,7 @@ import os
 import streamlit as st
 
 from app import state
+from app.views import tour
 from app.plain import plain
 from kvviz.errors import KvvizError
 from kvviz.model import BUNDLED, LoadedModel, allowed_models
@@ -48,6 +49,7 @@ def render() -> None:
             state.new_conversation(lm, session.sampling)
             st.rerun()
         _scenarios(lm)
+        tour.choose(lm)
         _export_import(lm)
 
 

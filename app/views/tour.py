@@ -1,0 +1,59 @@
+"""A guided tour at the top of the page: the step's caption with the live model's numbers, where to look, and
+Back / Next / End. Each step sets the state it describes (step, edit, layer and head); it stays live and clickable."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import state
+from app.plain import plain
+from kvviz.model import LoadedModel
+from kvviz.scenarios import Scenario, toy_example
+from kvviz.tours import Tour, load_tours, play, stage
+
+
+def choose(lm: LoadedModel) -> None:
+    """The sidebar's list of tours."""
+    st.subheader("Guided tours")
+    for index, tour in enumerate(load_tours()):
+        if st.button(tour.name, help=tour.description, key=f"tour-{index}"):
+            with st.spinner(plain(f"Preparing “{tour.name}”…")):
+                go(tour, 0, play(lm, tour))
+            st.rerun(scope="app")
+
+
+def go(tour: Tour, index: int, session) -> None:
+    """Show step ``index`` of ``tour`` on ``session``."""
+    step = tour.steps[index]
+    shown = stage(session, step)
+    newest = shown.at == len(session) - 1
+    state.replace(session, shown.draft, {"layer": shown.layer, "head": shown.head, "at": None if newest else shown.at})
+    toy = None
+    if step.toy:
+        scenario = Scenario(name="Toy numbers", description="α, ρ and α′ = α/(1−ρ)", toy=step.toy)
+        toy = (scenario, [toy_example(step.toy["alpha"], evict) for evict in step.toy["evict"]])
+    state.keep("toy", toy)
+    state.keep("tour", {"tour": tour, "index": index, "caption": shown.caption(step), "look": step.look})
+
+
+def render() -> None:
+    kept = state.kept("tour")
+    if kept is None:
+        return
+    tour, index = kept["tour"], kept["index"]
+    with st.container(border=True, key="tour"):
+        st.markdown(f"#### Tour: {plain(tour.name)} · step {index + 1} of {len(tour.steps)}")
+        st.markdown(kept["caption"])  # the tour file's own Markdown, with the model's numbers
+        if kept["look"]:
+            st.caption(kept["look"])
+        back, forward, end = st.columns([1, 1, 4])
+        if back.button("Back", disabled=index == 0, key="tour-back"):
+            go(tour, index - 1, state.session())
+            st.rerun(scope="app")
+        if forward.button("Next", disabled=index == len(tour.steps) - 1, key="tour-next", type="primary"):
+            go(tour, index + 1, state.session())
+            st.rerun(scope="app")
+        if end.button("End the tour", key="tour-end"):
+            state.keep("tour", None)
+            state.keep("toy", None)
+            st.rerun(scope="app")

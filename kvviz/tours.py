@@ -1,0 +1,145 @@
+"""Guided tours (``assets/tours/*.json``): a conversation and a list of steps, each a caption and the state to show —
+which step of the cache, which slots evicted or quantized, which layer and head. The captions' numbers are the live
+model's: ``{kl}``, ``{rho}``… are filled from a what-if of the step's edit, and each step's ``expect`` is checked by
+the tests against them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvviz.draft import EditDraft
+from kvviz.errors import KvvizError
+from kvviz.model import LoadedModel
+from kvviz.quant import Quantizer
+from kvviz.scenarios import find_slots, toy_example
+from kvviz.session import Session
+
+TOURS = Path(__file__).resolve().parents[1] / "assets" / "tours"
+
+
+@dataclass(frozen=True)
+class TourStep:
+    caption: str  # Markdown with ``{name}`` fields from :func:`stage`'s numbers
+    at: str | int = "answer"  # "answer" (the step that chose the reply's first token), "end", "prefill_end" or a slot
+    evict_text: list[str] = field(default_factory=list)  # slots covering these texts, before the step, evicted
+    quantize: dict | None = None  # {"slots": "history" | [..], "key_bits", "value_bits", "keys": "channel" | "token"}
+    head: str | list[int] = "max_rho"  # the layer and head shown: the largest ρ of the edit, or [layer, head]
+    toy: dict | None = None  # {"alpha": [...], "evict": [[...], ...]} as a toy demo: §3's numbers, the first eviction's
+    # as {toy_rho} and {toy_renorm}
+    look: str = ""  # where to look on the page (shown under the caption)
+    expect: dict = field(default_factory=dict)  # {"min_kl", "max_kl", "min_rho", "top1_changed", ...}: checked
+
+
+@dataclass(frozen=True)
+class Tour:
+    name: str
+    description: str
+    turns: list[str]
+    steps: list[TourStep]
+    max_new_tokens: int = 16
+
+
+@dataclass
+class Stage:
+    """One step, ready to show: the slot whose step is shown, the draft edit, the layer and head, the numbers."""
+
+    at: int
+    draft: EditDraft
+    layer: int
+    head: int
+    numbers: dict
+
+    def caption(self, step: TourStep) -> str:
+        return step.caption.format(**self.numbers)
+
+
+def load_tours(folder: Path = TOURS) -> list[Tour]:
+    tours = []
+    for path in sorted(folder.glob("*.json")):
+        document = json.loads(path.read_text())
+        tours.append(Tour(**{**document, "steps": [TourStep(**step) for step in document["steps"]]}))
+    return tours
+
+
+def play(lm: LoadedModel, tour: Tour) -> Session:
+    """The tour's conversation, greedy."""
+    session = Session(lm)
+    for text in tour.turns:
+        session.add_user_turn(text)
+        session.generate(tour.max_new_tokens)
+    return session
+
+
+def _at(session: Session, at: str | int) -> int:
+    slots = session.transcript.slots
+    prefill_end = max(s.slot for s in slots if s.kind == "prefill")
+    where = {"answer": prefill_end, "prefill_end": prefill_end, "end": len(session) - 1}
+    if isinstance(at, int) and 0 <= at < len(session):
+        return at
+    if at not in where:
+        raise KvvizError(f"a tour step's 'at' must be answer, end, prefill_end or a cached slot, not {at!r}")
+    return where[at]
+
+
+def _draft(session: Session, step: TourStep, at: int) -> EditDraft:
+    draft = EditDraft()
+    draft.evict_many(sorted({s for text in step.evict_text for s in find_slots(session, text) if s < at}))
+    if step.quantize:
+        spec = step.quantize
+        slots = range(at) if spec["slots"] == "history" else [s for s in spec["slots"] if s < at]
+        draft.set_bits(list(slots), spec["key_bits"], spec.get("value_bits", spec["key_bits"]))
+        draft.keys = Quantizer(axis=spec.get("keys", "channel"))
+    return draft
+
+
+def stage(session: Session, step: TourStep) -> Stage:
+    """The state of ``step`` on the tour's ``session`` and the numbers its caption and checks use."""
+    from kvviz.whatif import what_if
+
+    at = _at(session, step.at)
+    draft = _draft(session, step, at)
+    transcript = session.transcript
+    kinds = [s.kind for s in transcript.slots[: at + 1]]
+    segments = transcript.segments()[: at + 1]
+    numbers = {"at": at, "n": at + 1, "token": transcript.slots[at].text.strip() or "∅",
+               "history": segments.count("history"), "query": segments.count("query"),
+               "generated": segments.count("generated"), "prefilled": kinds.count("prefill"),
+               "per_slot": session.lm.bytes_per_slot, "evicted": len(draft.evicted)}
+    layer, head = (step.head if isinstance(step.head, list) else (0, 0))
+    edit = draft.edit(at)
+    if at > 0:
+        result = what_if(session, edit, at=at, layer=layer, head=head)
+        if step.head == "max_rho" and not edit.is_empty:
+            rho = result.heads["rho" if edit.evictions else "delta_isolated"]
+            layer, head = divmod(int(rho.argmax()), rho.shape[1])
+            result = what_if(session, edit, at=at, layer=layer, head=head)
+        nt, memory, heads = result.next_token, result.memory, result.heads
+        numbers |= {"kl": nt.kl, "tv": nt.tv, "top1": "flips" if nt.top1_changed else "stays",
+                    "top1_changed": nt.top1_changed, "rho": float(heads["rho"][layer, head]),
+                    "rho_mean": float(heads["rho"].mean()), "kv_bytes": memory.full_bytes,
+                    "edited_bytes": memory.edited_bytes, "saved": 1 - memory.edited_bytes / max(memory.full_bytes, 1),
+                    "weight_term": float(heads["weight_term"][layer, head]),
+                    "content_term": float(heads["content_term"][layer, head]),
+                    "full_top": nt.full[0].text.strip(), "edited_top": nt.edited[0].text.strip()}
+    if step.toy:
+        toy = toy_example(step.toy["alpha"], step.toy["evict"][0])
+        numbers |= {"toy_rho": toy["rho"],
+                    "toy_renorm": ", ".join("gone" if v is None else f"{v:.3f}" for v in toy["alpha_renorm"])}
+    return Stage(at, draft, layer, head, numbers | {"layer": layer, "head": head})
+
+
+def check(stage: Stage, step: TourStep) -> list[str]:
+    """What of ``step.expect`` the live numbers do not meet (empty: all of it)."""
+    failed, numbers = [], stage.numbers
+    for key, wanted in step.expect.items():
+        name, bound = (key[4:], "min") if key.startswith("min_") else (key[4:], "max") if key.startswith("max_") \
+            else (key, "equal")
+        value = numbers.get(name)
+        ok = value is not None and (value >= wanted if bound == "min" else value <= wanted if bound == "max"
+                                    else value == wanted)
+        if not ok:
+            failed.append(f"{key}: expected {wanted!r}, the model gives {value!r}")
+    return failed

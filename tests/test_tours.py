@@ -1,0 +1,95 @@
+"""Guided tours: every step's numbers are the live model's (each step's ``expect`` holds, and changing a number in a
+tour file makes it fail), and each tour plays from start to end in the app with no error or warning."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from kvviz.tours import TOURS, check, load_tours, play, stage
+from kvviz.whatif import what_if
+from tests.browser import CHROMIUM
+from tests.test_app import APP, assert_clean
+
+TOUR_NAMES = [tour.name for tour in load_tours()]
+
+
+def test_there_are_three_tours_with_their_stories():
+    assert TOUR_NAMES == ["What the KV cache is", "Eviction: what ρ and α′ mean", "Quantization: why keys per channel"]
+    for path in sorted(TOURS.glob("*.json")):
+        json.loads(path.read_text())  # each file is plain JSON a speaker can edit
+
+
+@pytest.mark.parametrize("index", range(len(TOUR_NAMES)))
+def test_every_steps_numbers_are_the_models(lm, index):
+    tour = load_tours()[index]
+    session = play(lm, tour)
+    for step in tour.steps:
+        shown = stage(session, step)
+        assert check(shown, step) == [], (tour.name, step.caption[:40])
+        caption = shown.caption(step)
+        assert "{" not in caption  # every field filled
+        if shown.at > 0 and "kl" in step.caption:
+            result = what_if(session, shown.draft.edit(shown.at), at=shown.at, layer=shown.layer, head=shown.head)
+            assert shown.numbers["kl"] == result.next_token.kl  # computed, not written in the file
+        for key, wanted in step.expect.items():  # a number changed in the file fails the check
+            if isinstance(wanted, bool) or not isinstance(wanted, (int, float)):
+                continue
+            value = shown.numbers[key[4:]] if key[:4] in ("min_", "max_") else shown.numbers[key]
+            moved = value + 1 if key.startswith("min_") else value - 1 if key.startswith("max_") else value + 1
+            broken = dataclasses.replace(step, expect={key: moved})
+            assert check(shown, broken), (tour.name, key)
+
+
+@pytest.mark.parametrize("index", range(len(TOUR_NAMES)))
+def test_a_tour_plays_start_to_end_in_the_app(index):
+    app = AppTest.from_file(APP, default_timeout=600).run()
+    tour = load_tours()[index]
+    next(b for b in app.sidebar.button if b.label == tour.name).click().run()
+    for number in range(len(tour.steps)):
+        assert_clean(app)
+        assert not app.warning, [w.value for w in app.warning]
+        heading = next(m.value for m in app.markdown if m.value.startswith("#### Tour:"))
+        assert heading.endswith(f"step {number + 1} of {len(tour.steps)}")
+        kept = app.session_state["tour"]
+        assert kept["caption"] in [m.value for m in app.markdown]
+        assert app.session_state["layer"] == stage(app.session_state["session"], tour.steps[number]).layer
+        if number < len(tour.steps) - 1:
+            next(b for b in app.button if b.label == "Next").click().run()
+    next(b for b in app.button if b.label == "Back").click().run()
+    assert app.session_state["tour"]["index"] == len(tour.steps) - 2
+    next(b for b in app.button if b.label == "End the tour").click().run()
+    assert_clean(app)
+    assert app.session_state["tour"] is None
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
+                    reason="Debian's chromium is not installed (scripts/test.sh installs it)")
+def test_a_tour_plays_in_the_browser_at_1280x720_with_no_warning(tmp_path):
+    from tests.browser import browser_page, running_app
+
+    tour = load_tours()[1]
+    idle = "!document.querySelector('[data-testid=stStatusWidget]')"
+    with running_app({"KVVIZ_SESSIONS": str(tmp_path)}) as url, browser_page(url, 1280, 720) as page:
+        messages = []
+        page.on("console", lambda message: messages.append((message.type, message.text)))
+        page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=180_000)
+        page.get_by_role("button", name=tour.name).click()
+        for number in range(1, len(tour.steps) + 1):
+            page.get_by_text(f"step {number} of {len(tour.steps)}").wait_for(timeout=180_000)
+            page.wait_for_function(idle, timeout=180_000)
+            panel = page.locator(".st-key-tour")
+            panel.scroll_into_view_if_needed()
+            box = panel.bounding_box()  # the whole step fits one 1280×720 screen
+            assert 0 <= box["y"] and box["y"] + box["height"] <= 720 and 0 <= box["x"] and box["x"] + box["width"] <= 1280
+            if number < len(tour.steps):
+                page.get_by_role("button", name="Next").click()
+        page.get_by_role("button", name="End the tour").click()
+        page.wait_for_function(idle, timeout=120_000)
+        assert page.locator(".st-key-tour").count() == 0
+        assert not [m for m in messages if m[0] in ("warning", "error")], messages
