@@ -6,6 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import state
+from app.components.scroll import scroll_here
 from app.plain import plain
 from kvviz.model import LoadedModel
 from kvviz.scenarios import Scenario, toy_example
@@ -42,6 +43,7 @@ def render() -> None:
         return
     tour, index = kept["tour"], kept["index"]
     with st.container(border=True, key="tour"):
+        scroll_here(f"{tour.name}/{index}", key="tour-scroll")  # each step starts on screen
         st.markdown(f"#### Tour: {plain(tour.name)} · step {index + 1} of {len(tour.steps)}")
         st.markdown(kept["caption"])  # the tour file's own Markdown, with the model's numbers
         if kept["look"]:
