@@ -64,22 +64,39 @@ def render() -> None:
     chips = strip_chips(session, draft, at, st.session_state.layer, state.head(), shading)
     scale = {"linear": "relative to the strongest slot", "log": "log scale over six decades",
              "rank": "by rank"}[shading]
-    st.caption(f"Click a chip to evict it · shift-click to select · background = attention of the current step "
-               f"(dashed), {scale} · band: grey history, blue query, orange generated · struck through: the edit you "
-               "are trying (faded) or committed (grey, double line; purple filled badge: committed bits)")
+    if not st.session_state.large:  # a projector shows the strip without its legend: the speaker tells it
+        st.caption(f"Click a chip to evict it · shift-click to select · background = attention of the current step "
+                   f"(dashed), {scale} · band: grey history, blue query, orange generated · struck through: the edit "
+                   "you are trying (faded) or committed (grey, double line; purple filled badge: committed bits)")
     note = window_note(session, at, st.session_state.layer)
     if note:
         st.caption(note)
+    large = st.session_state.large
+    if not large:
+        _find(session, at)
+    found = find_slots(session, at, st.session_state.get("find") or "")
+    token_strip(chips, at, _on_click, large=large, found=found)
+    if not large:  # presentation mode draws them below the top-k tables (see controls)
+        controls()
+
+
+def controls() -> None:
+    """Below the strip: search (in presentation mode), the committed edits and the bit-width picker."""
+    session, draft, at = state.session(), state.draft(), state.step_slot()
+    if st.session_state.large:
+        _find(session, at)
+    _commits(session)
+    _picker(draft, session, at)
+
+
+def _find(session, at: int) -> None:
     find, count = st.columns([2, 5], vertical_alignment="bottom")
     query = find.text_input("Find in the cache", key="find", placeholder="a word or phrase",
                             help="Highlights the chips of every match (yellow, also on the bar above the strip) and "
                                  "scrolls to the first")
-    found = find_slots(session, at, query or "")
     if query:
+        found = find_slots(session, at, query)
         count.caption(f"{len(found)} slots match" if found else "no slot matches")
-    token_strip(chips, at, _on_click, large=st.session_state.large, found=found)
-    _commits(session)
-    _picker(draft, session, at)
 
 
 def _commits(session) -> None:

@@ -15,6 +15,7 @@ from kvviz.view_data import strip_chips
 from kvviz.whatif import WhatIf, what_if
 
 PROB = st.column_config.ProgressColumn("p", format="%.4f", min_value=0.0, max_value=1.0)
+PRESENTED = 5  # top-k rows in presentation mode
 
 
 def compute() -> WhatIf:
@@ -67,23 +68,47 @@ def summary() -> None:
 
 
 def render() -> None:
-    """Everything below the headline numbers (see :func:`summary`)."""
+    """Everything below the headline numbers (see :func:`summary`): the top-k tables, then the rest."""
+    tables()
+    rest()
+
+
+def tables() -> None:
+    """The two top-k tables (in presentation mode a plain table of five rows that scales with the type)."""
+    if len(state.session()) < 2:
+        return
+    try:
+        result = compute()
+    except KvvizError:
+        return  # summary() said why
+    large = st.session_state.large
+    full, edited = st.columns(2)
+    for column, side in ((full, "full"), (edited, "edited")):
+        frame = figures.topk_frame(result.next_token, side)
+        if large:  # five rows, no heading: the strip, the numbers and both tables on one 1280×720 screen
+            frame = frame.head(PRESENTED).rename(columns={"token": f"{side} cache", "rank other": "other"})
+            column.table(frame.style.format({"p": "{:.3f}", "Δlogit": "{:+.3f}"}).hide(axis="index"))
+        else:
+            column.markdown(f"**{side.capitalize()} cache** — next token after slot {result.at}")
+            column.dataframe(frame, hide_index=True,
+                             column_config={"p": PROB, "Δlogit": st.column_config.NumberColumn(format="%+.4f")})
+    if large and st.session_state.topk > PRESENTED:
+        st.caption(f"Presentation mode shows the top {PRESENTED} of {st.session_state.topk}.")
+
+
+def rest() -> None:
+    """Below the tables: top-k and continuation settings, the charts, the downloads, the buttons."""
     session = state.session()
     if len(session) < 2:
         return
-    options = st.columns([1, 1, 4])
+    options = st.columns([1, 1, 3])
     options[0].number_input("Top-k", 1, 50, key="topk")
     options[1].number_input("Continue N tokens", 0, 64, key="continuation", help="Greedy continuations with both "
                             "caches (each token is one more decode step per click)")
     try:
         result = compute()
     except KvvizError:
-        return  # summary() said why
-    full, edited = st.columns(2)
-    for column, side in ((full, "full"), (edited, "edited")):
-        column.markdown(f"**{side.capitalize()} cache** — next token after slot {result.at}")
-        column.dataframe(figures.topk_frame(result.next_token, side), hide_index=True,
-                         column_config={"p": PROB, "Δlogit": st.column_config.NumberColumn(format="%+.4f")})
+        return
     texts = [s.text for s in session.transcript.slots[: result.at + 1]]
     charts = {"alpha": figures.alpha_chart(result.detail, texts), "heads": figures.head_grid_chart(result.heads),
               "hidden": figures.hidden_chart(result.hidden_delta)}
@@ -154,8 +179,9 @@ def _summary(result: WhatIf) -> None:
                help=f"Evicted mass: the share of layer {result.detail.layer}, head {result.detail.head}'s attention that "
                     "went to the evicted slots; the rest is rescaled by 1/(1−ρ)")
     saved = 1 - memory.edited_bytes / max(memory.full_bytes, 1)
-    row.metric("Cache bytes before this step", f"{memory.edited_bytes:,}", f"-{saved:.1%} vs {memory.full_bytes:,}",
-               delta_color="off", help="K and V of the slots this step reads (before its own is added), packed as the "
+    large = st.session_state.large  # presentation mode: the saving in the label, the numbers on one line
+    row.metric(f"Cache bytes (−{saved:.1%})" if large else "Cache bytes before this step", f"{memory.edited_bytes:,}",
+               None if large else f"-{saved:.1%} vs {memory.full_bytes:,}", delta_color="off", help="K and V of the slots this step reads (before its own is added), packed as the "
                "edit stores them, against the full cache at the model's dtype; sliding-window layers count only "
                "what they hold")
 

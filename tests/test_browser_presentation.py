@@ -1,0 +1,59 @@
+"""Presentation mode on a projector (1280×720, headless Chromium): every element scales, and one screen holds the
+headline numbers, the strip around the current step and the two top-k tables, above the chat box and below the
+page's header — measured as element boxes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.browser import CHROMIUM
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
+                                reason="Debian's chromium is not installed (scripts/test.sh installs it)")
+IDLE = "!document.querySelector('[data-testid=stStatusWidget]')"
+BOXES = """() => {
+  const box = (e) => { const r = e.getBoundingClientRect(); return {top: r.top, bottom: r.bottom, left: r.left,
+                                                                      right: r.right}; };
+  const all = (selector) => [...document.querySelectorAll(selector)].filter(e => e.offsetParent !== null).map(box);
+  const value = document.querySelector('[data-testid=stMetricValue]');
+  return {header: box(document.querySelector('[data-testid=stHeader]')),
+          chat: box(document.querySelector('[data-testid=stChatInput]')),
+          strip: box(document.querySelector('[class*=st-key-strip]')), metrics: all('[data-testid=stMetric]'),
+          tables: all('[data-testid=stTable]'), value: parseFloat(getComputedStyle(value).fontSize)};
+}"""
+
+
+def test_one_projector_screen_holds_the_numbers_the_strip_and_both_tables(tmp_path):
+    from tests.browser import browser_page, running_app
+
+    with running_app({"KVVIZ_SESSIONS": str(tmp_path)}) as url, browser_page(url, 1280, 720) as page:
+        messages = []
+        page.on("console", lambda message: messages.append((message.type, message.text)))
+        page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=180_000)
+        page.get_by_role("button", name="Evict a fact").click()
+        page.locator(".kv-chip").first.wait_for(timeout=180_000)
+        page.wait_for_function(IDLE, timeout=120_000)
+        normal = page.evaluate(BOXES)["value"]
+        page.get_by_text("Presentation mode (large type)").click()
+        page.locator("[data-testid=stTable]").first.wait_for(timeout=120_000)  # plain tables replace the grids
+        page.wait_for_function(IDLE, timeout=120_000)
+        page.locator("[data-testid=stSidebarHeader] button").first.click()  # the sidebar folded away
+        page.wait_for_timeout(800)
+        page.locator("[data-testid=stMetric]").first.evaluate(  # the speaker scrolls to the numbers
+            "e => { e.scrollIntoView({block: 'start'}); "
+            "document.querySelector('[data-testid=stAppScrollToBottomContainer]').scrollTop -= 70; }")
+        page.wait_for_timeout(500)
+        boxes = page.evaluate(BOXES)
+        page.screenshot(path=str(ROOT / "assets" / "screenshot-presentation-1280x720.png"))
+        assert boxes["value"] >= 1.2 * normal  # the numbers scale with the rest (36 → 44 px)
+        top, bottom = boxes["header"]["bottom"] - 10, boxes["chat"]["top"]
+        assert len(boxes["metrics"]) == 5 and len(boxes["tables"]) == 2
+        for element in [*boxes["metrics"], boxes["strip"], *boxes["tables"]]:
+            assert top <= element["top"] and element["bottom"] <= bottom, (element, top, bottom)
+            assert 0 <= element["left"] and element["right"] <= 1280
+        assert max(m["bottom"] - m["top"] for m in boxes["metrics"]) < 110  # no label or value wraps
+        assert not [m for m in messages if m[0] in ("warning", "error")], messages
