@@ -120,6 +120,13 @@ def test_the_page_works_offline_from_disk(session, tmp_path):
         expect(page.locator(".kv-result h2")).to_contain_text("evict 2 slots (3, 4)")
         page.locator('.kv-chip[data-slot="20"]').click()
         expect(page.locator(".kv-notice")).to_have_text("No prepared edit touches slot 20.")
+        page.get_by_role("button", name="▶ Play the growth").click()  # the cache grows, slot by slot
+        page.wait_for_function("(last) => +document.querySelector('input[type=range]').value < last", arg=len(session) - 10)
+        growing = page.evaluate("[...document.querySelectorAll('.kv-chip')].filter(c => c.offsetParent).length")
+        expect(page.get_by_role("button", name="▶ Play the growth")).to_be_visible(timeout=30_000)  # it ended
+        assert 0 < growing < len(session) and page.locator("input[type=range]").input_value() == str(len(session) - 1)
+        assert page.evaluate("[...document.querySelectorAll('.kv-chip')].filter(c => c.offsetParent).length") == \
+            len(session)  # at the end every slot is there
         assert HOSTILE in page.locator(".kv-user").inner_text()
         assert page.locator("img, a").count() == 0 and not dialogs and not problems
         assert requests == [path.as_uri()]

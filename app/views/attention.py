@@ -7,6 +7,7 @@ import streamlit as st
 from app import state
 from app.views.token_strip import window_note
 from kvviz import figures
+from kvviz.figures.slides import PLOTLY_CONFIG
 from kvviz.view_data import attention_row, head_map, overview
 
 
@@ -26,7 +27,7 @@ def render() -> None:
         return
     layer, head = st.session_state.layer, state.detail_head()
     st.plotly_chart(figures.overview_figure(overview(session, at), session.lm.kv_heads, at), key="overview",
-                    on_select=_pick_cell, selection_mode="points")
+                    config=PLOTLY_CONFIG, on_select=_pick_cell, selection_mode="points")
     st.caption(f"Click a head in a layer row to open its map (or pick them above the strip) · shown: layer {layer}, "
                f"head {head}")
     windows = session.lm.attention.windows
@@ -40,9 +41,10 @@ def render() -> None:
         st.caption(note)
     weights, block = head_map(session, layer, head)
     st.plotly_chart(figures.head_map_figure(weights, block, session.transcript.boundaries(), f"Layer {layer}, head {head}"),
-                    key="headmap")
+                    key="headmap", config=PLOTLY_CONFIG)
     slots = session.transcript.slots[: at + 1]
     row = attention_row(session, at, layer, head).tolist()
     st.plotly_chart(figures.row_figure(row, [s.text for s in slots], session.transcript.segments()[: at + 1],
-                                       f"Slot {at} attends to (layer {layer}, head {head})"), key="row")
+                                       f"Slot {at} attends to (layer {layer}, head {head})"), key="row",
+                    config=PLOTLY_CONFIG)
 

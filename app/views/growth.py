@@ -7,6 +7,7 @@ import streamlit as st
 from app import state
 from app.plain import warn
 from kvviz import figures
+from kvviz.figures.slides import PLOTLY_CONFIG
 from kvviz.edits import Edit
 from kvviz.errors import KvvizError
 from kvviz.whatif.memory import step_memory
@@ -17,7 +18,7 @@ def render() -> None:
     if not session.transcript.growth:
         st.info("The cache is empty.")
         return
-    st.plotly_chart(figures.growth(session.transcript), key="growth")
+    st.plotly_chart(figures.growth(session.transcript), key="growth", config=PLOTLY_CONFIG)
     try:
         memory = step_memory(session, Edit(), len(session))  # the committed edits (the draft's bytes: the what-if)
     except KvvizError as exc:

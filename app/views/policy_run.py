@@ -10,6 +10,7 @@ from app import state
 from app.plain import plain, warn
 from app.views.policies import parameters, policy_classes
 from kvviz import figures
+from kvviz.figures.slides import PLOTLY_CONFIG
 from kvviz.errors import KvvizError
 from kvviz.runs.blame import blame, restore, variants
 from kvviz.runs.compressed import RunSettings
@@ -84,8 +85,8 @@ def _show(result) -> None:
     run = result.turns[index]
     if not run.steps:
         return
-    st.plotly_chart(figures.kl_steps(result, index), key="run-kl")
-    st.plotly_chart(figures.cache_size(result, index), key="run-size")
+    st.plotly_chart(figures.kl_steps(result, index), key="run-kl", config=PLOTLY_CONFIG)
+    st.plotly_chart(figures.cache_size(result, index), key="run-size", config=PLOTLY_CONFIG)
     pieces = [slot.text for slot in run.forced.session.transcript.slots]
     lm = run.forced.session.lm
     cols = st.columns(2)
@@ -93,9 +94,9 @@ def _show(result) -> None:
     head = cols[1].selectbox("KV head", ["all", *range(lm.kv_heads)], key="run-head")
     if result.settings.policy is not None:
         st.plotly_chart(figures.timeline(result, pieces, index, None if layer == "all" else layer,
-                                         None if head == "all" else head), key="run-timeline")
+                                         None if head == "all" else head), key="run-timeline", config=PLOTLY_CONFIG)
     if result.settings.kivi is not None:
-        st.plotly_chart(figures.bit_widths(result, pieces, index), key="run-bits")
+        st.plotly_chart(figures.bit_widths(result, pieces, index), key="run-bits", config=PLOTLY_CONFIG)
     default = run.divergence if run.divergence is not None and run.divergence >= 0 else 0
     if ranked is not None and ranked.turn == index:
         default = ranked.step

@@ -24,6 +24,10 @@ THEME = {"background": "white", "font": "DejaVu Sans", "padding": 24,
          "axis": {"labelFontSize": 16, "titleFontSize": 18},
          "legend": {"labelFontSize": 16, "titleFontSize": 16, "labelLimit": 400},
          "header": {"labelFontSize": 18}, "view": {"stroke": None}}
+# plotly figures (growth, attention maps, policy runs): the chart's own camera button saves a 1920×1080 PNG, drawn in
+# the browser (no request)
+PLOTLY_CONFIG = {"toImageButtonOptions": {"format": "png", "width": WIDTH, "height": 1080, "scale": 1,
+                                          "filename": "kvviz-figure"}, "displaylogo": False}
 SEGMENT_COLOURS = {"history": "#7f8c9a", "query": "#2f80ed", "generated": "#f2994a"}
 
 

@@ -50,7 +50,9 @@ VIEWS.forEach((v, i) => viewSelect.appendChild(el("option", { value: String(i),
   text: `layer ${v.layer}, ${v.head === null ? "mean of heads" : "head " + v.head}` })));
 const slider = el("input", { type: "range", min: "0", max: String(n - 1), value: String(n - 1), "aria-label": "Step" });
 const stepLabel = el("span", { className: "kv-step" });
-controls.append(el("label", { text: "Attention of " }), viewSelect, el("label", { text: " · step " }), slider, stepLabel);
+const play = el("button", { type: "button", className: "kv-play", text: "▶ Play the growth" });
+controls.append(el("label", { text: "Attention of " }), viewSelect, el("label", { text: " · step " }), slider, stepLabel,
+  play);
 app.appendChild(controls);
 
 const editList = el("div", { className: "kv-edits", role: "list" });
@@ -93,6 +95,7 @@ const result = el("div", { className: "kv-result" });
 app.appendChild(result);
 
 function choose(index) {
+  stopPlaying();
   state.edit = index;
   state.at = DATA.prepared[index].at;
   slider.value = String(state.at);
@@ -100,7 +103,30 @@ function choose(index) {
   draw();
 }
 viewSelect.addEventListener("change", () => { state.view = Number(viewSelect.value); draw(); });
-slider.addEventListener("input", () => { state.at = Number(slider.value); draw(); });
+slider.addEventListener("input", () => { stopPlaying(); state.at = Number(slider.value); draw(); });
+
+// The growth as an animation: from the first slot to the last, the slots not yet cached hidden, about 8 s in all
+let timer = null;
+function stopPlaying() {
+  if (timer !== null) clearInterval(timer);
+  timer = null;
+  strip.classList.remove("kv-growing");
+  play.textContent = "▶ Play the growth";
+}
+play.addEventListener("click", () => {
+  if (timer !== null) { stopPlaying(); return; }
+  strip.classList.add("kv-growing");
+  play.textContent = "■ Stop";
+  state.edit = -1;
+  state.at = 0;
+  const stride = Math.max(1, Math.round(n / 160));
+  timer = setInterval(() => {
+    state.at = Math.min(state.at + stride, n - 1);
+    slider.value = String(state.at);
+    draw();
+    if (state.at >= n - 1) { clearInterval(timer); timer = null; play.textContent = "▶ Play the growth"; }
+  }, 50);
+});
 
 function table(rows, caption) {
   const head = el("tr", {}, ["token", "p", "rank", "rank other", "Δlogit"].map((h) => el("th", { text: h })));
