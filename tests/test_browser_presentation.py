@@ -48,7 +48,7 @@ def test_one_projector_screen_holds_the_numbers_the_strip_and_both_tables(tmp_pa
             "document.querySelector('[data-testid=stAppScrollToBottomContainer]').scrollTop -= 70; }")
         page.wait_for_timeout(500)
         boxes = page.evaluate(BOXES)
-        page.screenshot(path=str(ROOT / "assets" / "screenshot-presentation-1280x720.png"))
+        page.screenshot(path=str(ROOT / "assets" / "browser-test-presentation.png"))  # ignored by git
         assert boxes["value"] >= 1.2 * normal  # the numbers scale with the rest (36 → 44 px)
         top, bottom = boxes["header"]["bottom"] - 10, boxes["chat"]["top"]
         assert len(boxes["metrics"]) == 5 and len(boxes["tables"]) == 2
