@@ -20,12 +20,12 @@ def plain(text: object) -> str:
     """``text`` as Markdown source that renders as the text itself."""
     text, parts, last = str(text), [], 0
     for address in _ADDRESS.finditer(text):
-        parts += [_PUNCTUATION.sub(r"\\\1", text[last:address.start()]), _code(address.group())]
+        parts += [_PUNCTUATION.sub(r"\\\1", text[last:address.start()]), code(address.group())]
         last = address.end()
     return "".join(parts) + _PUNCTUATION.sub(r"\\\1", text[last:])
 
 
-def _code(text: str) -> str:
+def code(text: str) -> str:
     """``text`` as a code span: fenced by one more backtick than its longest run of them."""
     fence = "`" * (max(map(len, re.findall("`+", text)), default=0) + 1)
     pad = " " if text.startswith("`") or text.endswith("`") else ""

@@ -2,7 +2,8 @@
 heads chosen at export, and the what-if results of the edits a speaker prepared. It opens from disk with no server
 and loads nothing (a Content-Security-Policy forbids any request); all text is set as text, never as markup.
 
-The numbers are the library's own: the attention rows are :meth:`Session.weights` (float32, exact) and each prepared
+The numbers are the library's own: the attention rows are :meth:`Session.weights` (float32 as computed; a mean of
+heads is summed head by head) and each prepared
 edit is a :func:`~kvviz.whatif.what_if` whose results are stored as computed.
 """
 
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvviz.draft import EditDraft
 from kvviz.edits import Edit
 from kvviz.errors import KvvizError
 from kvviz.figures.slides import describe, evicted_slots
@@ -26,6 +28,7 @@ from kvviz.whatif import what_if
 _HERE = Path(__file__).parent / "figures"
 MAX_VIEWS = 8  # (layer, head) views of the attention in one page
 MAX_PREPARED = 32
+MAX_SLOTS = 2048  # every step's row of a view is n(n+1)/2 floats: ~11 MB of page per view at 2,048 slots
 
 
 @dataclass(frozen=True)
@@ -44,14 +47,13 @@ class Prepared:
         return Prepared(int(value["at"]), Edit.from_dict(value["edit"]), str(value.get("label", "")))
 
 
-def prepared_edits(view: dict, draft: Edit, n: int) -> list[Prepared]:
-    """The edits a session file's ``view`` keeps for the page; without any, its draft edit (if it edits anything)
-    at the step the view shows (the newest by default)."""
+def prepared_edits(view: dict, draft: EditDraft, n: int) -> list[Prepared]:
+    """The edits a session file's ``view`` keeps for the page; without any, its draft's edit for the step the view
+    shows (the newest by default), if it edits anything."""
     kept = [Prepared.from_dict(value) for value in view.get("prepared", [])]
-    if kept or draft.is_empty:
-        return kept
-    at = view.get("at")
-    return [Prepared(n - 1 if at is None else int(at), draft)]
+    at = n - 1 if view.get("at") is None else int(view["at"])
+    edit = draft.edit(at)
+    return kept if kept or edit.is_empty else [Prepared(at, edit)]
 
 
 def _floats(values: np.ndarray) -> str:
@@ -60,11 +62,11 @@ def _floats(values: np.ndarray) -> str:
 
 
 def _triangle(session: Session, layer: int, head: int | None) -> np.ndarray:
-    """Every step's attention row over slots ``0..at``, concatenated (step ``at`` starts at ``at (at + 1) / 2``)."""
-    weights = session.weights(layer, head=head)  # (1 | H, n, n), causal rows
-    rows = weights[0] if head is not None else weights.mean(0)
-    n = rows.shape[0]
-    return rows.cpu().numpy()[np.tril_indices(n)]
+    """Every step's attention row over slots ``0..at``, concatenated (step ``at`` starts at ``at (at + 1) / 2``); the
+    mean of heads is summed one head at a time (never all ``(H, n, n)`` at once)."""
+    heads = [head] if head is not None else range(session.lm.heads)
+    rows = sum(session.weights(layer, head=h)[0] for h in heads) / len(heads)  # (n, n), causal rows
+    return rows.cpu().numpy()[np.tril_indices(rows.shape[0])]
 
 
 def _result(session: Session, prepared: Prepared, layer: int, head: int) -> dict:
@@ -92,6 +94,9 @@ def page_data(session: Session, prepared: list[Prepared], views: list[tuple[int,
     lm, n = session.lm, len(session)
     if n == 0:
         raise KvvizError("the conversation is empty: there is nothing to put on a page")
+    if n > MAX_SLOTS:
+        raise KvvizError(f"the conversation has {n:,} slots; a standalone page holds at most {MAX_SLOTS:,} (the "
+                         "attention of every step grows with the square of the length)")
     if not 1 <= len(views) <= MAX_VIEWS:
         raise KvvizError(f"choose between 1 and {MAX_VIEWS} layer/head views of the attention, not {len(views)}")
     if len(prepared) > MAX_PREPARED:

@@ -18,6 +18,7 @@ from kvviz.scenarios import find_slots, toy_example
 from kvviz.session import Session
 
 TOURS = Path(__file__).resolve().parents[1] / "assets" / "tours"
+TEXT_FIELDS = ("token", "full_top", "edited_top")  # the model's own text (anything): formatted by the caller
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,10 @@ class Stage:
     head: int
     numbers: dict
 
-    def caption(self, step: TourStep) -> str:
-        return step.caption.format(**self.numbers)
+    def caption(self, step: TourStep, text=lambda value: value) -> str:
+        """The step's caption with the numbers; ``text`` formats the model's text fields (:data:`TEXT_FIELDS`) for
+        where the caption is shown (e.g. as Markdown code spans)."""
+        return step.caption.format(**{k: text(v) if k in TEXT_FIELDS else v for k, v in self.numbers.items()})
 
 
 def load_tours(folder: Path = TOURS) -> list[Tour]:
@@ -104,7 +107,7 @@ def stage(session: Session, step: TourStep) -> Stage:
     transcript = session.transcript
     kinds = [s.kind for s in transcript.slots[: at + 1]]
     segments = transcript.segments()[: at + 1]
-    numbers = {"at": at, "n": at + 1, "token": transcript.slots[at].text.strip() or "∅",
+    numbers = {"at": at, "n": at + 1, "token": transcript.slots[at].text,
                "history": segments.count("history"), "query": segments.count("query"),
                "generated": segments.count("generated"), "prefilled": kinds.count("prefill"),
                "per_slot": session.lm.bytes_per_slot, "evicted": len(draft.evicted)}
@@ -123,7 +126,7 @@ def stage(session: Session, step: TourStep) -> Stage:
                     "edited_bytes": memory.edited_bytes, "saved": 1 - memory.edited_bytes / max(memory.full_bytes, 1),
                     "weight_term": float(heads["weight_term"][layer, head]),
                     "content_term": float(heads["content_term"][layer, head]),
-                    "full_top": nt.full[0].text.strip(), "edited_top": nt.edited[0].text.strip()}
+                    "full_top": nt.full[0].text, "edited_top": nt.edited[0].text}
     if step.toy:
         toy = toy_example(step.toy["alpha"], step.toy["evict"][0])
         numbers |= {"toy_rho": toy["rho"],

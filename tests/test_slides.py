@@ -65,12 +65,21 @@ def test_the_alpha_axis_names_tokens_up_to_100_slots_and_quotes_any_text(prepare
     texts = [chip[1] for chip in chips]
     spec = slides.alpha_slide(alpha_chart(result.detail, texts), "caption")
     expression = spec["layer"][0]["encoding"]["x"]["axis"]["labelExpr"]
-    assert f"datum.value == 0 ? '0 " in expression and "\\'" in expression  # the quote of "It's", escaped
+    assert 'datum.value == 0 ? "0 ' in expression and '\\"' in expression  # JSON string literals, quotes escaped
     width, _ = _size(slides.to_png(spec))  # renders: the expression parses
     assert width <= slides.WIDTH
     long = alpha_chart(result.detail.__class__(0, 0, list(range(300)), [1 / 300] * 300, [1 / 300] * 300,
                                                [1 / 300] * 300), ["t"] * 300)
     assert "axis" not in slides.alpha_slide(long, "caption")["layer"][0]["encoding"]["x"]
+
+
+def test_any_token_text_is_a_valid_vega_string(prepared):
+    session, result, chips = prepared
+    texts = ["a\rb", "c\u2028d", "e\u2029f", "it's", 'say "x"', "back\\slash", "new\nline"] + ["t"] * 50
+    detail = result.detail.__class__(0, 0, list(range(len(texts))), [1 / len(texts)] * len(texts),
+                                     [1 / len(texts)] * len(texts), [1 / len(texts)] * len(texts))
+    spec = slides.alpha_slide(alpha_chart(detail, texts), "caption")
+    assert _size(slides.to_png(spec))[0] <= slides.WIDTH  # the label expression parses
 
 
 def test_rendering_makes_no_request():

@@ -68,6 +68,18 @@ def test_a_tour_plays_start_to_end_in_the_app(index):
     assert app.session_state["tour"] is None
 
 
+def test_a_new_conversation_closes_the_tour_and_model_text_stays_text():
+    app = AppTest.from_file(APP, default_timeout=600).run()
+    tour = load_tours()[1]
+    next(b for b in app.sidebar.button if b.label == tour.name).click().run()
+    next(b for b in app.button if b.label == "Next").click().run()  # the step naming the top tokens
+    caption = app.session_state["tour"]["caption"]
+    assert "(full cache: `" in caption  # the model's tokens as code spans, made by the app
+    next(b for b in app.sidebar.button if b.label == "New conversation").click().run()
+    assert_clean(app)
+    assert app.session_state["tour"] is None and not any(m.value.startswith("#### Tour:") for m in app.markdown)
+
+
 @pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
                     reason="Debian's chromium is not installed (scripts/test.sh installs it)")
 def test_a_tour_plays_in_the_browser_at_1280x720_with_no_warning(tmp_path):

@@ -7,7 +7,8 @@ import streamlit as st
 
 from app import state
 from app.components.scroll import scroll_here
-from app.plain import plain
+from app.plain import code, plain
+from kvviz.figures.whatif_charts import visible
 from kvviz.model import LoadedModel
 from kvviz.scenarios import Scenario, toy_example
 from kvviz.tours import Tour, load_tours, play, stage
@@ -28,18 +29,24 @@ def go(tour: Tour, index: int, session) -> None:
     step = tour.steps[index]
     shown = stage(session, step)
     newest = shown.at == len(session) - 1
-    state.replace(session, shown.draft, {"layer": shown.layer, "head": shown.head, "at": None if newest else shown.at})
+    kept = list(state.prepared()) if session is state.session() else []  # edits kept for the page stay
+    state.replace(session, shown.draft, {"layer": shown.layer, "head": shown.head, "at": None if newest else shown.at,
+                                         "prepared": kept})
     toy = None
     if step.toy:
         scenario = Scenario(name="Toy numbers", description="α, ρ and α′ = α/(1−ρ)", toy=step.toy)
         toy = (scenario, [toy_example(step.toy["alpha"], evict) for evict in step.toy["evict"]])
     state.keep("toy", toy)
-    state.keep("tour", {"tour": tour, "index": index, "caption": shown.caption(step), "look": step.look})
+    state.keep("tour", {"tour": tour, "index": index, "caption": shown.caption(step, lambda t: code(visible(t))),
+                        "look": step.look, "session": session})
 
 
 def render() -> None:
     kept = state.kept("tour")
     if kept is None:
+        return
+    if kept["session"] is not state.session():  # another conversation was started, imported or restored
+        state.keep("tour", None)
         return
     tour, index = kept["tour"], kept["index"]
     with st.container(border=True, key="tour"):

@@ -10,7 +10,7 @@ from app.views.token_strip import apply_quantizers
 from kvviz import figures
 from kvviz.errors import KvvizError
 from kvviz.figures.slides import to_png, to_svg, whatif_slides
-from kvviz.standalone_page import MAX_PREPARED, Prepared, page_data, standalone_html
+from kvviz.standalone_page import MAX_PREPARED, MAX_SLOTS, Prepared, page_data, standalone_html
 from kvviz.view_data import strip_chips
 from kvviz.whatif import WhatIf, what_if
 
@@ -214,7 +214,8 @@ def _standalone(result: WhatIf) -> None:
         return standalone_html(page_data(session, prepared, views, (layer, detail)))
 
     right.download_button(f"Export as a standalone page ({len(kept)} kept edits; opens offline)", page,
-                          file_name="kvviz-page.html", mime="text/html", on_click="ignore")
+                          file_name="kvviz-page.html", mime="text/html", on_click="ignore",
+                          disabled=len(session) > MAX_SLOTS, help=f"Up to {MAX_SLOTS:,} slots")
     if kept and right.button("Forget the kept edits"):
         kept.clear()
         st.rerun()

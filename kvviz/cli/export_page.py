@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> None:
     heads = args.head or [None]
     views = [(layer, head) for layer in layers for head in heads]
     detail = (layers[0], next((h for h in heads if h is not None), 0))
-    prepared = prepared_edits(view, draft.edit(len(session)), len(session))
+    prepared = prepared_edits(view, draft, len(session))
     html = standalone_html(page_data(session, prepared, views, detail, title=f"kvviz — {args.file.stem}"))
     try:
         args.out.write_text(html, encoding="utf-8")

@@ -9,6 +9,7 @@ numbers, and the strip of the cache.
 from __future__ import annotations
 
 import copy
+import json
 
 import vl_convert
 
@@ -55,8 +56,8 @@ def alpha_slide(chart: Chart, caption: str) -> dict:
 
 
 def _js(text: str) -> str:
-    """A JavaScript string literal (Vega expressions), safe for any token text."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n") + "'"
+    """A string literal for a Vega expression, safe for any token text (JSON's escapes: also \\r, U+2028, U+2029)."""
+    return json.dumps(text)
 
 
 def topk_slide(next_token: NextToken, caption: str) -> dict:
