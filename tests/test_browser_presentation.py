@@ -36,6 +36,7 @@ def test_one_projector_screen_holds_the_numbers_the_strip_and_both_tables(tmp_pa
         page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=180_000)
         page.get_by_role("button", name="Evict a fact").click()
         page.locator(".kv-chip").first.wait_for(timeout=180_000)
+        page.locator("[data-testid=stMetricValue]").first.wait_for(timeout=180_000)  # the what-if's numbers drawn
         page.wait_for_function(IDLE, timeout=120_000)
         normal = page.evaluate(BOXES)["value"]
         page.get_by_text("Presentation mode (large type)").click()
