@@ -122,8 +122,12 @@ class Edit:
     def quantizes(self) -> bool:
         return bool(self.key_bits or self.value_bits)
 
+    def evicted_slots(self) -> set[int]:
+        """Slots evicted in at least one layer / KV head."""
+        return {s for e in self.evictions for s in e.slots}
+
     def touched_slots(self) -> set[int]:
-        return {s for e in self.evictions for s in e.slots} | set(self.key_bits) | set(self.value_bits)
+        return self.evicted_slots() | set(self.key_bits) | set(self.value_bits)
 
     def validate(self, at: int, layers: int, kv_heads: int, head_dim: int) -> None:
         """Refuse slots that are not in the cache before ``at``, evicting ``at`` itself, scopes out of range and

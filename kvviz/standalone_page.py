@@ -20,7 +20,7 @@ import numpy as np
 from kvviz.draft import EditDraft
 from kvviz.edits import Edit
 from kvviz.errors import KvvizError
-from kvviz.figures.slides import describe, evicted_slots
+from kvviz.figures.slides import describe
 from kvviz.session import Session
 from kvviz.transcript import SEGMENTS
 from kvviz.whatif import what_if
@@ -75,7 +75,7 @@ def _result(session: Session, prepared: Prepared, layer: int, head: int) -> dict
     table = lambda rows: [[c.text, c.prob, c.rank + 1, c.rank_other + 1, c.logit_delta] for c in rows]  # noqa: E731
     edit = prepared.edit.resolved(prepared.at)
     return {
-        "at": result.at, "label": prepared.label or describe(edit), "evicted": sorted(evicted_slots(edit)),
+        "at": result.at, "label": prepared.label or describe(edit), "evicted": sorted(edit.evicted_slots()),
         "key_bits": {str(s): b for s, b in edit.key_bits.items()},
         "value_bits": {str(s): b for s, b in edit.value_bits.items()},
         "kl": nt.kl, "tv": nt.tv, "top1_changed": nt.top1_changed,

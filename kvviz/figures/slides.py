@@ -121,16 +121,11 @@ def strip_slide(chips: list[list], caption: str, per_line: int = 96) -> dict:
         ]}
 
 
-def evicted_slots(edit: Edit) -> set[int]:
-    """Slots evicted in at least one layer / KV head."""
-    return {slot for eviction in edit.evictions for slot in eviction.slots}
-
-
 def describe(edit: Edit) -> str:
     """One line for a caption: what ``edit`` evicts and quantizes."""
     parts = []
-    if evicted_slots(edit):
-        slots = sorted(evicted_slots(edit))
+    if edit.evicted_slots():
+        slots = sorted(edit.evicted_slots())
         parts.append(f"evict {len(slots)} slot{'s' * (len(slots) != 1)} ({', '.join(map(str, slots[:6]))}"
                      f"{', …' if len(slots) > 6 else ''})")
     widths = sorted(set(edit.key_bits.values()) | set(edit.value_bits.values()))
