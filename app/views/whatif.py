@@ -147,12 +147,12 @@ def _slides(result: WhatIf) -> None:
     chosen = kind.selectbox("Format", list(SLIDE_FORMATS), key="slide_format")
     extension, scale = SLIDE_FORMATS[chosen]
 
-    def render() -> bytes | str:  # built when the button is pressed
+    def figure_file() -> bytes | str:  # built when the button is pressed
         chips = strip_chips(session, draft, result.at, layer, head, shading)
         spec = whatif_slides(result, chips, session.lm.name)[name]
         return to_png(spec, scale) if extension == "png" else to_svg(spec)
 
-    button.download_button("Download the figure", render, file_name=f"kvviz-{name.split()[0]}-slot{result.at}."
+    button.download_button("Download the figure", figure_file, file_name=f"kvviz-{name.split()[0]}-slot{result.at}."
                            f"{extension}", mime="image/png" if extension == "png" else "image/svg+xml",
                            on_click="ignore")
 
@@ -180,8 +180,9 @@ def _summary(result: WhatIf) -> None:
                     "went to the evicted slots; the rest is rescaled by 1/(1−ρ)")
     saved = 1 - memory.edited_bytes / max(memory.full_bytes, 1)
     large = st.session_state.large  # presentation mode: the saving in the label, the numbers on one line
-    row.metric(f"Cache bytes (−{saved:.1%})" if large else "Cache bytes before this step", f"{memory.edited_bytes:,}",
-               None if large else f"-{saved:.1%} vs {memory.full_bytes:,}", delta_color="off", help="K and V of the slots this step reads (before its own is added), packed as the "
+    label = f"Cache bytes (−{saved:.1%})" if large else "Cache bytes before this step"
+    row.metric(label, f"{memory.edited_bytes:,}", None if large else f"-{saved:.1%} vs {memory.full_bytes:,}",
+               delta_color="off", help="K and V of the slots this step reads (before its own is added), packed as the "
                "edit stores them, against the full cache at the model's dtype; sliding-window layers count only "
                "what they hold")
 
