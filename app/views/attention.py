@@ -5,10 +5,14 @@ from __future__ import annotations
 import streamlit as st
 
 from app import state
+from app.views.slide_download import slide_popover
 from app.views.token_strip import window_note
 from kvviz import figures
+from kvviz.figures import plot_slides
 from kvviz.figures.slides import PLOTLY_CONFIG
 from kvviz.view_data import attention_row, head_map, overview
+
+SLIDE_MAP = 160  # a head's map on a slide: at most 160 × 160 cells (a 25,600-cell SVG)
 
 
 def _pick_cell() -> None:
@@ -26,8 +30,11 @@ def render() -> None:
         st.info("Send a message to see attention.")
         return
     layer, head = st.session_state.layer, state.detail_head()
-    st.plotly_chart(figures.overview_figure(overview(session, at), session.lm.kv_heads, at), key="overview",
+    lm, caption = session.lm, plot_slides.caption(session.lm.name, at, session.commits.edit_at(at))
+    st.plotly_chart(figures.overview_figure(overview(session, at), lm.kv_heads, at), key="overview",
                     config=PLOTLY_CONFIG, on_select=_pick_cell, selection_mode="points")
+    slide_popover("overview", lambda: plot_slides.overview_slide(overview(session, at), lm.kv_heads, at, caption),
+                  f"kvviz-overview-slot{at}")
     st.caption(f"Click a head in a layer row to open its map (or pick them above the strip) · shown: layer {layer}, "
                f"head {head}")
     windows = session.lm.attention.windows
@@ -40,11 +47,14 @@ def render() -> None:
     if note:
         st.caption(note)
     weights, block = head_map(session, layer, head)
-    st.plotly_chart(figures.head_map_figure(weights, block, session.transcript.boundaries(), f"Layer {layer}, head {head}"),
-                    key="headmap", config=PLOTLY_CONFIG)
-    slots = session.transcript.slots[: at + 1]
-    row = attention_row(session, at, layer, head).tolist()
-    st.plotly_chart(figures.row_figure(row, [s.text for s in slots], session.transcript.segments()[: at + 1],
-                                       f"Slot {at} attends to (layer {layer}, head {head})"), key="row",
-                    config=PLOTLY_CONFIG)
+    boundaries, title = session.transcript.boundaries(), f"Layer {layer}, head {head}"
+    st.plotly_chart(figures.head_map_figure(weights, block, boundaries, title), key="headmap", config=PLOTLY_CONFIG)
+    slide_popover("headmap", lambda: plot_slides.head_map_slide(*head_map(session, layer, head, SLIDE_MAP), boundaries,
+                                                                title, caption), f"kvviz-map-l{layer}h{head}")
+    texts = [s.text for s in session.transcript.slots[: at + 1]]
+    segments = session.transcript.segments()[: at + 1]
+    row, title = attention_row(session, at, layer, head).tolist(), f"Slot {at} attends to (layer {layer}, head {head})"
+    st.plotly_chart(figures.row_figure(row, texts, segments, title), key="row", config=PLOTLY_CONFIG)
+    slide_popover("row", lambda: plot_slides.row_slide(row, texts, segments, title, caption),
+                  f"kvviz-row-slot{at}-l{layer}h{head}")
 

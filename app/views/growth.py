@@ -6,7 +6,9 @@ import streamlit as st
 
 from app import state
 from app.plain import warn
+from app.views.slide_download import slide_popover
 from kvviz import figures
+from kvviz.figures import plot_slides
 from kvviz.figures.slides import PLOTLY_CONFIG
 from kvviz.edits import Edit
 from kvviz.errors import KvvizError
@@ -19,6 +21,9 @@ def render() -> None:
         st.info("The cache is empty.")
         return
     st.plotly_chart(figures.growth(session.transcript), key="growth", config=PLOTLY_CONFIG)
+    at = len(session) - 1
+    slide_popover("growth", lambda: plot_slides.growth_slide(session.transcript, plot_slides.caption(
+        session.lm.name, at, session.commits.edit_at(at))), f"kvviz-growth-{len(session)}")
     try:
         memory = step_memory(session, Edit(), len(session))  # the committed edits (the draft's bytes: the what-if)
     except KvvizError as exc:

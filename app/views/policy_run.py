@@ -9,7 +9,9 @@ import streamlit as st
 from app import state
 from app.plain import plain, warn
 from app.views.policies import parameters, policy_classes
+from app.views.slide_download import slide_popover
 from kvviz import figures
+from kvviz.figures import plot_slides
 from kvviz.figures.slides import PLOTLY_CONFIG
 from kvviz.errors import KvvizError
 from kvviz.runs.blame import blame, restore, variants
@@ -85,18 +87,24 @@ def _show(result) -> None:
     run = result.turns[index]
     if not run.steps:
         return
-    st.plotly_chart(figures.kl_steps(result, index), key="run-kl", config=PLOTLY_CONFIG)
-    st.plotly_chart(figures.cache_size(result, index), key="run-size", config=PLOTLY_CONFIG)
-    pieces = [slot.text for slot in run.forced.session.transcript.slots]
     lm = run.forced.session.lm
+    caption, stem = plot_slides.run_caption(lm.name, result, index), f"kvviz-run-turn{index + 1}"
+    st.plotly_chart(figures.kl_steps(result, index), key="run-kl", config=PLOTLY_CONFIG)
+    slide_popover("run-kl", lambda: plot_slides.kl_slide(result, index, caption), f"{stem}-kl")
+    st.plotly_chart(figures.cache_size(result, index), key="run-size", config=PLOTLY_CONFIG)
+    slide_popover("run-size", lambda: plot_slides.cache_size_slide(result, index, caption), f"{stem}-size")
+    pieces = [slot.text for slot in run.forced.session.transcript.slots]
     cols = st.columns(2)
     layer = cols[0].selectbox("Timeline of layer", ["all", *range(lm.layers)], key="run-layer")
     head = cols[1].selectbox("KV head", ["all", *range(lm.kv_heads)], key="run-head")
+    layer, head = None if layer == "all" else layer, None if head == "all" else head
     if result.settings.policy is not None:
-        st.plotly_chart(figures.timeline(result, pieces, index, None if layer == "all" else layer,
-                                         None if head == "all" else head), key="run-timeline", config=PLOTLY_CONFIG)
+        st.plotly_chart(figures.timeline(result, pieces, index, layer, head), key="run-timeline", config=PLOTLY_CONFIG)
+        slide_popover("run-timeline", lambda: plot_slides.timeline_slide(result, pieces, index, caption, layer, head),
+                      f"{stem}-timeline")
     if result.settings.kivi is not None:
         st.plotly_chart(figures.bit_widths(result, pieces, index), key="run-bits", config=PLOTLY_CONFIG)
+        slide_popover("run-bits", lambda: plot_slides.bit_widths_slide(result, pieces, index, caption), f"{stem}-bits")
     default = run.divergence if run.divergence is not None and run.divergence >= 0 else 0
     if ranked is not None and ranked.turn == index:
         default = ranked.step

@@ -6,10 +6,11 @@ import streamlit as st
 
 from app import state
 from app.plain import warn
+from app.views.slide_download import FORMATS, download
 from app.views.token_strip import apply_quantizers
 from kvviz import figures
 from kvviz.errors import KvvizError
-from kvviz.figures.slides import to_png, to_svg, whatif_slides
+from kvviz.figures.slides import whatif_slides
 from kvviz.standalone_page import MAX_PREPARED, MAX_SLOTS, Prepared, page_data, standalone_html
 from kvviz.view_data import strip_chips
 from kvviz.whatif import WhatIf, what_if
@@ -134,9 +135,6 @@ def rest() -> None:
     _standalone(result)
 
 
-SLIDE_FORMATS = {"PNG, 1920 px": ("png", 1), "PNG, 3840 px (2×)": ("png", 2), "SVG": ("svg", None)}
-
-
 def _slides(result: WhatIf) -> None:
     """One figure of this what-if for a slide (light theme, captioned with model, step and edit), rendered offline."""
     session, draft = state.session(), state.draft()
@@ -144,17 +142,13 @@ def _slides(result: WhatIf) -> None:
     figure, kind, button = st.columns([2, 2, 3], vertical_alignment="bottom")
     name = figure.selectbox("Figure for a slide", ["strip", "next-token tables", "attention weights (α, α′)",
                                                    "ρ and Δo maps", "hidden-state change"], key="slide_figure")
-    chosen = kind.selectbox("Format", list(SLIDE_FORMATS), key="slide_format")
-    extension, scale = SLIDE_FORMATS[chosen]
+    chosen = kind.selectbox("Format", list(FORMATS), key="slide_format")
 
-    def figure_file() -> bytes | str:  # built when the button is pressed
+    def spec() -> dict:  # built when the button is pressed
         chips = strip_chips(session, draft, result.at, layer, head, shading)
-        spec = whatif_slides(result, chips, session.lm.name)[name]
-        return to_png(spec, scale) if extension == "png" else to_svg(spec)
+        return whatif_slides(result, chips, session.lm.name)[name]
 
-    button.download_button("Download the figure", figure_file, file_name=f"kvviz-{name.split()[0]}-slot{result.at}."
-                           f"{extension}", mime="image/png" if extension == "png" else "image/svg+xml",
-                           on_click="ignore")
+    download(button, "Download the figure", spec, f"kvviz-{name.split()[0]}-slot{result.at}", chosen)
 
 
 def _pick_cell() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import plotly.graph_objects as go
 import torch
 
@@ -45,10 +46,11 @@ def cache_size(result: PolicyRun, turn: int = -1) -> go.Figure:
     return go.Figure(dict(data=data, layout=layout))
 
 
-def timeline(result: PolicyRun, pieces: list[str], turn: int = -1, layer: int | None = None,
-             kv_head: int | None = None) -> go.Figure:
-    """Slot × step: the share of layers and KV heads that still see each slot at each decode step (or, for one
-    ``layer`` / ``kv_head``, whether it does); a slot's token text on hover."""
+def seen_grid(result: PolicyRun, turn: int = -1, layer: int | None = None,
+              kv_head: int | None = None) -> tuple[np.ndarray, int]:
+    """``(n, steps)``: the share of layers and KV heads (or, for one ``layer`` / ``kv_head``, whether it does) that
+    still see each slot at each decode step, NaN where the slot is not cached yet; and how many slots are evicted
+    somewhere."""
     run = result.turns[turn]
     evicted = result.eviction_steps(turn)  # (L, KV, n): the step from which each slot is hidden
     if layer is not None:
@@ -59,11 +61,30 @@ def timeline(result: PolicyRun, pieces: list[str], turn: int = -1, layer: int | 
     n = evicted.shape[-1]
     seen = (evicted[..., None] > steps).float().mean((0, 1))  # (n, steps)
     seen[torch.arange(n)[:, None] >= run.prompt_end + steps] = float("nan")  # not cached yet
+    return seen.numpy(), int((evicted < NEVER).any(0).any(0).sum())
+
+
+def bits_grid(result: PolicyRun, turn: int = -1) -> np.ndarray:
+    """``(n, steps)``: the key bit-width each slot is stored at as each decode step sees it, NaN where not cached."""
+    run, kivi = result.turns[turn], result.settings.kivi
+    steps = torch.arange(len(run.steps))
+    quantized = result.quantized_steps(turn)  # (n,)
+    n = quantized.shape[0]
+    bits = torch.where(quantized[:, None] <= steps, float(kivi.key_bits), 16.0)
+    bits[torch.arange(n)[:, None] >= run.prompt_end + steps] = float("nan")
+    return bits.numpy()
+
+
+def timeline(result: PolicyRun, pieces: list[str], turn: int = -1, layer: int | None = None,
+             kv_head: int | None = None) -> go.Figure:
+    """Slot × step: the share of layers and KV heads that still see each slot at each decode step (or, for one
+    ``layer`` / ``kv_head``, whether it does); a slot's token text on hover."""
+    seen, gone = seen_grid(result, turn, layer, kv_head)
+    n = seen.shape[0]
     labels = [f"{slot} {pieces[slot]!r}" for slot in range(n)]  # unique: a hover names the slot and its text
-    data = [dict(type="heatmap", z=seen.numpy(), x=steps.numpy(), y=labels, zmin=0, zmax=1,
+    data = [dict(type="heatmap", z=seen, x=np.arange(seen.shape[1]), y=labels, zmin=0, zmax=1,
                  colorscale=[[0, "#f4f4f4"], [1, "#2f80ed"]], colorbar=dict(title="seen"),
                  hovertemplate="step %{x} · slot %{y}<br>seen by %{z:.0%}<extra></extra>")]
-    gone = int((evicted < NEVER).any(0).any(0).sum())
     layout = dict(height=min(900, 200 + 2 * n), margin=dict(l=10, r=10, t=30, b=10), xaxis_title="decode step",
                   yaxis=dict(title="slot", autorange="reversed", type="category", showticklabels=n <= 80), title=f"{gone} slots evicted somewhere")
     return go.Figure(dict(data=data, layout=layout))
@@ -71,15 +92,11 @@ def timeline(result: PolicyRun, pieces: list[str], turn: int = -1, layer: int | 
 
 def bit_widths(result: PolicyRun, pieces: list[str], turn: int = -1) -> go.Figure:
     """Slot × step: the key / value bit-width each slot is stored at as each decode step sees it (KIVI runs)."""
-    run, kivi = result.turns[turn], result.settings.kivi
-    steps = torch.arange(len(run.steps))
-    quantized = result.quantized_steps(turn)  # (n,)
-    n = quantized.shape[0]
-    low = quantized[:, None] <= steps
-    bits = torch.where(low, float(kivi.key_bits), 16.0)
-    bits[torch.arange(n)[:, None] >= run.prompt_end + steps] = float("nan")
+    kivi = result.settings.kivi
+    bits = bits_grid(result, turn)
+    n = bits.shape[0]
     labels = [f"{slot} {pieces[slot]!r}" for slot in range(n)]
-    data = [dict(type="heatmap", z=bits.numpy(), x=steps.numpy(), y=labels, zmin=kivi.key_bits, zmax=16,
+    data = [dict(type="heatmap", z=bits, x=np.arange(bits.shape[1]), y=labels, zmin=kivi.key_bits, zmax=16,
                  colorscale=[[0, "#f2994a"], [1, "#2f80ed"]], colorbar=dict(title="key bits"),
                  hovertemplate="step %{x} · slot %{y}<br>keys at %{z} bits<extra></extra>")]
     layout = dict(height=min(900, 200 + 2 * n), margin=dict(l=10, r=10, t=30, b=10), xaxis_title="decode step",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Mapping
 
 import vl_convert
 
@@ -26,7 +27,7 @@ THEME = {"background": "white", "font": "DejaVu Sans", "padding": 24,
          "legend": {"labelFontSize": 16, "titleFontSize": 16, "labelLimit": 400},
          "header": {"labelFontSize": 18}, "view": {"stroke": None}}
 # plotly figures (growth, attention maps, policy runs): the chart's own camera button saves a 1920×1080 PNG, drawn in
-# the browser (no request)
+# the browser (no request); their slide versions (light theme, captioned, PNG or SVG) are in figures/plot_slides.py
 PLOTLY_CONFIG = {"toImageButtonOptions": {"format": "png", "width": WIDTH, "height": 1080, "scale": 1,
                                           "filename": "kvviz-figure"}, "displaylogo": False}
 SEGMENT_COLOURS = {"history": "#7f8c9a", "query": "#2f80ed", "generated": "#f2994a"}
@@ -35,11 +36,22 @@ SEGMENT_COLOURS = {"history": "#7f8c9a", "query": "#2f80ed", "generated": "#f299
 def slide(chart: Chart, title: str, caption: str) -> dict:
     """``chart`` as a standalone spec sized for a 1920-px-wide slide, with ``title`` and the ``caption`` under it."""
     spec = copy.deepcopy(chart.to_dict())
-    spec["title"] = {"text": title, "subtitle": caption}
+    spec["title"] = heading(title, caption)
     spec["config"] = THEME
     if "layer" in spec or "mark" in spec:  # a single view: stretch it over the slide
         spec["width"], spec["height"] = WIDTH - 2 * 24 - 120, 640
     return spec
+
+
+def heading(title: str, caption: str, width: int = 130) -> dict:
+    """A slide's title, the caption under it in lines of up to ``width`` characters (broken at its " · ")."""
+    lines: list[str] = []
+    for part in caption.split(" · "):
+        if lines and len(lines[-1]) + 3 + len(part) <= width:
+            lines[-1] += " · " + part
+        else:
+            lines.append(part)
+    return {"text": title, "subtitle": lines}
 
 
 def alpha_slide(chart: Chart, caption: str) -> dict:
@@ -47,12 +59,16 @@ def alpha_slide(chart: Chart, caption: str) -> dict:
     data = chart.data
     spec = slide(Chart(chart.spec, data), "Attention weights of the step: α, α′ and the edited run", caption)
     if data["slot"].nunique() <= TOKEN_AXIS:
-        labels = {int(s): f"{int(s)} {t}" for s, t in zip(data["slot"], data["token"])}
-        expression = " : ".join(f"datum.value == {s} ? {_js(label)}" for s, label in labels.items()) + " : ''"
+        expression = token_labels({int(s): t for s, t in zip(data["slot"], data["token"])})
         for layer in spec["layer"]:
             x = layer["encoding"]["x"]
             x["axis"] = {"labelExpr": expression, "labelAngle": -60, "labelFontSize": 13, "title": "slot and token"}
     return spec
+
+
+def token_labels(texts: Mapping[int, str]) -> str:
+    """A Vega ``labelExpr`` naming each slot of an axis ``"slot token"`` (``texts``: slot → token text)."""
+    return " : ".join(f"datum.value == {s} ? {_js(f'{s} {visible(t)}')}" for s, t in texts.items()) + " : ''"
 
 
 def _js(text: str) -> str:
@@ -80,8 +96,8 @@ def topk_slide(next_token: NextToken, caption: str) -> dict:
     return {"data": {"values": rows}, "facet": {"column": {"field": "side", "type": "nominal", "title": None,
                                                            "sort": ["full cache", "edited cache"]}},
             "spec": view, "resolve": {"scale": {"y": "independent"}},
-            "title": {"text": f"Next token: KL {next_token.kl:.3g} nats · total variation {next_token.tv:.3g} · {top1}",
-                      "subtitle": caption}, "config": THEME}
+            "title": heading(f"Next token: KL {next_token.kl:.3g} nats · total variation {next_token.tv:.3g} · {top1}",
+                             caption), "config": THEME}
 
 
 def strip_slide(chips: list[list], caption: str, per_line: int = 96) -> dict:
@@ -102,7 +118,7 @@ def strip_slide(chips: list[list], caption: str, per_line: int = 96) -> dict:
     y_top = {"field": "y", "type": "quantitative", "axis": None, "scale": scale["y"]}
     return {
         "data": {"values": rows}, "width": WIDTH - 2 * 24 - 160, "height": 34 * lines,
-        "title": {"text": "The KV cache, one box per slot", "subtitle": caption}, "config": THEME,
+        "title": heading("The KV cache, one box per slot", caption), "config": THEME,
         "transform": [{"calculate": "datum.y + 0.85", "as": "y2"}, {"calculate": "datum.y + 1", "as": "band"}],
         "layer": [
             {"mark": {"type": "rect", "cornerRadius": 3},

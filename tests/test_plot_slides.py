@@ -1,0 +1,137 @@
+"""Slide versions of the plotly figures (growth, attention overview / head map / row, a policy run's charts): valid
+PNG (≤ 1920 px wide, twice at scale 2) and SVG carrying the caption, holding the same numbers as the figure the app
+draws (read back from the plotly figure), rendered without any request."""
+
+from __future__ import annotations
+
+import math
+import struct
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import pytest
+
+from kvviz import figures
+from kvviz.edits import Edit
+from kvviz.figures import plot_slides, slides
+from kvviz.policies import H2O
+from kvviz.runs.compressed import RunSettings
+from kvviz.runs.kivi import Kivi
+from kvviz.runs.policy_run import run_policy
+from kvviz.session import Session
+from kvviz.view_data import attention_row, head_map, overview
+
+
+@pytest.fixture(scope="module")
+def chat(lm):
+    session = Session(lm)
+    session.add_user_turn('A "quoted" <b>name</b>: Whiskers. Say it.')
+    session.generate(6)
+    session.commit(Edit.evict([3, 4]))
+    session.add_user_turn("Again?")
+    session.generate(4)
+    return session
+
+
+@pytest.fixture(scope="module")
+def run(lm):
+    return run_policy(lm, ["Name three cats."], RunSettings(H2O(), 20, "decode", 1, Kivi(2, 2, 8, 8)), 8)
+
+
+def _png_size(png: bytes) -> tuple[int, int]:
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", png[16:24])
+
+
+def _check_renders(spec: dict, caption: str) -> None:
+    width, height = _png_size(slides.to_png(spec))
+    assert 600 <= width <= slides.WIDTH and height <= 1080
+    assert _png_size(slides.to_png(spec, scale=2)) == (2 * width, 2 * height)
+    svg = ET.fromstring(slides.to_svg(spec))
+    assert svg.tag.endswith("svg") and float(svg.get("width")) == width
+    text = " ".join(svg.itertext())
+    assert all(part in text for part in caption.split(" · ")), caption
+
+
+def _values(spec: dict, layer: int | None = None) -> list[dict]:
+    return (spec["layer"][layer] if layer is not None else spec)["data"]["values"]
+
+
+def test_the_caption_names_model_step_and_committed_edit(chat):
+    at = len(chat) - 1
+    assert plot_slides.caption("M", at, chat.commits.edit_at(at)) == f"M · step of slot {at} · committed: evict 2 slots (3, 4)"
+    assert plot_slides.caption("M", 2, chat.commits.edit_at(2)) == "M · step of slot 2 · full cache"
+
+
+def test_growth_and_attention_slides_show_the_apps_numbers(chat):
+    at, lm = len(chat) - 1, chat.lm
+    caption = plot_slides.caption(lm.name, at, chat.commits.edit_at(at))
+
+    growth = plot_slides.growth_slide(chat.transcript, caption)
+    for trace in figures.growth(chat.transcript).data:  # the app's bars, segment by segment
+        assert [v["slots"] for v in _values(growth) if v["segment"] == trace.name] == list(trace.y)
+
+    rows = overview(chat, at)
+    values = _values(plot_slides.overview_slide(rows, lm.kv_heads, at, caption))
+    assert len(values) == rows.size
+    assert np.array([v["weight"] for v in values]).reshape(rows.shape[1], rows.shape[0], -1).transpose(1, 0, 2).tolist() \
+        == rows.astype(float).tolist()
+
+    weights, block = head_map(chat, 3, 2, 160)
+    shown = figures.head_map_figure(weights, block, chat.transcript.boundaries(), "t").data[0].z
+    spec = plot_slides.head_map_slide(weights, block, chat.transcript.boundaries(), "Layer 3, head 2", caption)
+    cells = {(v["q"], v["k"]): v["weight"] for v in _values(spec, 0)}
+    assert cells == {(q, k): float(shown[q, k]) for q in range(len(shown)) for k in range(len(shown))
+                     if not math.isnan(shown[q, k])}  # the causal triangle, as the app draws it
+    assert [(v["slot"], v["label"]) for v in spec["layer"][1]["data"]["values"]] == chat.transcript.boundaries()
+
+    row = attention_row(chat, at, 3, 2).tolist()
+    texts = [s.text for s in chat.transcript.slots[: at + 1]]
+    segments = chat.transcript.segments()[: at + 1]
+    spec = plot_slides.row_slide(row, texts, segments, "row", caption)
+    assert [v["weight"] for v in _values(spec)] == list(figures.row_figure(row, texts, segments, "row").data[0].y)
+    assert '"0 <|im_start|>"' in spec["encoding"]["x"]["axis"]["labelExpr"]  # ≤ 100 slots: tokens on the axis
+
+    for spec in (growth, plot_slides.overview_slide(rows, lm.kv_heads, at, caption),
+                 plot_slides.head_map_slide(weights, block, chat.transcript.boundaries(), "m", caption),
+                 plot_slides.row_slide(row, texts, segments, "row", caption)):
+        _check_renders(spec, caption)
+
+
+def test_a_long_conversation_keeps_slot_numbers_on_the_axis():
+    spec = plot_slides.row_slide([0.01] * 300, ["t"] * 300, ["query"] * 300, "row", "c")
+    assert spec["encoding"]["x"]["axis"] == {"title": "slot"}
+
+
+def test_policy_run_slides_show_the_apps_numbers(lm, run):
+    pieces = [slot.text for slot in run.turns[0].forced.session.transcript.slots]
+    caption = plot_slides.run_caption(lm.name, run, 0)
+    assert caption.startswith(f"{lm.name} · turn 1, {len(run.turns[0].steps)} decode steps · h2o, budget 20")
+
+    kl = plot_slides.kl_slide(run, 0, caption)
+    assert [v["kl"] for v in _values(kl)] == list(figures.kl_steps(run, 0).data[0].y)
+
+    size = plot_slides.cache_size_slide(run, 0, caption)
+    app = figures.cache_size(run, 0).data
+    assert [v["slots"] for v in _values(size, 0) if v["segment"] == "generated"] == list(app[2].y)
+    assert [v["slots"] for v in _values(size, 1) if v["series"] == "budget"] == [20] * len(run.turns[0].steps)
+
+    for layer, kv_head in ((None, None), (2, 1)):
+        spec = plot_slides.timeline_slide(run, pieces, 0, caption, layer, kv_head)
+        z = figures.timeline(run, pieces, 0, layer, kv_head).data[0].z
+        assert {(v["slot"], v["step"]): v["seen"] for v in _values(spec)} == {
+            (s, t): float(z[s, t]) for s in range(z.shape[0]) for t in range(z.shape[1]) if not math.isnan(z[s, t])}
+    assert "of layer 2, KV head 1" in spec["title"]["text"]
+
+    bits = plot_slides.bit_widths_slide(run, pieces, 0, caption)
+    z = figures.bit_widths(run, pieces, 0).data[0].z
+    assert sorted({v["bits"] for v in _values(bits)}) == sorted({float(b) for b in z.ravel() if not math.isnan(b)}) == [2.0, 16.0]
+    assert len(_values(bits)) == int((~np.isnan(z)).sum())
+
+    for spec in (kl, size, plot_slides.timeline_slide(run, pieces, 0, caption), bits):
+        _check_renders(spec, caption)
+
+
+def test_a_caption_is_broken_into_lines_at_its_separators():
+    heading = slides.heading("T", " · ".join(["x" * 60] * 3))
+    assert heading["subtitle"] == [f"{'x' * 60} · {'x' * 60}", "x" * 60]
