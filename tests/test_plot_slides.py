@@ -84,6 +84,9 @@ def test_growth_and_attention_slides_show_the_apps_numbers(chat):
     assert cells == {(q, k): float(shown[q, k]) for q in range(len(shown)) for k in range(len(shown))
                      if not math.isnan(shown[q, k])}  # the causal triangle, as the app draws it
     assert [(v["slot"], v["label"]) for v in spec["layer"][1]["data"]["values"]] == chat.transcript.boundaries()
+    named = plot_slides.head_map_slide(weights, block, [], "m", caption, [s.text for s in chat.transcript.slots])
+    assert '"0 <|im_start|>"' in named["layer"][0]["encoding"]["y"]["axis"]["labelExpr"]  # ≤ 100 slots: tokens
+    _check_renders(named, caption)
 
     row = attention_row(chat, at, 3, 2).tolist()
     texts = [s.text for s in chat.transcript.slots[: at + 1]]

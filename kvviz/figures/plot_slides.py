@@ -72,18 +72,22 @@ def overview_slide(rows: np.ndarray, kv_heads: int, at: int, caption_text: str) 
 
 
 def head_map_slide(weights: np.ndarray, block: int, boundaries: list[tuple[int, str]], title: str,
-                   caption_text: str) -> dict:
+                   caption_text: str, texts: list[str] | None = None) -> dict:
     """One head's causal map ``weights`` ``(m, m)`` (:func:`kvviz.view_data.head_map`, ``block`` slots per cell):
-    queries down, keys across, a dotted line where a segment or turn starts."""
+    queries down, keys across, a dotted line where a segment or turn starts; with the slots' ``texts``, tokens on
+    both axes up to :data:`TOKEN_AXIS` slots."""
     m = weights.shape[0]
+    named = texts is not None and block == 1 and m <= TOKEN_AXIS
     values = [{"q": q * block, "k": k * block, "weight": float(weights[q, k])}
               for q in range(m) for k in range(m if block > 1 else q + 1)]
     side = m * block
     scale = {"domain": [0, side], "nice": False, "zero": True}
     cell = [{"calculate": f"datum.q + {block}", "as": "q2"}, {"calculate": f"datum.k + {block}", "as": "k2"}]
     marks = [{"data": {"values": values}, "transform": cell, "mark": "rect", "encoding": {
-        "x": {"field": "k", "type": "quantitative", "title": "key slot", "scale": scale}, "x2": {"field": "k2"},
-        "y": {"field": "q", "type": "quantitative", "title": "query slot", "scale": {**scale, "reverse": True}},
+        "x": {"field": "k", "type": "quantitative", "scale": scale,
+              "axis": _slot_axis(texts, "key slot") if named else {"title": "key slot"}}, "x2": {"field": "k2"},
+        "y": {"field": "q", "type": "quantitative", "scale": {**scale, "reverse": True},
+              "axis": {**_slot_axis(texts, "query slot"), "labelAngle": 0} if named else {"title": "query slot"}},
         "y2": {"field": "q2"},
         "color": {"field": "weight", "type": "quantitative", "title": "α", "scale": {"scheme": "orangered"}}}}]
     if boundaries:
