@@ -17,15 +17,16 @@ class RoomyLayer(DynamicLayer):
     the step at 1k slots). Out of room — or when ``keys``/``values`` were replaced by other tensors — the buffers are
     reallocated with a quarter more room."""
 
-    def __init__(self, keys: torch.Tensor | None = None, values: torch.Tensor | None = None, length: int = 0):
+    def __init__(self, keys: torch.Tensor | None = None, values: torch.Tensor | None = None, length: int = 0,
+                 cached: KV | None = None):
         """Over given buffers ``(B, KV, capacity, D)`` whose first ``length`` slots are the cached ones (not copied:
-        updates write into them); empty without buffers."""
+        updates write into them); ``cached``: those slots' views when already made; empty without buffers."""
         super().__init__()
         self._buffers = None
         if keys is not None:
             self.lazy_initialization(keys, values)
             self._buffers = keys, values
-            self.keys, self.values = keys[:, :, :length], values[:, :, :length]
+            self.keys, self.values = cached or (keys[:, :, :length], values[:, :, :length])
 
     def _fits(self, length: int) -> bool:
         """Whether ``keys``/``values`` are still the leading slots of the buffers, with room for ``length`` slots."""
@@ -45,7 +46,8 @@ class RoomyLayer(DynamicLayer):
                                   for old, new in ((self.keys, key_states), (self.values, value_states)))
         for buffer, new in zip(self._buffers, (key_states, value_states)):
             buffer.narrow(2, start, stop - start).copy_(new)
-        self.keys, self.values = (buffer.narrow(2, 0, stop) for buffer in self._buffers)
+        self.keys, self.values = (buffer if stop == buffer.shape[2] else buffer.narrow(2, 0, stop)
+                                  for buffer in self._buffers)  # a full buffer is its own view
         return self.keys, self.values
 
 
@@ -114,7 +116,14 @@ def roomy(config: PretrainedConfig) -> DynamicCache:
     return _every_slot(config, RoomyLayer)
 
 
-def over(buffers: list[KV], length: int) -> Cache:
+def over(buffers: list[KV], length: int, cached: list[KV] | None = None) -> Cache:
     """A cache over the first ``length`` slots of per-layer buffers ``(B, KV, capacity, D)``: a forward pass writes
-    its new slots into the buffers (slots ``length..``), without copying the cached ones."""
-    return Cache(layers=[RoomyLayer(keys, values, length) for keys, values in buffers])
+    its new slots into the buffers (slots ``length..``), without copying the cached ones. ``cached``: the views of
+    those slots (:func:`leading`) when made before (a cache made over the same buffers again costs no operation)."""
+    cached = cached or [None] * len(buffers)
+    return Cache(layers=[RoomyLayer(keys, values, length, views) for (keys, values), views in zip(buffers, cached)])
+
+
+def leading(buffers: list[KV], length: int) -> list[KV]:
+    """Per layer, the views of the first ``length`` slots of ``buffers`` ``(B, KV, capacity, D)``."""
+    return [(keys[:, :, :length], values[:, :, :length]) for keys, values in buffers]

@@ -44,3 +44,17 @@ def test_roomy_layer_after_truncation_and_replaced_tensors():
     third = _chunk(generator, 2)
     keys, _ = layer.update(*third)
     assert torch.equal(keys, torch.cat([first[0][:, :, :5], second[0], third[0]], 2))
+
+
+def test_a_cache_made_again_over_the_same_buffers_and_views():
+    """The what-if's edited runs: a cache over buffers with room for one slot, made again for every run from views
+    made once; each run sees the same cached slots and writes only its own."""
+    generator = torch.Generator().manual_seed(2)
+    prefix = _chunk(generator, 6)
+    buffers = [tuple(torch.cat([t, torch.zeros(1, 2, 1, 4)], 2) for t in prefix)]
+    views = kv_cache.leading(buffers, 6)
+    for _ in range(2):
+        new = _chunk(generator, 1)
+        keys, values = kv_cache.over(buffers, 6, views).layers[0].update(*new)
+        assert keys is buffers[0][0] and torch.equal(values, torch.cat([prefix[1], new[1]], 2))  # full: the buffer
+        assert torch.equal(views[0][0], prefix[0]) and views[0][0].shape[2] == 6  # the made views are unchanged

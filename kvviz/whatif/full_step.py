@@ -75,8 +75,10 @@ class FullStep:
         """A cache over the first ``at`` slots of the buffers named ``name`` (``buffers`` or ``scratch``); their
         per-layer views are made once (fewer operations per click)."""
         if name not in self.views:
-            self.views[name] = layer_views(getattr(self, name))
-        return kv_cache.over(self.views[name], self.at)
+            layers = layer_views(getattr(self, name))
+            self.views[name] = layers, kv_cache.leading(layers, self.at)
+        layers, cached = self.views[name]
+        return kv_cache.over(layers, self.at, cached)
 
     def plan(self, edit: Edit) -> tuple:
         """What ``edit`` writes into the cache: per kind, its quantizer and its ``(bit-width, slots)`` groups."""
