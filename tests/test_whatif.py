@@ -230,6 +230,25 @@ def test_edits_in_a_row_equal_fresh_runs(chat):
         Edit.quantize([1, 4, 9, 30], 2).merged(Edit.evict([2])), Edit.quantize(range(at), 4), Edit()])
 
 
+def test_per_token_quantization_rewrites_only_the_slots_that_changed(chat, monkeypatch):
+    """Values (and keys quantized per token) have scales of their own per slot: after a finished run, the next edit
+    with the same quantizer rewrites only the slots whose bit-width changed, and still gives bit for bit what a first
+    run gives (per channel, every slot is written again: one slot more or less moves every channel's scale)."""
+    at = len(chat) - 1
+    per_token = Quantizer("token", 16)
+    mixed = Edit(key_bits={s: 2 + 2 * (s % 2) for s in range(at)}, value_bits={s: 4 - 2 * (s % 3 == 0) for s in range(at)})
+    _in_a_row_equal_fresh(chat, [Edit.quantize(range(at), 4), Edit.quantize(range(1, at), 4), mixed,
+                                 Edit.quantize(range(0, at, 2), 4, 2), Edit.quantize(range(at), 4, keys=per_token)])
+    written = []
+    real = Edit.quantize_
+    monkeypatch.setattr(Edit, "quantize_", lambda self, *a, **k: (written.append(self), real(self, *a, **k)))
+    chat.memo.clear()
+    for edit in (Edit.quantize(range(at), 4), Edit.quantize(range(1, at), 4), Edit.quantize(range(1, at), 2, 4)):
+        what_if(chat, edit)
+    assert [len(e.value_bits) for e in written] == [at, 0, 0]  # the values of slots 1.. were already at 4 bits
+    assert [len(e.key_bits) for e in written] == [at, at - 1, at - 1]  # per channel: written again
+
+
 def test_a_kept_quantization_is_reused_only_when_it_is_the_same(chat, monkeypatch):
     """Clicks on a quantized history (e.g. evicting chip after chip) reuse the cache the last run quantized, and
     give bit for bit what a first run gives; a change of slots, bit-width or quantizer quantizes again."""

@@ -119,17 +119,31 @@ class FullStep:
                 scratch[:, :, :self.at] = originals
         elif plan != self.written:  # restore the slots no longer quantized; the others are quantized again below
             for index, ((_, before), (_, now)) in enumerate(zip(self.written, plan)):
-                stale = _slots(before, self.at) - _slots(now, self.at)
+                stale = _widths(before, self.at).keys() - _widths(now, self.at).keys()
                 if stale:
                     slots = torch.tensor(sorted(stale), device=self.scratch[index].device)
                     self.scratch[index][:, :, slots] = self.originals[index][:, :, slots]
         if plan != self.written or not self.finished:
+            pending = self._pending(edit, plan)
             self.written, self.finished = plan, False  # noted first: a quantization that fails midway is redone
             keys, values = (t[:, :, :self.at].flatten(0, 1) for t in self.scratch)  # (L·KV, at, D)
-            edit.quantize_(keys, values, source=tuple(t.flatten(0, 1) for t in self.originals))
+            pending.quantize_(keys, values, source=tuple(t.flatten(0, 1) for t in self.originals))
             self.finished = True
         self.edited = self.scratch
         return self._over("scratch")
+
+    def _pending(self, edit: Edit, plan: tuple) -> Edit:
+        """The part of ``edit``'s quantization ``plan`` the scratch buffers lack: all of it, except that a kind
+        quantized per token (each slot on its own scales) whose last writing finished with the same quantizer
+        rewrites only the slots whose bit-width changed (those slots' bits are the same as when all are written)."""
+        done = self.written if self.finished else ((None, []), (None, []))
+        todo = []
+        for (quantizer, groups), (before, written) in zip(plan, done):
+            widths, old = _widths(groups, self.at), _widths(written, self.at)
+            if quantizer == before and quantizer.axis == "token":
+                widths = {slot: width for slot, width in widths.items() if old.get(slot) != width}
+            todo.append(widths)
+        return Edit(key_bits=todo[0], value_bits=todo[1], keys=edit.keys, values=edit.values)
 
     def continuation(self, session: Session, steps: int) -> list[int]:
         if steps not in self.continuations:
@@ -138,9 +152,9 @@ class FullStep:
         return self.continuations[steps]
 
 
-def _slots(groups: list, n: int) -> set[int]:
-    """The slots of ``(bit-width, slots)`` groups (slots a slice or a list, below ``n``) as one set."""
-    return {slot for _, slots in groups for slot in (range(n)[slots] if isinstance(slots, slice) else slots)}
+def _widths(groups: list, n: int) -> dict[int, int]:
+    """The slots of ``(bit-width, slots)`` groups (slots a slice or a list, below ``n``) → their bit-width."""
+    return {slot: width for width, slots in groups for slot in (range(n)[slots] if isinstance(slots, slice) else slots)}
 
 
 def kept_full_step(session: Session, at: int, full: Edit, hidden: torch.Tensor | None) -> FullStep:
