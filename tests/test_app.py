@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from app.views.whatif import CHARTS
 from kvviz.policies import H2O
 from kvviz.view_data import reply_as_cached
 
@@ -74,9 +75,12 @@ def test_every_view_renders_on_a_long_conversation():
     assert len(app.get("plotly_chart")) == 4  # attention (3), growth
     import pyarrow as pa
 
-    charts = app.get("vega_lite_chart")  # the what-if's; α's one table holds 3 series of 1,101 slots in 2-slot blocks
+    assert len(app.get("vega_lite_chart")) == 1  # the what-if's charts: the one whose tab is chosen (ρ and ‖Δo‖)
+    app.session_state["whatif_chart"] = CHARTS["alpha"]
+    app.run()
+    charts = app.get("vega_lite_chart")  # α's one table holds 3 series of 1,101 slots in 2-slot blocks
     rows = pa.ipc.open_stream(charts[0].proto.data.data).read_all().num_rows
-    assert len(charts) == 3 and rows == 3 * 551
+    assert len(charts) == 1 and rows == 3 * 551
 
 
 def test_policy_seeds_the_strip_and_comparison_runs():

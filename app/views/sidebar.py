@@ -8,6 +8,7 @@ import streamlit as st
 
 from app import state
 from app.views import tour
+from app.views.whatif import CHARTS
 from app.plain import plain
 from kvviz.errors import KvvizError
 from kvviz.model import BUNDLED, LoadedModel, allowed_models
@@ -69,6 +70,7 @@ def _scenarios(lm: LoadedModel) -> None:
                 if view is not None:  # the views that tell the demo's story
                     st.session_state.layer, st.session_state.head = view["layer"], view["head"]
                     st.session_state.continuation = view["continuation"]
+                    st.session_state.whatif_chart = CHARTS["alpha"]  # that head's weights, α and α′
                 state.notify(scenario.description, note=True)
             st.rerun()
 
