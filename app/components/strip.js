@@ -1,7 +1,8 @@
 // The clickable cache strip. Every chip's text is set with textContent (never innerHTML): model and user text
 // can contain markup, and it must show literally. Python holds the state; a click sends {slot, shift, nonce}.
 // A click changes one or two chips: when the slots and their texts are as last drawn, chips are updated in place
-// (only those whose row changed), so a long strip is not rebuilt (and laid out again) on every click.
+// (only those whose row changed, compared field by field), so a long strip is not rebuilt (and laid out again) on
+// every click.
 const SEGMENTS = ["history", "query", "generated"];
 
 function describe(chip, row, at) {
@@ -52,7 +53,7 @@ function rebuild(root, chips, at) {
     chip.setAttribute("role", "listitem");
     describe(chip, row, at);
     fragment.appendChild(chip);
-    drawn.push({ chip, key: JSON.stringify(row) });
+    drawn.push({ chip, row });
   }
   root.replaceChildren(fragment);
   return drawn;
@@ -99,6 +100,23 @@ function drawMinimap(canvas, root, chips, at, found) {
   }
 }
 
+function sameRow(a, b) {
+  // rows are flat arrays of numbers, strings and booleans
+  if (a.length !== b.length) return false;
+  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
+  return true;
+}
+
+function sameLayout(drawn, chips) {
+  // the same slots, texts and turns as drawn: the chips can be updated in place
+  if (!drawn || drawn.length !== chips.length) return false;
+  for (let i = 0; i < chips.length; i++) {
+    const a = drawn[i].row, b = chips[i];
+    if (a[0] !== b[0] || a[1] !== b[1] || a[3] !== b[3] || a[16] !== b[16]) return false;
+  }
+  return true;
+}
+
 function decoded(data) {
   // the page sends one JSON byte string (see strip.py)
   if (data instanceof ArrayBuffer || ArrayBuffer.isView(data)) return JSON.parse(new TextDecoder().decode(data));
@@ -135,26 +153,26 @@ export default function (component) {
   const chips = (data && data.chips) || [];
   const at = data ? data.at : -1;
   const found = (data && data.found) || [];
-  const layout = JSON.stringify(chips.map((row) => [row[0], row[1], row[3], row[16]]));  // slots, texts, turns
-  const fresh = !(root.kvLayout === layout && root.kvAt === at);
+  const fresh = !(root.kvAt === at && sameLayout(root.kvDrawn, chips));
   if (!fresh) {
     chips.forEach((row, index) => {
-      const key = JSON.stringify(row);
       const drawn = root.kvDrawn[index];
-      if (drawn.key !== key) {
+      if (!sameRow(drawn.row, row)) {
         describe(drawn.chip, row, at);
-        drawn.key = key;
+        drawn.row = row;
       }
     });
   } else {
     root.kvDrawn = rebuild(root, chips, at);
-    root.kvLayout = layout;
     root.kvAt = at;
   }
   root.classList.toggle("kv-large", Boolean(data && data.large));
-  const hits = new Set(found);
-  root.kvDrawn.forEach(({ chip }, index) => chip.classList.toggle("kv-found", hits.has(chips[index][0])));
-  const search = JSON.stringify(found);
+  const search = JSON.stringify(found), hits = new Set(found);
+  if (fresh || search !== root.kvSearch) {  // a new search or strip: every chip's mark
+    root.kvDrawn.forEach(({ chip }, index) => chip.classList.toggle("kv-found", hits.has(chips[index][0])));
+  } else if (found.length) {  // describe() reset the classes of the chips it updated: mark the hits again
+    chips.forEach((row, index) => { if (hits.has(row[0])) root.kvDrawn[index].chip.classList.add("kv-found"); });
+  }
   if (search !== root.kvSearch && found.length) {
     scrollToChip(root, chipAt(root, found[0]));  // a new search: its first hit
   } else if (fresh) {
