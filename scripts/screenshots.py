@@ -18,6 +18,9 @@ sys.path.insert(0, str(ROOT))
 from tests.browser import browser_page, running_app  # noqa: E402
 
 
+VIEWS = "[data-testid=stTabs]:has-text('Cache growth')"  # the page's views (the what-if's chart tabs come first)
+
+
 def wait_idle(page, seconds: float = 1.5) -> None:
     page.wait_for_function("!document.querySelector('[data-testid=stStatusWidget]')", timeout=300_000)
     time.sleep(seconds)
@@ -41,10 +44,10 @@ def main() -> None:
         wait_idle(page, 3)
         metrics = "[data-testid=stMetric]"  # the what-if's numbers follow the strip (both in the editor)
         shoot(page, "strip", top="h1", bottom=metrics)
-        shoot(page, "whatif", top=metrics, bottom="[data-testid=stTabs]")
+        shoot(page, "whatif", top=metrics, bottom=VIEWS)
         page.get_by_role("tab", name="Attention").click()
         wait_idle(page, 2)
-        shoot(page, "attention", top="[data-testid=stTabs]", bottom=None, height=1500)
+        shoot(page, "attention", top=VIEWS, bottom=None, height=1500)
         page.get_by_role("button", name="Policy run: a name asked late").click()
         page.get_by_text("StreamingLLM keeps 4 sink slots").wait_for(timeout=300_000)  # the demo's notice: it ran
         wait_idle(page, 2)
@@ -84,7 +87,7 @@ def window_shots(model: str) -> None:
         shoot(page, "window-strip", top="text=Click a chip to evict", bottom="text=Quantizer settings")
         page.get_by_role("tab", name="Attention").click()
         wait_idle(page, 2)
-        shoot(page, "window-attention", top="[data-testid=stTabs]", bottom=None, height=1500)
+        shoot(page, "window-attention", top=VIEWS, bottom=None, height=1500)
 
 
 def sweep_shot(folder: str) -> None:

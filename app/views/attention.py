@@ -33,10 +33,10 @@ def render() -> None:
     lm, caption = session.lm, plot_slides.caption(session.lm.name, at, session.commits.edit_at(at))
     st.plotly_chart(figures.overview_figure(overview(session, at), lm.kv_heads, at), key="overview",
                     config=PLOTLY_CONFIG, on_select=_pick_cell, selection_mode="points")
-    slide_popover("overview", lambda: plot_slides.overview_slide(overview(session, at), lm.kv_heads, at, caption),
-                  f"kvviz-overview-slot{at}")
     st.caption(f"Click a head in a layer row to open its map (or pick them above the strip) · shown: layer {layer}, "
                f"head {head}")
+    slide_popover("overview", lambda: plot_slides.overview_slide(overview(session, at), lm.kv_heads, at, caption),
+                  f"kvviz-overview-slot{at}")
     windows = session.lm.attention.windows
     if any(w is not None for w in windows):
         local = [str(i) for i, w in enumerate(windows) if w is not None]

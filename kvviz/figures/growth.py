@@ -19,5 +19,6 @@ def growth(transcript: Transcript) -> go.Figure:
                                "<br>" + segment + " %{y}<extra></extra>")
             for segment in SEGMENTS]
     layout = dict(barmode="stack", bargap=0.05, height=280, margin=dict(l=10, r=10, t=30, b=10),
-                  xaxis_title="forward pass", yaxis_title="cached slots", legend_orientation="h")
+                  xaxis_title="forward pass", yaxis_title="cached slots",
+                  legend=dict(orientation="h", yanchor="bottom", y=1.02))
     return go.Figure(dict(data=data, layout=layout))  # one spec, validated once

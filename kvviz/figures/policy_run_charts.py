@@ -10,7 +10,8 @@ from kvviz.figures.growth import SEGMENT_COLOURS
 from kvviz.runs.policy_run import PolicyRun
 from kvviz.runs.timeline import NEVER
 
-_LAYOUT = dict(height=260, margin=dict(l=10, r=10, t=30, b=10), legend_orientation="h")
+_LAYOUT = dict(height=280, margin=dict(l=10, r=10, t=40, b=10),
+               legend=dict(orientation="h", yanchor="bottom", y=1.02))  # above the plot: below, it hid the ticks
 
 
 def kl_steps(result: PolicyRun, turn: int = -1) -> go.Figure:
