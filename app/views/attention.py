@@ -50,9 +50,9 @@ def render() -> None:
     boundaries, title = session.transcript.boundaries(), f"Layer {layer}, head {head}"
     st.plotly_chart(figures.head_map_figure(weights, block, boundaries, title), key="headmap", config=PLOTLY_CONFIG)
     texts = [s.text for s in session.transcript.slots[: at + 1]]
-    slide_popover("headmap", lambda: plot_slides.head_map_slide(*head_map(session, layer, head, SLIDE_MAP), boundaries,
-                                                                title, caption, [s.text for s in session.transcript.slots]),
-                  f"kvviz-map-l{layer}h{head}")
+    slide_popover("headmap", lambda: plot_slides.head_map_slide(
+        *head_map(session, layer, head, SLIDE_MAP), boundaries, title, caption,
+        [s.text for s in session.transcript.slots]), f"kvviz-map-l{layer}h{head}")
     segments = session.transcript.segments()[: at + 1]
     row, title = attention_row(session, at, layer, head).tolist(), f"Slot {at} attends to (layer {layer}, head {head})"
     st.plotly_chart(figures.row_figure(row, texts, segments, title), key="row", config=PLOTLY_CONFIG)

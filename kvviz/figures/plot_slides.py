@@ -107,7 +107,8 @@ def row_slide(row: list[float], texts: list[str], segments: list[str], title: st
     :data:`TOKEN_AXIS` slots."""
     values = [{"slot": s, "weight": w, "segment": segment} for s, (w, segment) in enumerate(zip(row, segments))]
     return _framed({
-        "data": {"values": values}, "width": PLOT_WIDTH, "height": 420, "mark": {"type": "bar", "size": max(1.0, 0.9 * PLOT_WIDTH / len(row))},
+        "data": {"values": values}, "width": PLOT_WIDTH, "height": 420,
+        "mark": {"type": "bar", "size": max(1.0, 0.9 * PLOT_WIDTH / len(row))},
         "encoding": {"x": {"field": "slot", "type": "quantitative", "axis": _slot_axis(texts),
                            "scale": {"domain": [-0.5, len(row) - 0.5], "nice": False}},
                      "y": {"field": "weight", "type": "quantitative", "title": "α"},
@@ -143,7 +144,8 @@ def kl_slide(result: PolicyRun, turn: int, caption_text: str) -> dict:
 
 
 def cache_size_slide(result: PolicyRun, turn: int, caption_text: str) -> dict:
-    """Slots each step sees: the policy's by segment, the full cache's, the budget (:func:`kvviz.figures.cache_size`)."""
+    """Slots each step sees: the policy's by segment, the full cache's, the budget
+    (:func:`kvviz.figures.cache_size`)."""
     run = result.turns[turn]
     bars = [{"step": s.step, "segment": name, "slots": s.by_segment[name]} for s in run.steps for name in SEGMENTS]
     lines = [{"step": s.step, "slots": s.slot, "series": "full cache"} for s in run.steps]
@@ -175,7 +177,8 @@ def _slot_grid(grid: np.ndarray, pieces: list[str], field: str, colour: dict, ti
                     "transform": [{"calculate": "datum.slot + 1", "as": "slot2"},
                                   {"calculate": "datum.step + 1", "as": "step2"}],
                     "mark": "rect", "encoding": {
-                        "x": {"field": "step", "type": "quantitative", "title": "decode step (its cell starts at the tick)",
+                        "x": {"field": "step", "type": "quantitative",
+                              "title": "decode step (its cell starts at the tick)",
                               "axis": {"format": "d", "tickMinStep": 1},
                               "scale": {"domain": [0, steps], "nice": False}}, "x2": {"field": "step2"},
                         "y": {"field": "slot", "type": "quantitative", "axis": axis,
@@ -189,7 +192,8 @@ def timeline_slide(result: PolicyRun, pieces: list[str], turn: int, caption_text
     see each slot at each decode step."""
     seen, gone = seen_grid(result, turn, layer, kv_head)
     colour = {"title": "seen", "scale": {"domain": [0, 1], "range": ["#f4f4f4", "#2f80ed"]}}
-    where = ", ".join(f"{name} {value}" for name, value in (("layer", layer), ("KV head", kv_head)) if value is not None)
+    chosen = (("layer", layer), ("KV head", kv_head))
+    where = ", ".join(f"{name} {value}" for name, value in chosen if value is not None)
     title = f"Eviction timeline{f' of {where}' if where else ''}: {gone} slots evicted somewhere"
     return _slot_grid(seen, pieces, "seen", colour, title, caption_text)
 
