@@ -11,14 +11,12 @@ from __future__ import annotations
 import numpy as np
 
 from kvviz.edits import Edit
-from kvviz.figures.growth import SEGMENT_COLOURS
 from kvviz.figures.policy_run_charts import bits_grid, seen_grid
-from kvviz.figures.slides import THEME, TOKEN_AXIS, WIDTH, describe, heading, token_labels
+from kvviz.figures.slides import SEGMENT_SCALE, THEME, TOKEN_AXIS, WIDTH, describe, heading, token_labels
 from kvviz.runs.policy_run import PolicyRun
 from kvviz.transcript import SEGMENTS, Transcript
 
 PLOT_WIDTH, PLOT_HEIGHT = WIDTH - 2 * 24 - 220, 640  # the plot area of a slide (room for the axis and a legend)
-SEGMENT_SCALE = {"domain": list(SEGMENT_COLOURS), "range": list(SEGMENT_COLOURS.values())}
 
 
 def caption(model: str, at: int, edit: Edit) -> str:
@@ -30,12 +28,13 @@ def _framed(spec: dict, title: str, caption_text: str) -> dict:
     return {"title": heading(title, caption_text), "config": THEME, **spec}
 
 
-def _slot_axis(texts: list[str], title: str = "slot") -> dict:
-    """Up to :data:`TOKEN_AXIS` slots an axis labels each slot with its token; beyond, with its number."""
-    if len(texts) > TOKEN_AXIS:
+def _slot_axis(texts: list[str], title: str = "slot", limit: int = TOKEN_AXIS, **style) -> dict:
+    """Up to ``limit`` slots an axis labels each slot with its token (``style``: label settings other than the
+    slanted 13-px default); beyond, with its number."""
+    if len(texts) > limit:
         return {"title": title}
-    return {"title": f"{title} and token", "labelExpr": token_labels(dict(enumerate(texts))), "labelAngle": -60,
-            "labelFontSize": 13, "values": list(range(len(texts)))}
+    return {"title": f"{title} and token", "labelExpr": token_labels(dict(enumerate(texts))),
+            "values": list(range(len(texts))), **({"labelAngle": -60, "labelFontSize": 13} | style)}
 
 
 def growth_slide(transcript: Transcript, caption_text: str) -> dict:
@@ -87,7 +86,7 @@ def head_map_slide(weights: np.ndarray, block: int, boundaries: list[tuple[int, 
         "x": {"field": "k", "type": "quantitative", "scale": scale,
               "axis": _slot_axis(texts, "key slot") if named else {"title": "key slot"}}, "x2": {"field": "k2"},
         "y": {"field": "q", "type": "quantitative", "scale": {**scale, "reverse": True},
-              "axis": {**_slot_axis(texts, "query slot"), "labelAngle": 0} if named else {"title": "query slot"}},
+              "axis": _slot_axis(texts, "query slot", labelAngle=0) if named else {"title": "query slot"}},
         "y2": {"field": "q2"},
         "color": {"field": "weight", "type": "quantitative", "title": "α", "scale": {"scheme": "orangered"}}}}]
     if boundaries:
@@ -171,8 +170,7 @@ def _slot_grid(grid: np.ndarray, pieces: list[str], field: str, colour: dict, ti
     n, steps = grid.shape
     values = [{"slot": slot, "step": step, field: float(grid[slot, step])}
               for slot in range(n) for step in range(steps) if not np.isnan(grid[slot, step])]
-    axis = {"title": "slot"} if n > 80 else {"title": "slot and token", "values": list(range(n)), "labelFontSize": 11,
-                                              "labelExpr": token_labels(dict(enumerate(pieces[:n])))}
+    axis = _slot_axis(pieces[:n], limit=80, labelAngle=0, labelFontSize=11)
     return _framed({"data": {"values": values}, "width": PLOT_WIDTH, "height": min(PLOT_HEIGHT, max(240, 10 * n)),
                     "transform": [{"calculate": "datum.slot + 1", "as": "slot2"},
                                   {"calculate": "datum.step + 1", "as": "step2"}],

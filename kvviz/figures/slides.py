@@ -15,6 +15,7 @@ from collections.abc import Mapping
 import vl_convert
 
 from kvviz.edits import Edit
+from kvviz.figures.growth import SEGMENT_COLOURS
 from kvviz.figures.whatif_charts import Chart, alpha_chart, head_grid_chart, hidden_chart, visible
 from kvviz.whatif import WhatIf
 from kvviz.whatif.metrics import NextToken
@@ -30,7 +31,7 @@ THEME = {"background": "white", "font": "DejaVu Sans", "padding": 24,
 # the browser (no request); their slide versions (light theme, captioned, PNG or SVG) are in figures/plot_slides.py
 PLOTLY_CONFIG = {"toImageButtonOptions": {"format": "png", "width": WIDTH, "height": 1080, "scale": 1,
                                           "filename": "kvviz-figure"}, "displaylogo": False}
-SEGMENT_COLOURS = {"history": "#7f8c9a", "query": "#2f80ed", "generated": "#f2994a"}
+SEGMENT_SCALE = {"domain": list(SEGMENT_COLOURS), "range": list(SEGMENT_COLOURS.values())}  # the app's colours
 
 
 def slide(chart: Chart, title: str, caption: str) -> dict:
@@ -129,8 +130,7 @@ def strip_slide(chips: list[list], caption: str, per_line: int = 96) -> dict:
                                                                                          "scale": scale["y"], "axis": None},
                                                     "y2": {"field": "band"},
                                                     "fill": {"field": "segment", "type": "nominal", "title": "segment",
-                                                             "scale": {"domain": list(SEGMENT_COLOURS),
-                                                                       "range": list(SEGMENT_COLOURS.values())}}}},
+                                                             "scale": SEGMENT_SCALE}}},
             {"mark": {"type": "text", "align": "left", "dx": 3, "dy": 12, "font": "DejaVu Sans Mono", "fontSize": 13},
              "encoding": {"x": x, "y": y_top, "text": {"field": "text"},
                           "opacity": {"condition": {"test": "datum.evicted", "value": 0.35}, "value": 1}}},
