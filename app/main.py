@@ -119,9 +119,29 @@ def editor() -> None:
     state.end_run()
 
 
+VIEWS = {"Attention": attention, "Cache growth": growth, "Policies": policies, "Policy run": policy_run,
+         "Sweeps": sweeps}
+
+
+@st.fragment
+def views() -> None:
+    """The views below the editor, as tabs of which only the open one is drawn. The browser re-renders the whole
+    page for each message of a click's run, and a hidden tab's elements stay on the page: at 8k slots, with the
+    Attention view hidden behind another tab, a click settled ~0.17 s later. Choosing a tab, or a view's own widget,
+    reruns only this part; what changes the whole page (a head picked on the overview) reruns it."""
+    if st.session_state.pop("whole_page", False):
+        st.rerun(scope="app")
+    state.begin_run()
+    if chosen := st.session_state.pop("open_view", None):  # a view opened another (before the tabs are drawn)
+        st.session_state.view = chosen
+    tabs = st.tabs(list(VIEWS), key="view", on_change="rerun")
+    for tab, view in zip(tabs, VIEWS.values()):
+        if tab.open:
+            with tab:
+                guarded(view)
+    state.end_run()
+
+
 editor()
-tabs = st.tabs(["Attention", "Cache growth", "Policies", "Policy run", "Sweeps"])
-for tab, view in zip(tabs, (attention, growth, policies, policy_run, sweeps)):
-    with tab:
-        guarded(view)
+views()
 state.end_run()

@@ -27,6 +27,12 @@ def assert_clean(app: AppTest) -> None:
     assert not [e.value for e in app.error], [e.value for e in app.error]
 
 
+def open_view(app: AppTest, label: str) -> AppTest:
+    """Choose one of the page's view tabs (only the open one is drawn) and rerun."""
+    app.session_state["view"] = label
+    return app.run()
+
+
 def metric(app: AppTest, label: str) -> str:
     return next(m.value for m in app.metric if m.label.startswith(label))
 
@@ -46,6 +52,8 @@ def test_full_flow_send_select_compare_commit_undo():
     app.run()
     assert_clean(app)
     assert float(metric(app, "KL")) > 0
+    open_view(app, "Cache growth")
+    assert_clean(app)
     assert metric(app, "Cache bytes") != metric(app, "Cache after")
     next(b for b in app.button if b.label.startswith("Commit edit")).click().run()
     assert_clean(app)
@@ -72,7 +80,14 @@ def test_every_view_renders_on_a_long_conversation():
     assert_clean(app)
     assert len(app.session_state["session"]) == 1101
     assert float(metric(app, "KL")) >= 0
-    assert len(app.get("plotly_chart")) == 4  # attention (3), growth
+    assert len(app.get("plotly_chart")) == 3  # the Attention tab, open by default: overview, head map, row
+    open_view(app, "Cache growth")
+    assert_clean(app)
+    assert len(app.get("plotly_chart")) == 1  # only the open tab is drawn
+    for label in ("Policies", "Policy run", "Sweeps"):
+        open_view(app, label)
+        assert_clean(app)
+        assert not app.get("plotly_chart") and float(metric(app, "KL")) >= 0  # the editor stays
     import pyarrow as pa
 
     assert len(app.get("vega_lite_chart")) == 1  # the what-if's charts: the one whose tab is chosen (ρ and ‖Δo‖)
@@ -86,6 +101,7 @@ def test_every_view_renders_on_a_long_conversation():
 def test_policy_seeds_the_strip_and_comparison_runs():
     app = start()
     app.chat_input[0].set_value("Tell me about attention sinks in one sentence.").run()
+    open_view(app, "Policies")
     app.number_input(key="policy-0-h2o-recent_fraction").set_value(0.25).run()  # a policy's parameter is a widget
     next(b for b in app.button if b.label.startswith("Put h2o")).click().run()
     assert_clean(app)
@@ -171,8 +187,10 @@ def test_a_bad_user_policy_module_is_one_line_and_the_built_ins_still_run(monkey
     app = start()
     app.chat_input[0].set_value("My name is Ada. What is my name?").run()
     assert_clean(app)
-    refusals = [w.value for w in app.warning if "KVVIZ_POLICIES" in w.value.replace("\\", "")]  # escaped Markdown
-    assert refusals and all("\n" not in r for r in refusals)
+    for label in ("Policies", "Policy run"):  # each tab that lists the policies says it
+        open_view(app, label)
+        refusals = [w.value for w in app.warning if "KVVIZ_POLICIES" in w.value.replace("\\", "")]  # escaped Markdown
+        assert refusals and all("\n" not in r for r in refusals)
     app.number_input(key="run-h2o-recent_fraction").set_value(0.5)
     app.button[[b.label for b in app.button].index("Run the policy")].click().run()
     assert_clean(app)

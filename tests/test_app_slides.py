@@ -8,7 +8,7 @@ import struct
 import pytest
 from streamlit.runtime.media_file_manager import MediaFileManager
 
-from tests.test_app import assert_clean, start
+from tests.test_app import assert_clean, open_view, start
 
 
 @pytest.fixture
@@ -38,6 +38,8 @@ def test_attention_growth_and_whatif_figures_download_for_a_slide(made):
     assert_clean(app)
     at, name = len(app.session_state["session"]) - 1, app.session_state["session"].lm.name
     keys = {b.key for b in app.get("download_button")}
+    open_view(app, "Cache growth")  # one tab is drawn at a time; the Attention tab's builders stay recorded
+    keys |= {b.key for b in app.get("download_button")}
     assert {"overview-slide", "headmap-slide", "row-slide", "growth-slide"} <= keys
     files = {f"kvviz-overview-slot{at}.png", "kvviz-map-l0h0.png", f"kvviz-row-slot{at}-l0h0.png",
              f"kvviz-growth-{at + 1}.png", f"kvviz-strip-slot{at}.png"}
@@ -52,6 +54,7 @@ def test_attention_growth_and_whatif_figures_download_for_a_slide(made):
 def test_policy_run_figures_download_for_a_slide(made):
     app = start()
     app.chat_input[0].set_value("Name three cats.").run()
+    open_view(app, "Policy run")
     app.checkbox[[c.label for c in app.checkbox].index("KIVI quantization")].check()
     app.number_input[[n.label for n in app.number_input].index("New tokens per turn")].set_value(6)
     app.button[[b.label for b in app.button].index("Run the policy")].click().run()

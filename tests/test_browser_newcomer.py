@@ -121,6 +121,7 @@ def test_the_rho_map_and_the_overview_choose_the_head(page):
     plot.click(position={"x": x, "y": y})
     idle(page)
     expect(page.get_by_text("shown: layer 7, head 4", exact=False)).to_have_count(1)
+    expect(page.get_by_text("now layer 7, head 4", exact=False)).to_have_count(1)  # the what-if's too: the whole page
 
 
 @pytest.mark.parametrize("demo, full, edited", [

@@ -143,9 +143,12 @@ def test_the_damage_chart_has_one_point_per_policy_and_budget(one_by_one):
 def test_the_app_opens_a_sweep_case_as_a_policy_run(spec, one_by_one, tmp_path, monkeypatch):
     from streamlit.testing.v1 import AppTest
 
+    from tests.test_app import open_view
+
     run_sweep(spec, tmp_path, progress=False)
     monkeypatch.setenv("KVVIZ_SWEEPS", str(tmp_path))
     app = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=300).run()
+    open_view(app, "Sweeps")
     next(s for s in app.selectbox if s.label.startswith("Sweep on this server")).select(str(tmp_path)).run()
     assert not app.exception and not [e.value for e in app.error]
     assert any(c.value.startswith("8 cases, the worst first") for c in app.caption)
@@ -159,3 +162,5 @@ def test_the_app_opens_a_sweep_case_as_a_policy_run(spec, one_by_one, tmp_path, 
     assert result.settings.label.startswith(worst["policy"])
     assert result.last.policy_text == worst["policy_text"] and result.last.full_text == worst["full_text"]
     assert any("as a policy run" in i.value for i in app.info)
+    assert app.session_state["view"] == "Policy run" and not app.exception  # the page opened that tab
+    assert any(s.label == "Turn to look into" for s in app.selectbox)

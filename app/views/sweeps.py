@@ -89,5 +89,6 @@ def _open(row: dict) -> None:
         warn(exc if isinstance(exc, KvvizError) else f"this row cannot be opened ({exc})")
         return
     state.notify(f"Opened {case.prompt.id} · {case.policy} · budget {case.budget} as a policy run on {session.lm.name}: "
-                 "see the Policy run tab.", note=True)
-    st.rerun()  # the Policy run tab, drawn before this one, shows it
+                 "it is in the Policy run tab.", note=True)
+    st.session_state.open_view = "Policy run"
+    st.rerun()
