@@ -83,6 +83,17 @@ def test_step_one_token_keeps_the_chat_equal_to_the_strip(page):
     assert page.get_by_text("next token (chosen, not cached yet)").count() == 1
 
 
+def _minimap_pixels(page, points: list[tuple[int, int]]) -> list[list[int]]:
+    """RGBA of the bar above the strip at each (slot, row): a slot's column is one of one column per slot or per few
+    slots. The bar is read once (each read of a canvas makes the browser warn)."""
+    return page.locator(".kv-minimap").evaluate("""(canvas, points) => {
+        const n = canvas.parentNode.querySelectorAll('.kv-chip').length;
+        const image = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
+        return points.map(([slot, y]) => {
+            const o = (y * canvas.width + Math.floor(slot * canvas.width / n)) * 4;
+            return [...image.slice(o, o + 4)]; }); }""", points)
+
+
 def test_a_long_conversation_opens_at_its_step_and_search_finds_a_word(page):
     text = " ".join(f"Note {i}: the committee met in the hall and discussed the budget for the coming year."
                     for i in range(50)) + " The treasurer lives in Lisbon. Where does the treasurer live?"
@@ -100,6 +111,12 @@ def test_a_long_conversation_opens_at_its_step_and_search_finds_a_word(page):
     idle(page)
     found = page.locator(".kv-chip.kv-found")
     assert found.count() >= 1 and found.first.inner_text().strip() == "Lisbon"
+    page.locator(".kv-chip[data-slot='10']").click()  # evicted: dark on the bar above the strip
+    idle(page)
+    lisbon = int(found.first.get_attribute("data-slot"))
+    hit, evicted, band = _minimap_pixels(page, [(lisbon, 1), (10, 6), (12, 15)])
+    assert hit == [242, 201, 76, 255] and max(evicted[:3]) < 110 <= evicted[3]
+    assert band == [47, 128, 237, 255]  # the first message is the query segment (blue)
     page.locator(".kv-strip").evaluate("(strip) => { strip.scrollTop = 0; }")
     page.locator(".kv-minimap").click(position={"x": 2, "y": 9})  # the bar scrolls the strip to the start
     assert page.locator(".kv-strip").evaluate("(strip) => strip.scrollTop") < 50

@@ -72,26 +72,41 @@ function scrollToChip(root, chip) {
 }
 
 function drawMinimap(canvas, root, chips, at, found) {
-  // the whole cache in one bar: attention (red, top), segments (band, bottom), evicted (dark), search hits (yellow),
-  // the current step (black) and the part of the strip in view (outline)
+  // the whole cache in one bar, one pixel column per slot or per few slots: attention (red, top; the strongest slot
+  // of the column), segments (band, bottom), evicted (dark), search hits (yellow), the current step (black) and the
+  // part of the strip in view (outline). Drawn as one image and a few paths: a fill per slot cost ~20 ms at 8k slots.
   const width = canvas.clientWidth || 600, height = 18, n = chips.length;
   canvas.width = width;
   canvas.height = height;
   const ctx = canvas.getContext("2d");
-  ctx.clearRect(0, 0, width, height);
   if (!n) return;
-  const step = width / n, hits = new Set(found);
+  const strongest = new Float32Array(width), hits = new Set(found);
+  const bands = SEGMENT_COLOURS.map(() => new Path2D()), evicted = new Path2D(), marked = new Path2D();
   chips.forEach((row, i) => {
-    const x = i * step, w = Math.max(step, 1);
-    ctx.fillStyle = "rgba(235, 87, 87, " + (row[4] * 0.9) + ")";
-    ctx.fillRect(x, 0, w, 12);
-    ctx.fillStyle = SEGMENT_COLOURS[row[2]];
-    ctx.fillRect(x, 13, w, 5);
-    if (row[5] === 1 || row[11] === 1) { ctx.fillStyle = "rgba(40, 40, 40, 0.75)"; ctx.fillRect(x, 4, w, 5); }
-    if (hits.has(row[0])) { ctx.fillStyle = "#f2c94c"; ctx.fillRect(x, 0, w, 4); }
+    const x = Math.floor(i * width / n), w = Math.max(1, Math.floor((i + 1) * width / n) - x);
+    for (let c = x; c < x + w; c++) strongest[c] = Math.max(strongest[c], row[4]);
+    bands[row[2]].rect(x, 13, w, 5);
+    if (row[5] === 1 || row[11] === 1) evicted.rect(x, 4, w, 5);
+    if (hits.has(row[0])) marked.rect(x, 0, w, 4);
   });
+  const image = ctx.createImageData(width, 12), pixels = image.data;
+  for (let x = 0; x < width; x++) {
+    const alpha = Math.round(strongest[x] * 0.9 * 255);
+    for (let o = x * 4; o < pixels.length; o += width * 4) {
+      pixels[o] = 235;
+      pixels[o + 1] = 87;
+      pixels[o + 2] = 87;
+      pixels[o + 3] = alpha;
+    }
+  }
+  ctx.putImageData(image, 0, 0);
+  bands.forEach((band, segment) => { ctx.fillStyle = SEGMENT_COLOURS[segment]; ctx.fill(band); });
+  ctx.fillStyle = "rgba(40, 40, 40, 0.75)";
+  ctx.fill(evicted);
+  ctx.fillStyle = "#f2c94c";
+  ctx.fill(marked);
   ctx.fillStyle = "#000";
-  ctx.fillRect(Math.min(at, n - 1) * step, 0, Math.max(step, 2), height);
+  ctx.fillRect(Math.floor(Math.min(at, n - 1) * width / n), 0, Math.max(width / n, 2), height);
   const first = root.querySelector(".kv-chip");
   if (first && root.scrollHeight > root.clientHeight) {
     const top = root.scrollTop / root.scrollHeight, seen = root.clientHeight / root.scrollHeight;
