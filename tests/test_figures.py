@@ -46,6 +46,23 @@ def test_strip_and_attention_views(session):
     assert figures.overview_figure(rows, 3, at).data[0].z.shape[1] == 9 * rows.shape[2] + 2 * 2
 
 
+def test_a_long_row_is_drawn_as_blocks_of_slots_holding_their_maximum():
+    from kvviz.figures.growth import SEGMENT_COLOURS
+    from kvviz.figures.whatif_charts import POINT_LIMIT
+
+    n = 3 * POINT_LIMIT + 5  # blocks of 4 slots, the last one short
+    row = np.random.default_rng(0).random(n) / n
+    row[2050] = 0.5  # a spike inside a block of query slots
+    segments = ["history"] * 2049 + ["query"] * (n - 2049)
+    bars = figures.row_figure(row.tolist(), [f"t{i}" for i in range(n)], segments, "row").data[0]
+    assert list(bars.y) == pool(row, POINT_LIMIT, 0).tolist()  # the reference: max-pooling as the maps do
+    assert bars.width == 4 and bars.x[0] == 1.5 and bars.x[-1] - 1.5 + 4 >= n  # the blocks cover every slot
+    assert bars.customdata[512] == "slots 2048–2051, the most at slot 2050 t2050"
+    assert bars.marker.color[512] == SEGMENT_COLOURS["query"]  # the colour of the slot that holds the maximum
+    short = figures.row_figure([0.25, 0.75], ["a", "b"], ["query", "generated"], "row")
+    assert list(short.data[0].y) == [0.25, 0.75] and "block" not in short.layout.title.text
+
+
 def valid(chart) -> dict:
     """The chart's standalone spec, checked against the Vega-Lite schema (Altair's copy)."""
     spec = chart.to_dict()

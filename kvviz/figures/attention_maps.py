@@ -6,6 +6,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from kvviz.figures.growth import SEGMENT_COLOURS
+from kvviz.figures.whatif_charts import POINT_LIMIT
 
 # No template: the app draws with its own theme (and a template costs ~15 ms a figure); exports add one. Figures are
 # one spec given to ``go.Figure`` at once (validated in one pass; see figures/whatif.py).
@@ -62,9 +63,23 @@ def head_map_figure(weights: np.ndarray, block: int, boundaries: list[tuple[int,
 
 
 def row_figure(row: list[float], texts: list[str], segments: list[str], title: str) -> go.Figure:
-    """The current token's weights as bars over slots, coloured by segment."""
-    bars = dict(type="bar", x=np.arange(len(row)), y=np.asarray(row),  # arrays: plotly validates lists item by item
-                marker_color=np.array([SEGMENT_COLOURS[s] for s in segments], dtype=object),
-                customdata=np.asarray(texts, dtype=object), hovertemplate="slot %{x} %{customdata}<br>α %{y:.4f}<extra></extra>")
+    """The current token's weights as bars over slots, coloured by segment. Above :data:`POINT_LIMIT` slots a bar is
+    the maximum over a block of ``ceil(n / POINT_LIMIT)`` slots (as the what-if's α chart), coloured by the segment of
+    the slot that holds it, and the title says so: a bar per slot at 8k slots made 16k nodes of the page, which the
+    browser re-rendered with every message of a click's run."""
+    values, n = np.asarray(row, dtype=float), len(row)
+    slots, colours = np.arange(n), np.array([SEGMENT_COLOURS[s] for s in segments], dtype=object)
+    labels, block = np.array([f"slot {i} {t}" for i, t in enumerate(texts)], dtype=object), 1
+    if n > POINT_LIMIT:
+        block = -(-n // POINT_LIMIT)
+        starts = np.arange(0, n, block)
+        slots = starts + np.pad(values, (0, -n % block), constant_values=-np.inf).reshape(-1, block).argmax(1)
+        labels = np.array([f"slots {a}–{min(a + block, n) - 1}, the most at slot {s} {texts[s]}"
+                           for a, s in zip(starts, slots)], dtype=object)
+        values, colours = values[slots], colours[slots]
+        title += f" (the maximum over each block of {block} slots)"
+    bars = dict(type="bar", x=slots if block == 1 else starts + (block - 1) / 2, y=values, width=block,
+                marker_color=colours, customdata=labels,  # arrays: plotly validates lists item by item
+                hovertemplate="%{customdata}<br>α %{y:.4f}<extra></extra>")
     layout = dict(title=title, height=260, bargap=0, xaxis_title="slot", yaxis_title="α", **LAYOUT)
     return go.Figure(dict(data=[bars], layout=layout))
