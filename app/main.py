@@ -125,10 +125,11 @@ VIEWS = {"Attention": attention, "Cache growth": growth, "Policies": policies, "
 
 @st.fragment
 def views() -> None:
-    """The views below the editor, as tabs of which only the open one is drawn. The browser re-renders the whole
-    page for each message of a click's run, and a hidden tab's elements stay on the page: at 8k slots, with the
-    Attention view hidden behind another tab, a click settled ~0.17 s later. Choosing a tab, or a view's own widget,
-    reruns only this part; what changes the whole page (a head picked on the overview) reruns it."""
+    """The views below the editor, as tabs of which only the open one is drawn. During a click's run the browser
+    re-renders every tab panel many times, and each render walks a hidden panel's nodes to their end (looking for a
+    focusable one): at 8k slots, with the Attention view hidden behind another tab, a click settled ~0.17 s later.
+    Choosing a tab, or a view's own widget, reruns only this part; what changes the whole page (a head picked on the
+    overview) reruns it."""
     if st.session_state.pop("whole_page", False):
         st.rerun(scope="app")
     state.begin_run()

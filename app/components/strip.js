@@ -84,8 +84,8 @@ function drawMinimap(canvas, root, chips, at, found) {
   const strongest = new Float32Array(width), segment = new Int8Array(width), dark = new Uint8Array(width);
   const hit = new Uint8Array(width), hits = new Set(found);
   chips.forEach((row, i) => {
-    const end = Math.max(Math.floor(i * width / n) + 1, Math.floor((i + 1) * width / n));
-    for (let x = Math.floor(i * width / n); x < end; x++) {
+    const start = Math.floor(i * width / n), end = Math.max(start + 1, Math.floor((i + 1) * width / n));
+    for (let x = start; x < end; x++) {
       strongest[x] = Math.max(strongest[x], row[4]);
       segment[x] = row[2];
       if (row[5] === 1 || row[11] === 1) dark[x] = 1;
@@ -106,8 +106,9 @@ function drawMinimap(canvas, root, chips, at, found) {
   const runs = (values, y, h, colour) => {
     for (let x = 0, end; x < width; x = end) {
       for (end = x + 1; end < width && values[end] === values[x];) end++;
-      if (colour(values[x])) {
-        ctx.fillStyle = colour(values[x]);
+      const fill = colour(values[x]);
+      if (fill) {
+        ctx.fillStyle = fill;
         ctx.fillRect(x, y, end - x, h);
       }
     }

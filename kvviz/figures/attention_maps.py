@@ -65,21 +65,21 @@ def head_map_figure(weights: np.ndarray, block: int, boundaries: list[tuple[int,
 def row_figure(row: list[float], texts: list[str], segments: list[str], title: str) -> go.Figure:
     """The current token's weights as bars over slots, coloured by segment. Above :data:`POINT_LIMIT` slots a bar is
     the maximum over a block of ``ceil(n / POINT_LIMIT)`` slots (as the what-if's α chart), coloured by the segment of
-    the slot that holds it, and the title says so: a bar per slot at 8k slots made 16k nodes of the page, which the
-    browser re-rendered with every message of a click's run."""
-    values, n = np.asarray(row, dtype=float), len(row)
-    slots, colours = np.arange(n), np.array([SEGMENT_COLOURS[s] for s in segments], dtype=object)
-    labels, block = np.array([f"slot {i} {t}" for i, t in enumerate(texts)], dtype=object), 1
-    if n > POINT_LIMIT:
-        block = -(-n // POINT_LIMIT)
+    the slot that holds it, and the title says so: a bar per slot at 8k slots made 16k nodes of the page."""
+    values, n, block = np.asarray(row, dtype=float), len(row), max(1, -(-len(row) // POINT_LIMIT))
+    colours = np.array([SEGMENT_COLOURS[s] for s in segments], dtype=object)
+    if block == 1:
+        x, labels = np.arange(n), np.array([f"slot {i} {t}" for i, t in enumerate(texts)], dtype=object)
+    else:
         starts = np.arange(0, n, block)
         slots = starts + np.pad(values, (0, -n % block), constant_values=-np.inf).reshape(-1, block).argmax(1)
+        x = starts + (block - 1) / 2  # the middle of the block
         labels = np.array([f"slots {a}–{min(a + block, n) - 1}, the most at slot {s} {texts[s]}"
                            for a, s in zip(starts, slots)], dtype=object)
         values, colours = values[slots], colours[slots]
         title += f" (the maximum over each block of {block} slots)"
-    bars = dict(type="bar", x=slots if block == 1 else starts + (block - 1) / 2, y=values, width=block,
-                marker_color=colours, customdata=labels,  # arrays: plotly validates lists item by item
+    bars = dict(type="bar", x=x, y=values, width=block, marker_color=colours,
+                customdata=labels,  # arrays: plotly validates lists item by item
                 hovertemplate="%{customdata}<br>α %{y:.4f}<extra></extra>")
     layout = dict(title=title, height=260, bargap=0, xaxis_title="slot", yaxis_title="α", **LAYOUT)
     return go.Figure(dict(data=[bars], layout=layout))
