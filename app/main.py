@@ -89,9 +89,7 @@ def editor() -> None:
     save is also the page's: nothing drawn after it changes the session or the draft without a rerun. The what-if
     is computed before anything is drawn (see ``whatif.prepare``), and its numbers are sent before the strip that
     stands above them (see ``whatif.summary``)."""
-    if st.session_state.pop("whole_page", False):  # a click in the editor chose what the whole page shows
-        st.rerun(scope="app")
-    state.begin_run()  # a click reruns only this fragment: the session is in use until its end
+    state.begin_run()  # a click reruns only this fragment (or the page, when it chose a head): in use until its end
     if notice := state.take_notice():  # e.g. a refused click, noted by its callback just before this run
         message, note = notice
         if note:
@@ -130,8 +128,6 @@ def views() -> None:
     focusable one): at 8k slots, with the Attention view hidden behind another tab, a click settled ~0.17 s later.
     Choosing a tab, or a view's own widget, reruns only this part; what changes the whole page (a head picked on the
     overview) reruns it."""
-    if st.session_state.pop("whole_page", False):
-        st.rerun(scope="app")
     state.begin_run()
     if chosen := st.session_state.pop("open_view", None):  # a view opened another (before the tabs are drawn)
         st.session_state.view = chosen

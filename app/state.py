@@ -62,9 +62,11 @@ def init(lm: LoadedModel, memory: ServerMemory) -> None:
 
 def begin_run(whole_page: bool = False) -> None:
     """This page's session is in use until :func:`end_run` (the server never releases it meanwhile). A session the
-    server released just before is restored by a new run of the whole page."""
+    server released just before is restored by a new run of the whole page; a fragment's run after a callback set
+    ``whole_page`` (a layer and head chosen for every view) becomes the whole page's."""
     memory = st.session_state.get("server_memory")
-    if memory is not None and memory.started(_page(), session(), whole_page):
+    if (st.session_state.pop("whole_page", False) and not whole_page
+            or memory is not None and memory.started(_page(), session(), whole_page)):
         st.rerun(scope="app")
 
 
