@@ -26,6 +26,11 @@ from kvviz.geometry import Geometry
 from kvviz.hub import hub_folder, looks_like_hub_id
 
 
+def _geometry(name: str, doc: str) -> property:
+    """A read-only property forwarding to the model's :class:`Geometry`."""
+    return property(lambda self: getattr(self.geometry, name), doc=doc)
+
+
 @dataclass(frozen=True)
 class LoadedModel:
     """A model ready for kvviz: eval mode, no grad, attention routed through kvviz's recorder."""
@@ -48,23 +53,10 @@ class LoadedModel:
         """Layers, heads, KV heads, head dim, vocabulary and context window, from the config."""
         return Geometry.from_config(self.config.to_dict())
 
-    @property
-    def layers(self) -> int:
-        return self.geometry.layers
-
-    @property
-    def heads(self) -> int:
-        """Query heads per layer."""
-        return self.geometry.heads
-
-    @property
-    def kv_heads(self) -> int:
-        """Key/value heads per layer (GQA: each serves ``heads // kv_heads`` query heads)."""
-        return self.geometry.kv_heads
-
-    @property
-    def head_dim(self) -> int:
-        return self.geometry.head_dim
+    layers = _geometry("layers", "Decoder layers.")
+    heads = _geometry("heads", "Query heads per layer.")
+    kv_heads = _geometry("kv_heads", "Key/value heads per layer (GQA: each serves ``heads // kv_heads`` query heads).")
+    head_dim = _geometry("head_dim", "Channels per head.")
 
     @cached_property
     def attention(self) -> AttentionRule:
