@@ -142,6 +142,7 @@ class Session:
             raise KvvizError("the context window is full")
         self.check_room(1)
         self._accept([self.pending], self._forward([self.pending]), "decode")
+        self._announced = max(self._announced, len(self.produced) - 1)  # a cached token is part of the reply
         return self._token(self.pending)
 
     def _forward(self, ids: list[int]) -> torch.Tensor:
@@ -196,12 +197,15 @@ class Session:
         return self.past_replies + ([(list(self.produced), self._announced)] if self.turns else [])
 
     def set_announced(self, count: int) -> None:
-        """How many chosen tokens of this turn count as shown (replay of a recorded reply)."""
-        self._announced = max(0, min(int(count), len(self.produced)))
+        """How many chosen tokens of this turn count as shown (replay of a recorded reply); never fewer than the
+        tokens already cached (see :attr:`reply`)."""
+        self._announced = max(0, len(self.produced) - 1, min(int(count), len(self.produced)))
 
     @property
     def reply(self) -> str:
-        """The current turn's reply: the chosen tokens, end-of-turn excluded."""
+        """The current turn's reply, by one rule: its generated slots as the cache holds them, followed by the pending
+        token once :meth:`stream` (or :meth:`generate`) has yielded it; end-of-turn excluded. :meth:`step` counts
+        every token it caches as part of the reply; :meth:`set_announced` replays a recorded count."""
         ids = [i for i in self.produced[: self._announced] if i not in self.lm.stop_ids]
         return self.lm.tokenizer.decode(ids, skip_special_tokens=True)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -215,6 +217,47 @@ def test_stream_stops_at_end_of_turn_and_reports_pending(lm):
     assert session.transcript.ids[-1] not in lm.stop_ids
     assert session.reply == lm.tokenizer.decode([t.id for t in tokens], skip_special_tokens=True)
     assert list(session.stream(5)) == []
+
+
+def test_the_reply_reads_as_the_cache_holds_it_after_any_order_of_calls(lm):
+    """One rule (Session.reply): the turn's generated slots, decoded, then the pending token once a stream has
+    yielded it. Every order of three calls among step / stream / generate / force, each order branching off a copy
+    of the session before it; the oracle is the transcript's generated slots and this test's own account of what was
+    yielded."""
+    forced = lm.tokenizer.encode(" the")[0]
+
+    def call(session: Session, name: str, yielded_pending: bool) -> bool:
+        if name == "step":
+            session.step()
+            return False
+        if name == "force":
+            session.force(forced)
+            return yielded_pending
+        yielded = list(session.stream(2)) if name == "stream" else []
+        if name == "generate":
+            session.generate(1, on_token=yielded.append)
+        return yielded_pending or (bool(yielded) and yielded[-1].id == session.pending)
+
+    def check(session: Session, yielded_pending: bool, order: tuple[str, ...]) -> None:
+        generated = [slot_id for slot_id, segment in zip(session.transcript.ids, session.transcript.segments())
+                     if segment == "generated"]
+        expected = [i for i in generated + [session.pending] * yielded_pending if i not in lm.stop_ids]
+        assert session.reply == lm.tokenizer.decode(expected, skip_special_tokens=True), order
+        assert session.conversation()[-1]["assistant"] == session.reply, order
+
+    root = Session(lm)
+    root.add_user_turn("Describe a lighthouse in one sentence.")
+    frontier, checked = [((), root, False)], 0
+    while frontier:
+        order, session, yielded_pending = frontier.pop()
+        for name in ("step", "stream", "generate", "force"):
+            branch = copy.deepcopy(session, memo={id(lm): lm})
+            shown = call(branch, name, yielded_pending)
+            check(branch, shown, order + (name,))
+            checked += 1
+            if len(order) < 2:
+                frontier.append((order + (name,), branch, shown))
+    assert checked == 4 + 16 + 64
 
 
 def test_seeded_sampling_is_reproducible(lm):
