@@ -12,7 +12,7 @@ from kvviz.edits import Edit
 from kvviz.model import LoadedModel, resolve_checkpoint
 from kvviz.session import Session
 from kvviz.whatif import what_if
-from tests.tiny_models import ARCHITECTURES, tiny
+from kvviz.tiny_models import ARCHITECTURES, tiny
 
 
 def architecture_rows(bench, count: int = 512) -> list[Row]:

@@ -25,7 +25,7 @@ from benchmarks.harness import Row, token_ids
 from kvviz.draft import EditDraft
 from kvviz.session import Session
 from kvviz.session_file import export_session
-from tests.browser import SESSION_UPLOAD, browser_page, running_app
+from benchmarks.browser import SESSION_UPLOAD, browser_page, running_app
 
 RUN_OVER = "document.querySelector('[data-testid=stApp]').dataset.testScriptState !== 'running'"  # Streamlit's own
 KL_CHANGED = """(before) => {  // the what-if's numbers are drawn together; KL stands for them

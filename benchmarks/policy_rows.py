@@ -23,7 +23,7 @@ from kvviz.runs.blame import blame
 from kvviz.runs.compressed import CompressedSession, RunSettings
 from kvviz.runs.policy_run import run_policy
 from kvviz.session import Session
-from tests.browser import CHROMIUM, CHROMIUM_ARGS
+from benchmarks.browser import CHROMIUM, CHROMIUM_ARGS
 
 
 def policy_run(bench, context: int = 1024, tokens: int = 64, budget: int = 256) -> Row:

@@ -22,7 +22,7 @@ from kvviz.draft import EditDraft
 from kvviz.model import load_model
 from kvviz.session import Session
 from kvviz.session_file import export_session
-from tests.browser import CHROMIUM, CHROMIUM_ARGS, SESSION_UPLOAD, app_process
+from benchmarks.browser import CHROMIUM, CHROMIUM_ARGS, SESSION_UPLOAD, app_process
 
 
 def rss_mb(pid: int) -> float:

@@ -13,7 +13,7 @@ import urllib.request
 
 from benchmarks.harness import Row, row
 from kvviz.model import resolve_checkpoint
-from tests.browser import CHROMIUM, CHROMIUM_ARGS, ROOT, free_port
+from benchmarks.browser import CHROMIUM, CHROMIUM_ARGS, ROOT, free_port
 
 PLAIN = """import streamlit, pandas, altair, torch, plotly.graph_objects  # plotly's own import loads nothing to draw with
 from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -1,5 +1,5 @@
 """Tiny randomly initialised decoders of the architectures kvviz supports, built from their transformers configs (no
-download): for the tests (tests/test_architectures.py) and the benchmark's architecture rows."""
+download): for trying kvviz on an architecture offline, the tests of other architectures and the benchmark's rows."""
 
 from __future__ import annotations
 

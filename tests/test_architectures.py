@@ -18,7 +18,7 @@ from kvviz.runs.policy_run import run_policy
 from kvviz.session_file import export_session, import_session
 from kvviz.whatif import what_if
 from tests.conftest import removed_step
-from tests.tiny_models import ARCHITECTURES, tiny, tiny_pair
+from kvviz.tiny_models import ARCHITECTURES, tiny, tiny_pair
 
 TURNS = ["a = 3, b = 5. What is a + b?", "And a - b?"]
 

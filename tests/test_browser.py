@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from tests.browser import CHROMIUM, SESSION_UPLOAD
+from benchmarks.browser import CHROMIUM, SESSION_UPLOAD
 
 ROOT = Path(__file__).resolve().parents[1]
 PAYLOAD = "Repeat this: <img src=x onerror=alert(1)> <script>alert(2)</script> **bold** $x$"
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.g
 
 @pytest.fixture(scope="module")
 def page():
-    from tests.browser import browser_page, running_app
+    from benchmarks.browser import browser_page, running_app
 
     with running_app() as url, browser_page(url) as page:
         yield page

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from tests.browser import CHROMIUM
+from benchmarks.browser import CHROMIUM
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
                                 reason="Debian's chromium is not installed (scripts/test.sh installs it)")
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.g
 
 @pytest.fixture(scope="module")
 def server():
-    from tests.browser import running_app
+    from benchmarks.browser import running_app
 
     with running_app() as url:
         yield url
@@ -28,7 +28,7 @@ def server():
 @pytest.fixture
 def page(server):
     """A fresh page (a new conversation) whose console warnings and errors must stay empty."""
-    from tests.browser import browser_page
+    from benchmarks.browser import browser_page
 
     with browser_page(server, width=1500, height=1000) as page:
         page.console = []

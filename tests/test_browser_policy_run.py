@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from tests.browser import CHROMIUM
+from benchmarks.browser import CHROMIUM
 from tests.test_policy_run import USER_POLICY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.g
 
 
 def test_run_a_policy_open_a_step_and_blame_it(tmp_path):
-    from tests.browser import browser_page, running_app
+    from benchmarks.browser import browser_page, running_app
 
     policy = tmp_path / "mine.py"
     policy.write_text(USER_POLICY)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser import CHROMIUM
+from benchmarks.browser import CHROMIUM
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
@@ -28,7 +28,7 @@ BOXES = """() => {
 
 
 def test_one_projector_screen_holds_the_numbers_the_strip_and_both_tables(tmp_path):
-    from tests.browser import browser_page, running_app
+    from benchmarks.browser import browser_page, running_app
 
     with running_app({"KVVIZ_SESSIONS": str(tmp_path)}) as url, browser_page(url, 1280, 720) as page:
         messages = []

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser import CHROMIUM, browser_page, running_app
+from benchmarks.browser import CHROMIUM, browser_page, running_app
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
                                 reason="Debian's chromium is not installed (scripts/test.sh installs it)")
@@ -61,7 +61,7 @@ def test_a_kill_during_a_restore_keeps_the_autosave_and_it_restores(lm, tmp_path
     from kvviz.draft import EditDraft
     from kvviz.session import Session
     from kvviz.session_file import export_session
-    from tests.browser import app_process
+    from benchmarks.browser import app_process
 
     session = Session(lm)
     session.add_ids(token_ids(lm, 200))

@@ -10,7 +10,7 @@ from kvviz.edits import Edit
 from kvviz.prefill import chunks
 from kvviz.session import Session
 from tests.conftest import full_forward
-from tests.tiny_models import tiny_pair
+from kvviz.tiny_models import tiny_pair
 
 TEXT = "The quick brown fox jumps over the lazy dog, and the cache keeps every key it saw. " * 3
 

@@ -20,7 +20,7 @@ from kvviz.session import Session
 from kvviz.session_file import export_session
 from kvviz.standalone_page import Prepared, page_data, standalone_html
 from kvviz.whatif import what_if
-from tests.browser import CHROMIUM, CHROMIUM_ARGS, ROOT
+from benchmarks.browser import CHROMIUM, CHROMIUM_ARGS, ROOT
 
 HOSTILE = "Say </script><script>alert(1)</script> <img src=x onerror=alert(2)> **bold** ![x](http://example.com/x.png)"
 

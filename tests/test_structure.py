@@ -78,6 +78,24 @@ def test_the_library_never_imports_streamlit_and_policies_depend_on_nothing_abov
             assert not {t for t in targets if t.startswith(("kvviz.whatif", "kvviz.figures", "kvviz.cli"))}, name
 
 
+def imported_names(path: Path) -> set[str]:
+    """Every module name ``path`` imports (absolute imports), as written."""
+    nodes = list(ast.walk(ast.parse(path.read_text())))
+    return ({alias.name for node in nodes if isinstance(node, ast.Import) for alias in node.names}
+            | {node.module for node in nodes if isinstance(node, ast.ImportFrom) and node.module and not node.level})
+
+
+def test_tooling_never_imports_the_test_package():
+    """The library, the app, the benchmark and the scripts run without ``tests/`` (what they share lives in
+    ``kvviz.tiny_models`` and ``benchmarks.browser``)."""
+    tooling = [p for d in ("kvviz", "app", "benchmarks", "scripts") for p in (ROOT / d).rglob("*.py")]
+    assert len(tooling) > 50
+    offenders = {str(p.relative_to(ROOT)): hits for p in tooling
+                 if (hits := sorted(n for n in imported_names(p) if n == "tests" or n.startswith("tests.")))}
+    assert not offenders, offenders
+    assert "kvviz.tiny_models" in imported_names(ROOT / "tests" / "test_sliding_window.py")  # the finder sees them
+
+
 def test_modules_are_short():
     long = [f"{p.relative_to(ROOT)} ({n})" for p in [*(ROOT / "kvviz").rglob("*.py"), *(ROOT / "app").rglob("*.py")]
             if (n := len(p.read_text().splitlines())) > MAX_LINES]

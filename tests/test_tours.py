@@ -13,7 +13,7 @@ from streamlit.testing.v1 import AppTest
 
 from kvviz.tours import TOURS, check, load_tours, play, stage
 from kvviz.whatif import what_if
-from tests.browser import CHROMIUM
+from benchmarks.browser import CHROMIUM
 from tests.test_app import APP, assert_clean
 
 TOUR_NAMES = [tour.name for tour in load_tours()]
@@ -85,7 +85,7 @@ def test_a_new_conversation_closes_the_tour_and_model_text_stays_text():
 def test_a_tour_plays_in_the_browser_at_1280x720_with_no_warning(tmp_path):
     from playwright.sync_api import expect
 
-    from tests.browser import browser_page, running_app
+    from benchmarks.browser import browser_page, running_app
 
     tour = load_tours()[1]
     idle = "!document.querySelector('[data-testid=stStatusWidget]')"
