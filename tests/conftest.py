@@ -13,6 +13,7 @@ from kvviz import kv_cache
 from kvviz.edits import Edit
 from kvviz.model import LoadedModel, load_model, resolve_checkpoint
 from kvviz.session import Session
+from tests.rounding import BUNDLED_LOGIT_SCALE, logit_rounding
 
 # the app autosaves sessions; tests keep theirs out of the user's cache folder
 os.environ.setdefault("KVVIZ_SESSIONS", tempfile.mkdtemp(prefix="kvviz-test-sessions-"))
@@ -24,6 +25,12 @@ os.environ.setdefault("KVVIZ_DEVICE", "cpu")
 def lm() -> LoadedModel:
     """The bundled SmolLM2-135M, loaded through kvviz (recording attention installed)."""
     return load_model()
+
+
+@pytest.fixture(scope="session")
+def eps(lm) -> float:
+    """ε_z: the float32 rounding of the bundled model's logits between two summation orders (tests/rounding.py)."""
+    return logit_rounding(lm.config, BUNDLED_LOGIT_SCALE)
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ from kvviz.runs.compressed import CompressedSession, RunSettings
 from kvviz.runs.kivi import Kivi
 from kvviz.session import Session
 from kvviz.whatif import what_if
+from tests.rounding import kl_rounding, logit_rounding, probability_rounding
 
 PROMPT = "My name is Zorblax and I live in the city of Quintara. I like green tea. What is my name?"
 
@@ -30,7 +31,7 @@ def _moved(model, keys: torch.Tensor, old: list[int], new: list[int]) -> torch.T
     return moved
 
 
-def test_rerotated_streaming_llm_equals_a_compacted_cache(lm):
+def test_rerotated_streaming_llm_equals_a_compacted_cache(lm, eps):
     budget, steps = 20, 10
     plain = Session(lm)
     plain.add_user_turn(PROMPT)
@@ -58,7 +59,8 @@ def test_rerotated_streaming_llm_equals_a_compacted_cache(lm):
         with torch.no_grad():
             step_out = lm.model(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[len(kept)]]),
                                 cache=cache, use_cache=True)
-        assert (step_out.logits[0, -1] - logits[step]).abs().max() <= 1e-4, step
+        reference = step_out.logits[0, -1]
+        assert (reference - logits[step]).abs().max() <= logit_rounding(lm.config, reference), step
         for layer in range(lm.layers):
             new = step_out.past_key_values.layers[layer]
             keys, values = layers[layer]
@@ -69,7 +71,7 @@ def test_rerotated_streaming_llm_equals_a_compacted_cache(lm):
     slot = run.prompt_end[0] + 6
     result = what_if(run.session, Edit(), at=slot, topk=3)
     probs = torch.softmax(logits[6].double(), -1)
-    assert result.next_token.full[0].prob == pytest.approx(float(probs.max()), abs=1e-6)
+    assert result.next_token.full[0].prob == pytest.approx(float(probs.max()), rel=probability_rounding(eps))
 
 
 def test_rerotated_positions_are_refused_where_they_make_no_sense(lm):
@@ -79,11 +81,11 @@ def test_rerotated_positions_are_refused_where_they_make_no_sense(lm):
             RunSettings(**settings, positions="rerotated")
 
 
-def test_blame_of_a_rerotated_run_sees_each_step_as_it_stood(lm):
+def test_blame_of_a_rerotated_run_sees_each_step_as_it_stood(lm, eps):
     from kvviz.runs.blame import blame
     from kvviz.runs.policy_run import run_policy
 
     result = run_policy(lm, [PROMPT], RunSettings(StreamingLLM(), 24, "decode", positions="rerotated"), 8)
     for step in (0, 3, len(result.last.steps) - 1):
         ranked = blame(result, step=step, limit=4)
-        assert ranked.kl == pytest.approx(result.last.steps[step].kl, rel=1e-4), step
+        assert abs(ranked.kl - result.last.steps[step].kl) <= kl_rounding(eps, ranked.kl), step

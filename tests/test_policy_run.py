@@ -21,6 +21,7 @@ from kvviz.runs.kivi import Kivi
 from kvviz.runs.policy_run import run_policy
 from kvviz.session import Session
 from kvviz.whatif import what_if
+from tests.rounding import kl_rounding, logit_rounding, probability_rounding, zero_kl_rounding
 
 PROMPT = "My name is Zorblax and I live in the city of Quintara. I like green tea. What is my name?"
 
@@ -47,14 +48,14 @@ def _greedy(lm, steps):
     return session, tokens, logits
 
 
-def test_a_budget_above_the_cache_changes_nothing(lm):
+def test_a_budget_above_the_cache_changes_nothing(lm, eps):
     _, tokens, logits = _greedy(lm, 12)
     _, policy_logits, _ = _forced(lm, RunSettings(H2O(), 10_000, "both"), tokens)
     for full, policy in zip(logits, policy_logits):
-        assert (full - policy).abs().max() <= 1e-5
+        assert (full - policy).abs().max() <= logit_rounding(lm.config, full)
     result = run_policy(lm, [PROMPT], RunSettings(StreamingLLM(), 10_000), max_new_tokens=12)
     assert result.last.policy_ids == result.last.full_ids and result.last.divergence is None
-    assert all(step.kl <= 1e-10 and step.top1_agree for step in result.last.steps)
+    assert all(step.kl <= zero_kl_rounding(eps) and step.top1_agree for step in result.last.steps)
 
 
 def test_streaming_llm_equals_one_masked_forward(lm, eager_model):
@@ -76,7 +77,8 @@ def test_streaming_llm_equals_one_masked_forward(lm, eager_model):
     with torch.no_grad():
         out = eager_model(input_ids=torch.tensor([ids]), attention_mask=mask[None, None], use_cache=False)
     for step in range(steps):
-        assert (out.logits[0, prompt + step] - logits[step]).abs().max() <= 2e-4
+        reference = out.logits[0, prompt + step]
+        assert (reference - logits[step]).abs().max() <= logit_rounding(lm.config, reference)
 
 
 class _Masked(Probe):
@@ -126,7 +128,7 @@ def test_h2o_equals_a_reference_loop(lm):
                            cache=cache, use_cache=True, output_attentions=True)
         rows.append(torch.stack([a[0] for a in out.attentions]))
         alive = torch.nn.functional.pad(alive, (0, 1), value=True)
-        assert (out.logits[0, -1] - logits[step]).abs().max() <= 1e-4
+        assert (out.logits[0, -1] - logits[step]).abs().max() <= logit_rounding(lm.config, out.logits[0, -1])
 
 
 def test_prefill_snapkv_equals_the_one_shot_mask(lm):
@@ -179,7 +181,7 @@ def test_kivi_quantizes_whole_groups_before_the_step_that_first_sees_them(lm):
     with torch.no_grad():
         out = lm.model(input_ids=torch.tensor([[token.id]]), position_ids=torch.tensor([[token.position]]),
                        cache=cache, use_cache=True)
-    assert (out.logits[0, -1] - logits).abs().max() <= 1e-4
+    assert (out.logits[0, -1] - logits).abs().max() <= logit_rounding(lm.config, out.logits[0, -1])
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +189,7 @@ def h2o_run(lm):
     return run_policy(lm, [PROMPT], RunSettings(H2O(), 24, "decode"), max_new_tokens=12)
 
 
-def test_a_steps_what_if_sees_the_policy_cache_as_it_stood(lm, h2o_run):
+def test_a_steps_what_if_sees_the_policy_cache_as_it_stood(lm, h2o_run, eps):
     """Time travel: the what-if of step 3, taken after the whole run, re-runs it on the cache as it stood then."""
     run = h2o_run.last
     step = run.steps[3]
@@ -196,30 +198,31 @@ def test_a_steps_what_if_sees_the_policy_cache_as_it_stood(lm, h2o_run):
     probs = torch.softmax(logits[3].double(), -1)
     assert result.next_token.full[0].id == step.policy_top1
     for candidate in result.next_token.full:
-        assert candidate.prob == pytest.approx(float(probs[candidate.id]), abs=1e-6)
+        assert candidate.prob == pytest.approx(float(probs[candidate.id]), rel=probability_rounding(eps))
 
 
-def test_blame_restoring_all_gives_zero_and_none_the_policy_kl(lm, h2o_run):
+def test_blame_restoring_all_gives_zero_and_none_the_policy_kl(lm, h2o_run, eps):
     """Step 0 is the first step after the prompt was compressed: with every slot back its cache is the full one."""
     ranked = blame(h2o_run, step=0)
     assert len(ranked.rows) == min(32, len(units(h2o_run.last, h2o_run.last.forced.session.commits.hidden(
         ranked.slot, ranked.slot), "slot")))
-    # batched variants round differently from the run's single decode step (float32 logits; measured 1.3e-5 nats
-    # of 4.92 with 34 variants on the lent cache)
-    assert ranked.kl == pytest.approx(h2o_run.last.steps[0].kl, rel=1e-5)
-    assert ranked.kl_all_restored <= 1e-9  # measured 4e-12
+    # batched variants round differently from the run's single decode step (tests/rounding.py; measured 1.3e-5
+    # nats of 4.92 with 34 variants on the lent cache, 4e-12 with every slot back)
+    assert abs(ranked.kl - h2o_run.last.steps[0].kl) <= kl_rounding(eps, ranked.kl)
+    assert ranked.kl_all_restored <= zero_kl_rounding(eps)
     hidden = h2o_run.last.forced.session.commits.hidden(ranked.slot, ranked.slot)
     everything = hidden.any(0).any(0).nonzero()[:, 0].tolist()
-    assert restore(h2o_run, everything, step=0).kl_after_restore <= 1e-9
-    assert restore(h2o_run, [], step=0).kl_after_restore == pytest.approx(ranked.kl, rel=1e-5)
+    assert restore(h2o_run, everything, step=0).kl_after_restore <= zero_kl_rounding(eps)
+    assert abs(restore(h2o_run, [], step=0).kl_after_restore - ranked.kl) <= kl_rounding(eps, ranked.kl)
     words = blame(h2o_run, step=0, unit="word", limit=8)
     assert all(r.slots == list(range(r.slots[0], r.slots[-1] + 1)) for r in words.rows)
     assert {s for r in words.rows for s in r.slots} <= set(everything) and len(words.rows) <= 8
     best = ranked.rows[0]
     # a batch of another size rounds differently (measured 3e-9 here)
-    assert restore(h2o_run, best.slots, step=0).kl_after_restore == pytest.approx(best.kl_after_restore, abs=1e-6)
+    again = restore(h2o_run, best.slots, step=0).kl_after_restore
+    assert abs(again - best.kl_after_restore) <= kl_rounding(eps, best.kl_after_restore)
     later = blame(h2o_run, step=4)  # the run's own slots 54.. were written on the compressed cache
-    assert later.kl == pytest.approx(h2o_run.last.steps[4].kl, rel=1e-5) and later.kl_all_restored > 0
+    assert abs(later.kl - h2o_run.last.steps[4].kl) <= kl_rounding(eps, later.kl) and later.kl_all_restored > 0
 
 
 def test_eviction_log_matches_the_timeline(lm, h2o_run):

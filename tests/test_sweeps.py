@@ -17,6 +17,7 @@ import pytest
 from kvviz.errors import KvvizError
 from kvviz.sweeps import SweepSpec, load_prompts, read_table, records, run_case, run_sweep
 from kvviz.sweeps.prompts import builtin
+from tests.rounding import kl_rounding
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = [{"id": "capital", "prompt": "The capital of France is Paris. What is the capital of France?",
@@ -48,7 +49,7 @@ def test_a_sweep_gives_the_rows_of_the_runs_done_one_by_one(spec, one_by_one, tm
     assert row["answer_changed"] == (row["full_text"] != row["policy_text"]) or row["divergence"] is not None
 
 
-def test_a_killed_sweep_resumes_to_the_full_table_without_duplicates(spec, one_by_one, tmp_path):
+def test_a_killed_sweep_resumes_to_the_full_table_without_duplicates(eps, spec, one_by_one, tmp_path):
     command = [sys.executable, "-m", "kvviz", "sweep", "--prompts", spec.prompts, "--policy", "h2o", "--policy",
                "streaming_llm", "--budget", "8", "--budget", "0.5", "--max-new-tokens", "6", "--out", str(tmp_path),
                "--no-progress"]
@@ -66,7 +67,7 @@ def test_a_killed_sweep_resumes_to_the_full_table_without_duplicates(spec, one_b
     with rows.open("a") as handle:  # as if killed in the middle of a line
         handle.write('{"key": "torn')
     table = run_sweep(spec, tmp_path, progress=False)
-    assert records(table) == one_by_one
+    _same(eps, records(table), one_by_one)  # the first rows come from the killed process
     keys = [json.loads(line)["key"] for line in rows.read_text().splitlines()]
     assert len(keys) == len(set(keys)) == 8
 
@@ -77,25 +78,27 @@ def test_a_folder_holding_another_sweep_is_refused(spec, tmp_path):
         run_sweep(spec, tmp_path, progress=False)
 
 
-def _same(rows: list[dict], reference: list[dict]) -> None:
-    """Row by row: texts, steps and flags equal; numbers to float32 rounding (other processes, other threads)."""
+def _same(eps: float, rows: list[dict], reference: list[dict]) -> None:
+    """Row by row: what is exact (texts, tokens, steps, flags, top-1 agreement) equal; the KLs to the float32 rounding
+    of another thread count in other processes (tests/rounding.py: ε_z ≈ 1.4e-3, |ΔKL| ≤ ε_z·(2·KL + 4); a mean or a
+    max of KLs is bounded by the same at its own value)."""
     assert [r["key"] for r in rows] == [r["key"] for r in reference]
     for row, ref in zip(rows, reference):
         for name, value in ref.items():
-            if isinstance(value, float):
-                assert row[name] == pytest.approx(value, rel=1e-5, abs=1e-7), name
+            if name in ("kl_mean", "kl_max"):
+                assert abs(row[name] - value) <= kl_rounding(eps, value), name
             else:
                 assert row[name] == value, name
 
 
-def test_a_local_process_pool_gives_the_same_rows(spec, one_by_one, tmp_path):
-    _same(records(run_sweep(spec, tmp_path, workers=2, progress=False)), one_by_one)
+def test_a_local_process_pool_gives_the_same_rows(eps, spec, one_by_one, tmp_path):
+    _same(eps, records(run_sweep(spec, tmp_path, workers=2, progress=False)), one_by_one)
 
 
-def test_ray_tasks_on_a_local_instance_give_the_same_rows(spec, one_by_one, tmp_path):
+def test_ray_tasks_on_a_local_instance_give_the_same_rows(eps, spec, one_by_one, tmp_path):
     ray = pytest.importorskip("ray")
     try:
-        _same(records(run_sweep(spec, tmp_path, workers=2, ray="local", progress=False)), one_by_one)
+        _same(eps, records(run_sweep(spec, tmp_path, workers=2, ray="local", progress=False)), one_by_one)
     finally:
         ray.shutdown()
 
