@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from kvviz.errors import KvvizError
-from kvviz.policies.base import Candidates
+from kvviz.policies.base import Candidates, keep_rank
 from kvviz.policies.snapkv import SnapKV
 
 
@@ -31,9 +31,7 @@ class AdaKV(SnapKV):
         layers, heads, at = scores.shape
         keep = candidates.keep
         floor = int(keep * self.floor)
-        order = torch.argsort(scores, dim=-1, descending=True, stable=True)
-        rank = torch.empty_like(order).scatter_(-1, order, torch.arange(at).expand_as(order))
-        guaranteed = rank < floor  # (L, KV, at): every head's best ``floor`` slots
+        guaranteed = keep_rank(scores) < floor  # (L, KV, at): every head's best ``floor`` slots
         rest = scores.masked_fill(guaranteed, float("-inf")).flatten(1)  # (L, KV·at): the others compete per layer
         shared = min(keep * heads - floor * heads, rest.shape[1])
         chosen = torch.zeros_like(rest, dtype=torch.bool)

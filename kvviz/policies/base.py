@@ -89,14 +89,14 @@ class Policy:
         return torch.full(scores.shape[:2], candidates.keep, dtype=torch.long)
 
     def evicted(self, candidates: Candidates) -> torch.Tensor:
-        """The candidates this policy evicts now: bool ``(L, KV, at)``, only alive slots. Ties keep the earlier slot."""
+        """The candidates this policy evicts now: bool ``(L, KV, at)``, only alive slots. Ties keep the earlier slot,
+        except among protected slots (score ``+inf``, see :func:`protect`): a budget smaller than the protected
+        window keeps its most recent slots."""
         alive = candidates.alive
         lowest = torch.finfo(torch.float32).min  # alive slots always rank before evicted ones, even at -inf
         scores = torch.where(alive, checked_scores(self, candidates).clamp(min=lowest), float("-inf"))
         budgets = checked_budgets(self, candidates, scores).clamp(min=1)[..., None]  # (L, KV, 1)
-        order = torch.argsort(scores, dim=-1, descending=True, stable=True)
-        rank = torch.empty_like(order).scatter_(-1, order, torch.arange(alive.shape[-1]).expand_as(order))
-        return alive & (rank >= budgets)
+        return alive & (keep_rank(scores) >= budgets)
 
     def edit(self, session: Session, budget: int | float, at: int | None = None) -> Edit:
         """One-shot: evict all but the ``budget`` best-scored slots before ``at`` (default: the newest cached slot)."""
@@ -152,8 +152,19 @@ def checked_budgets(policy: Policy, candidates: Candidates, scores: torch.Tensor
     return budgets.long().cpu()
 
 
+def keep_rank(scores: torch.Tensor) -> torch.Tensor:
+    """Each slot's rank in the order of keeping, 0 first: ``(..., at)`` from scores ``(..., at)``. Higher scores
+    first; ties go to the earlier slot, among ``+inf`` (protected) ones to the later slot."""
+    positions = torch.arange(scores.shape[-1])
+    by_tie = torch.argsort(torch.where(scores == float("inf"), -positions, positions).expand_as(scores), dim=-1,
+                           stable=True)
+    order = by_tie.gather(-1, torch.argsort(scores.gather(-1, by_tie), dim=-1, descending=True, stable=True))
+    return torch.empty_like(order).scatter_(-1, order, positions.expand_as(order))
+
+
 def protect(scores: torch.Tensor, slots: slice) -> torch.Tensor:
-    """Scores with ``slots`` (e.g. a recent window) always kept."""
+    """Scores with ``slots`` (a recent window) always kept: ``+inf``, the most recent first where a budget cannot
+    hold them all (:func:`keep_rank`)."""
     scores = scores.clone()
     scores[..., slots] = float("inf")
     return scores

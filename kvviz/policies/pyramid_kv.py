@@ -2,7 +2,9 @@
 
 SnapKV's scores with layer-wise budgets: lower layers attend broadly and keep more, upper layers keep fewer. Budgets
 fall linearly from ``2k − k/β`` in the first layer to ``k/β`` in the last, so that their mean is the budget ``k``
-(the paper's β = 20).
+(the paper's β = 20). No layer keeps more than the ``n`` candidates or fewer than one slot: where the line leaves
+that range (large budgets, above about k = n/2) the slots it cannot place go to the other layers, one at a time in
+passes from the lowest layer, so the mean stays exactly ``k`` (``n·L`` and ``L`` bound it).
 """
 
 from __future__ import annotations
@@ -26,9 +28,31 @@ class PyramidKV(SnapKV):
         positive(self, "beta")
 
     def budgets(self, candidates: Candidates, scores: torch.Tensor) -> torch.Tensor:
-        layers, heads, _ = scores.shape
-        keep = candidates.keep
-        top, bottom = 2 * keep - keep / self.beta, keep / self.beta
-        steps = torch.linspace(0, 1, layers, dtype=torch.float64) if layers > 1 else torch.zeros(1, dtype=torch.float64)
-        per_layer = (top - (top - bottom) * steps).round().long().clamp(min=1)
-        return per_layer[:, None].expand(layers, heads)
+        layers, heads, at = scores.shape
+        return pyramid(candidates.keep, layers, self.beta, at)[:, None].expand(layers, heads)
+
+
+def pyramid(keep: int, layers: int, beta: float, most: int) -> torch.Tensor:
+    """Per-layer budgets ``(layers,)``: the line from ``2k − k/β`` down to ``k/β``, rounded, each within
+    ``[1, most]``, summing to ``keep · layers`` (clamped to what fits): what rounding and the bounds moved is handed
+    out one slot at a time, in passes over the layers that still have room, the lowest layer first."""
+    top, bottom = 2 * keep - keep / beta, keep / beta
+    depth = torch.arange(layers, dtype=torch.float64)
+    budgets = (top - (top - bottom) * depth / max(layers - 1, 1)).round().long().clamp(1, most)
+    missing = min(max(keep * layers, layers), most * layers) - int(budgets.sum())
+    if missing > 0:
+        return budgets + round_robin(most - budgets, missing)
+    return budgets - round_robin(budgets - 1, -missing)
+
+
+def round_robin(room: torch.Tensor, count: int) -> torch.Tensor:
+    """``count`` units dealt one at a time in passes over the entries with room left, the first entry first: how
+    many each of ``room`` ``(n,)`` gets (never more than its room; ``count`` ≤ the total room)."""
+    low, high = 0, int(room.max()) if room.numel() else 0  # the last pass every entry with room completes
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if int(room.clamp(max=middle).sum()) <= count else (low, middle - 1)
+    dealt = room.clamp(max=low)
+    rest = count - int(dealt.sum())
+    dealt[(room > low).nonzero()[:rest, 0]] += 1
+    return dealt

@@ -26,5 +26,5 @@ class StreamingLLM(Policy):
             raise KvvizError(f"streaming_llm's sinks must be a non-negative integer, got {self.sinks!r}")
 
     def score(self, candidates: Candidates) -> torch.Tensor:
-        slots = torch.arange(candidates.at, dtype=torch.float32)  # the most recent score highest
-        return torch.where(slots < self.sinks, torch.inf, slots)[None, None]
+        slots = torch.arange(candidates.at, dtype=torch.float32)  # the most recent score highest ...
+        return torch.where(slots < self.sinks, 2 * candidates.at - slots, slots)[None, None]  # ... after the sinks
