@@ -80,7 +80,8 @@ def schema(lm: Geometry) -> dict:
     turn = _object({"user": {"type": "string", "maxLength": MAX_TEXT}, "prefill_ids": _list(token, window),
                     "reply_ids": _list(token, window), "shown": _integer(0, window), "raw": {"type": "boolean"}},
                    ("user", "prefill_ids", "reply_ids", "shown"))
-    settings = {"type": "object", "maxProperties": 16, "additionalProperties": number}
+    setting = {"anyOf": [number, {"type": "boolean"}, {"type": "string", "maxLength": 64}]}  # a policy's fields
+    settings = {"type": "object", "maxProperties": 16, "additionalProperties": setting}
     return _object({
         "revision": _integer(0, 2**53), "format": {"const": FORMAT}, "version": {"const": VERSION},
         "model": {"type": "string", "maxLength": 4096}, "chat": {"type": "boolean"},

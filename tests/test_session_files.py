@@ -161,3 +161,16 @@ def test_a_replay_reports_progress_and_stops_when_asked(lm, valid):
 
     with pytest.raises(Stopped):
         read_session(lm, json.dumps(valid), stop)
+
+
+def test_a_draft_from_a_policy_with_text_and_flag_settings_saves_and_loads(lm):
+    """SnapKV's pooling / window_kept (text) and TOVA's keep_last (a flag) travel in the draft's policy settings."""
+    from kvviz.policies import SnapKV, TOVA
+
+    session = Session(lm)
+    session.add_user_turn("The harbour log: the Aurora at dawn, the Bellwether at noon. Which ship came at noon?")
+    for policy in (SnapKV(window=8, pooling="avg", window_kept="all"), TOVA(keep_last=True)):
+        draft = EditDraft.from_edit(policy.edit(session, 0.5), policy.name, policy.settings())
+        _, restored, _ = read_session(lm, json.dumps(export_session(session, draft)))
+        assert restored.policy_name == policy.name and restored.policy_settings == policy.settings()
+        assert restored.edit().to_dict() == draft.edit().to_dict()

@@ -63,12 +63,18 @@ def policy_classes() -> dict[str, type[Policy]]:
         return dict(POLICIES)
 
 
-def parameters(column, policy: type[Policy], key: str) -> dict[str, int | float]:
-    """One number widget per field of ``policy`` (its default first), in ``column``; their values by field name."""
+def parameters(column, policy: type[Policy], key: str) -> dict[str, int | float | str | bool]:
+    """One widget per field of ``policy`` (its default first), in ``column``: a toggle for a flag, a menu for a
+    choice, a number otherwise; their values by field name."""
     values = {}
     for parameter in fields(policy):
-        default = parameter.default
-        step = 1 if isinstance(default, int) else 0.05
-        values[parameter.name] = column.number_input(f"{policy.name}: {parameter.name}", value=default, step=step,
-                                                     key=f"{key}-{policy.name}-{parameter.name}")
+        default, label = parameter.default, f"{policy.name}: {parameter.name}"
+        widget = f"{key}-{policy.name}-{parameter.name}"
+        if isinstance(default, bool):
+            values[parameter.name] = column.toggle(label, value=default, key=widget)
+        elif isinstance(default, str):
+            values[parameter.name] = column.selectbox(label, parameter.metadata.get("choices", (default,)), key=widget)
+        else:
+            step = 1 if isinstance(default, int) else 0.05
+            values[parameter.name] = column.number_input(label, value=default, step=step, key=widget)
     return values
