@@ -6,6 +6,7 @@ console warning or error."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -76,10 +77,17 @@ def test_step_one_token_keeps_the_chat_equal_to_the_strip(page):
     for _ in range(2):
         page.get_by_role("button", name="Step one token").click()
         idle(page)
-    reply = page.locator("[data-testid=stChatMessage]").last.locator("[data-testid=stText]").first.inner_text()
-    generated = page.locator(".kv-chip.kv-generated").evaluate_all(  # the strip lives in a shadow root
-        "(chips) => chips.map(c => c.firstChild.textContent).join('')")
-    assert reply.strip() and reply.strip() == generated.replace("↵", "\n").strip()
+    def texts() -> tuple[str, str]:
+        reply = page.locator("[data-testid=stChatMessage]").last.locator("[data-testid=stText]").first.inner_text()
+        generated = page.locator(".kv-chip.kv-generated").evaluate_all(  # the strip lives in a shadow root
+            "(chips) => chips.map(c => c.firstChild.textContent).join('')")
+        return reply.strip(), generated.replace("↵", "\n").strip()
+
+    deadline = time.monotonic() + 60  # the strip's component draws after the page is idle (slower on a busy CPU)
+    while (pair := texts())[0] != pair[1] and time.monotonic() < deadline:
+        page.wait_for_timeout(500)
+    reply, generated = pair
+    assert reply and reply == generated
     assert page.get_by_text("next token (chosen, not cached yet)").count() == 1
 
 
