@@ -13,10 +13,15 @@ from kvviz.errors import KvvizError
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_chat_arguments(parser)
-    parser.add_argument("--policy", default=None, help="eviction policy (built-in or from KVVIZ_POLICIES)")
-    parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="a policy parameter")
+    parser.add_argument("--policy", default=None,
+                        help="eviction policy (built-in, from KVVIZ_POLICIES, or a kvpress press: kvpress:SnapKVPress)")
+    parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                        help="a policy parameter (a press's: kvpress' argument names, e.g. window_size=64)")
     parser.add_argument("--budget", default=None, type=_budget, help="slots kept (e.g. 64) or a fraction (e.g. 0.5)")
-    parser.add_argument("--mode", choices=("prefill", "decode", "both"), default="decode")
+    parser.add_argument("--ratio", default=None, type=float,
+                        help="kvpress' compression ratio instead of a budget: the fraction removed, int(n·(1 − R)) kept")
+    parser.add_argument("--mode", choices=("prefill", "decode", "both"), default=None,
+                        help="when to compress (default: prefill for a kvpress press, else decode)")
     parser.add_argument("--every", type=positive, default=1, help="compress every N decode steps (decode mode)")
     parser.add_argument("--positions", choices=("original", "rerotated"), default="original",
                         help="keep original positions, or re-rotate kept keys to their order (streaming_llm, random)")
@@ -40,6 +45,30 @@ def _params(pairs: list[str]) -> dict[str, str]:
     return params
 
 
+def _press(args: argparse.Namespace) -> str | None:
+    """The kvpress press named by ``--policy kvpress:NAME``, if any."""
+    prefix = "kvpress:"
+    return args.policy[len(prefix):] if args.policy and args.policy.startswith(prefix) else None
+
+
+def _policy(args: argparse.Namespace, classes: dict) -> tuple[object, object, str]:
+    """The policy, the budget (``--budget``, ``--ratio`` or a press's ``compression_ratio``) and the positions."""
+    from kvviz.policies.base import Ratio
+    from kvviz.policies.kvpress import from_kvpress
+    from kvviz.runs.report import make_policy
+
+    if args.ratio is not None and args.budget is not None:
+        raise KvvizError("give --budget or --ratio, not both")
+    budget = Ratio(args.ratio) if args.ratio is not None else args.budget
+    if not _press(args):
+        return (make_policy(classes, args.policy, _params(args.param)) if args.policy else None), budget, args.positions
+    press = from_kvpress(_press(args), classes, **_params(args.param))
+    if press.ratio is not None and budget is not None:
+        raise KvvizError("give the compression ratio once: --param compression_ratio or --ratio / --budget")
+    positions = press.positions if args.positions == "original" else args.positions
+    return press.policy, budget if budget is not None else press.ratio, positions
+
+
 def run(args: argparse.Namespace) -> None:
     if any(not text.strip() for text in args.turn):
         raise KvvizError("a turn is empty; type some text")
@@ -53,12 +82,13 @@ def run(args: argparse.Namespace) -> None:
     from kvviz.runs.compressed import RunSettings
     from kvviz.runs.kivi import Kivi
     from kvviz.runs.policy_run import run_policy
-    from kvviz.runs.report import document, make_policy
+    from kvviz.runs.report import document
 
-    policy = make_policy(available(), args.policy, _params(args.param)) if args.policy else None
+    policy, budget, positions = _policy(args, available())
     kivi = None if args.kivi_bits is None else Kivi(args.kivi_bits, args.kivi_bits, args.kivi_group,
                                                     args.kivi_residual, args.kivi_grouping)
-    settings = RunSettings(policy, args.budget, args.mode, args.every, kivi, args.positions)
+    mode = args.mode or ("prefill" if _press(args) else "decode")
+    settings = RunSettings(policy, budget, mode, args.every, kivi, positions)
     result = run_policy(load_model(args.model), args.turn, settings, args.max_new_tokens)
     last = result.last
     step = args.blame_step if args.blame_step is not None else last.divergence

@@ -4,12 +4,14 @@ from kvviz.policies.ada_kv import AdaKV
 from kvviz.policies.base import Candidates, Policy, slots_kept
 from kvviz.policies.h2o import H2O
 from kvviz.policies.key_norm import KeyNorm
+from kvviz.policies.observed_attention import ObservedAttention
 from kvviz.policies.pyramid_kv import PyramidKV
 from kvviz.policies.random import RandomPolicy
 from kvviz.policies.snapkv import SnapKV
 from kvviz.policies.streaming_llm import StreamingLLM
 from kvviz.policies.tova import TOVA
 
-POLICIES: dict[str, type[Policy]] = {p.name: p for p in (StreamingLLM, H2O, SnapKV, TOVA, PyramidKV, AdaKV, KeyNorm, RandomPolicy)}
+POLICIES: dict[str, type[Policy]] = {p.name: p for p in (StreamingLLM, H2O, SnapKV, TOVA, PyramidKV, AdaKV, KeyNorm, RandomPolicy,
+                                                         ObservedAttention)}
 
-__all__ = ["H2O", "AdaKV", "Candidates", "PyramidKV", "POLICIES", "TOVA", "KeyNorm", "Policy", "RandomPolicy", "SnapKV", "StreamingLLM", "slots_kept"]
+__all__ = ["H2O", "AdaKV", "Candidates", "PyramidKV", "POLICIES", "TOVA", "KeyNorm", "ObservedAttention", "Policy", "RandomPolicy", "SnapKV", "StreamingLLM", "slots_kept"]

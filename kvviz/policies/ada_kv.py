@@ -2,7 +2,8 @@
 
 SnapKV's scores with head-adaptive budgets: each layer keeps ``budget × KV heads`` slots in all, chosen by score
 across its KV heads at once, so heads whose attention is concentrated give room to heads whose attention is spread. A
-safeguard keeps at least ``floor`` × budget slots in every head (the paper's α = 0.2).
+safeguard keeps at least ``floor`` × budget slots (and one) in every head (the paper's α = 0.2). With SnapKV's kvpress
+settings (``pooling="avg"``, ``window_kept="all"``) it is kvpress' ``AdaKVPress(SnapKVPress())``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class AdaKV(SnapKV):
     def budgets(self, candidates: Candidates, scores: torch.Tensor) -> torch.Tensor:
         layers, heads, at = scores.shape
         keep = candidates.keep
-        floor = int(keep * self.floor)
+        floor = max(1, int(keep * self.floor)) if self.floor > 0 else 0  # at least one slot, as kvpress
         guaranteed = keep_rank(scores) < floor  # (L, KV, at): every head's best ``floor`` slots
         rest = scores.masked_fill(guaranteed, float("-inf")).flatten(1)  # (L, KV·at): the others compete per layer
         shared = min(keep * heads - floor * heads, rest.shape[1])

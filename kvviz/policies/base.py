@@ -10,7 +10,7 @@ and again on the already compressed cache: slots evicted earlier are not candida
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 from typing import ClassVar
 
 import torch
@@ -20,10 +20,34 @@ from kvviz.errors import KvvizError
 from kvviz.session import Session
 
 
+class Ratio(float):
+    """kvpress' ``compression_ratio``: the fraction of the candidates *removed*. As a float it is the fraction kept,
+    ``1 − ratio`` (so it stands wherever a fractional budget does); :func:`slots_kept` rounds it as kvpress does,
+    ``max(1, int(n·(1 − ratio)))``, where a plain fraction keeps ``round(fraction·n)``."""
+
+    def __new__(cls, ratio: float) -> Ratio:
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio < 1:
+            raise KvvizError(f"a compression ratio must be in [0, 1), got {ratio!r}")
+        kept = super().__new__(cls, 1 - ratio)
+        kept.ratio = float(ratio)
+        return kept
+
+    def __repr__(self) -> str:
+        return f"ratio {self.ratio:g}"
+
+    __str__ = __repr__
+
+    def __reduce__(self):
+        return Ratio, (self.ratio,)
+
+
 def slots_kept(budget: int | float, at: int) -> int:
-    """``budget`` as a number of slots: an int is a count, a float in (0, 1] a fraction of the ``at`` candidates."""
+    """``budget`` as a number of slots: an int is a count, a float in (0, 1] a fraction of the ``at`` candidates
+    (a :class:`Ratio` rounded as kvpress rounds)."""
     if isinstance(budget, bool) or not isinstance(budget, (int, float)):
         raise KvvizError(f"budget must be a number of slots or a fraction, got {budget!r}")
+    if isinstance(budget, Ratio):
+        return min(max(1, int(at * float(budget))), at)
     if isinstance(budget, float):
         if not 0 < budget <= 1:
             raise KvvizError(f"a fractional budget must be in (0, 1], got {budget}")
@@ -43,6 +67,7 @@ class Candidates:
     keep: int  # slots to keep per layer and KV head (on average, for uneven budgets)
     alive: torch.Tensor  # (L, KV, at) bool: not evicted earlier (a run's evictions are final), within the window
     running: torch.Tensor | None = None  # (L, KV, at) attention received so far, kept up to date by a policy run
+    share: float | None = None  # the kept share of a fractional budget (kvpress' PyramidKV schedule follows it)
 
     def keys(self, layer: int) -> torch.Tensor:
         """Cached keys (post-RoPE) of ``layer``: ``(KV, at, D)``."""
@@ -110,7 +135,8 @@ class Policy:
             raise KvvizError("the budget keeps no slot; keep at least one")
         lm = session.lm  # a sliding-window layer no longer holds the slots its window left behind
         alive = ~lm.attention.outside(at, at)[:, None].expand(lm.layers, lm.kv_heads, at)
-        return Edit.from_evicted(self.evicted(Candidates(session, at, keep, alive)))
+        share = float(budget) if isinstance(budget, float) else None
+        return Edit.from_evicted(self.evicted(Candidates(session, at, keep, alive, share=share)))
 
 
 def checked_scores(policy: Policy, candidates: Candidates) -> torch.Tensor:
@@ -181,6 +207,20 @@ def received_attention(session: Session, at: int, rows: slice, chunk: int = 256)
             weights = session.weights(layer, first, min(stop, first + chunk))  # (H, rows, ≤ at)
             total[layer, :, : weights.shape[-1]] += weights.sum(1).cpu()
     return total.reshape(lm.layers, lm.kv_heads, lm.heads // lm.kv_heads, at).sum(2)
+
+
+def choice(default: str, *others: str):
+    """A text parameter that takes one of ``default, *others`` (the app shows them as a menu)."""
+    return field(default=default, metadata={"choices": (default, *others)})
+
+
+def checked_choices(policy: Policy) -> None:
+    """Refuse a text parameter of ``policy`` outside its choices."""
+    for item in fields(policy):
+        allowed = item.metadata.get("choices")
+        if allowed and getattr(policy, item.name) not in allowed:
+            raise KvvizError(f"{policy.name}'s {item.name} must be one of {', '.join(allowed)}, "
+                             f"got {getattr(policy, item.name)!r}")
 
 
 def positive(policy: Policy, *names: str) -> None:

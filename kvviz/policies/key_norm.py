@@ -10,13 +10,30 @@ from dataclasses import dataclass
 
 import torch
 
-from kvviz.policies.base import Candidates, Policy
+from kvviz.policies.base import Candidates, Policy, checked_choices, checked_scores, choice
 
 
 @dataclass(frozen=True)
 class KeyNorm(Policy):
     name = "key_norm"
 
+    ties: str = choice("earlier", "topk")  # among equal norms keep the earlier slot, or torch.topk's (kvpress)
+
+    def __post_init__(self) -> None:
+        checked_choices(self)
+
     def score(self, candidates: Candidates) -> torch.Tensor:
         layers = candidates.session.lm.layers
-        return -torch.stack([candidates.keys(layer).float().norm(dim=-1) for layer in range(layers)])  # (L, KV, at)
+        return -torch.stack([torch.linalg.vector_norm(candidates.keys(layer), dim=-1, dtype=torch.float32)
+                             for layer in range(layers)])  # (L, KV, at)
+
+    def evicted(self, candidates: Candidates) -> torch.Tensor:
+        """As the base, or with ``ties="topk"`` the slots ``torch.topk`` keeps: a token repeated in the prompt has
+        the same key norm at every position in the first layers (RoPE keeps norms), and kvpress' ``KnormPress``
+        keeps whichever of them ``topk`` returns."""
+        if self.ties == "earlier":
+            return super().evicted(candidates)
+        alive = candidates.alive
+        scores = torch.where(alive, checked_scores(self, candidates), float("-inf"))
+        kept = torch.topk(scores, min(candidates.keep, alive.shape[-1]), dim=-1).indices
+        return alive & ~torch.zeros_like(alive).scatter_(-1, kept, True)

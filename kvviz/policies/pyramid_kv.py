@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvviz.policies.base import Candidates, positive
+from kvviz.policies.base import Candidates, choice, positive
 from kvviz.policies.snapkv import SnapKV
 
 
@@ -22,6 +22,7 @@ class PyramidKV(SnapKV):
     name = "pyramid_kv"
 
     beta: float = 20.0  # the last layer keeps budget / beta
+    schedule: str = choice("linear", "kvpress")  # the paper's line (mean k), or KVCache-Factory's (kvpress)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -29,7 +30,29 @@ class PyramidKV(SnapKV):
 
     def budgets(self, candidates: Candidates, scores: torch.Tensor) -> torch.Tensor:
         layers, heads, at = scores.shape
-        return pyramid(candidates.keep, layers, self.beta, at)[:, None].expand(layers, heads)
+        if self.schedule == "kvpress":
+            kept = at * candidates.share if candidates.share is not None else candidates.keep
+            per_layer = torch.tensor(kvpress_pyramid(at, kept, self.window, self.beta, layers))
+        else:
+            per_layer = pyramid(candidates.keep, layers, self.beta, at)
+        return per_layer[:, None].expand(layers, heads)
+
+
+def kvpress_pyramid(n: int, kept: float, window: int, beta: float, layers: int) -> list[int]:
+    """kvpress' ``PyramidKVPress.get_layer_budget`` (after KVCache-Factory), for ``n`` slots of which ``kept``
+    (``n·(1 − ratio)``, a float) are to stay on average: a line from ``2·kept − kept/β`` down to ``kept/β`` with the
+    first layer capped at ``n − window`` (the last then keeps the rest), every layer at least the window; where that
+    cannot hold, every layer keeps ``max(1, round(kept))`` (plain SnapKV). Python's rounding, as kvpress."""
+    capacity = window + kept
+    low = (capacity - window) / beta
+    high = (capacity - window) * 2 - low
+    if high >= n - window:
+        high = n - window
+        low = (capacity - window) * 2 - high
+    if not n >= high >= low >= window:
+        return [max(1, round(kept))] * layers
+    steps = (high - low) / (layers - 1) if layers > 1 else 0.0
+    return [round(high - layer * steps) for layer in range(layers)]
 
 
 def pyramid(keep: int, layers: int, beta: float, most: int) -> torch.Tensor:

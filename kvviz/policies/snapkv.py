@@ -6,6 +6,11 @@ keep; the window itself is kept too (all of it while it fits in half the budget;
 recent half-budget, the rest of it competing with its own votes, unpooled). As in SnapKV's code, the pooling sees
 only the columns before the window, so the window's attention to itself does not leak into the slots just before
 it. Defaults here: window 32, kernel 7, max pooling.
+
+kvpress' ``SnapKVPress`` (window 64, kernel 5) is ``pooling="avg"`` (zero-padded average, as ``F.avg_pool1d``) with
+``window_kept="all"``: the whole window is kept (as SnapKV's own code does), the rest of the budget goes to the best
+pooled slots before it. kvpress averages the votes over the window's rows and a group's query heads where kvviz sums
+them: the same order of slots.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from kvviz.errors import KvvizError
-from kvviz.policies.base import Candidates, Policy, positive, protect
+from kvviz.policies.base import Candidates, Policy, checked_choices, choice, positive, protect
 
 
 @dataclass(frozen=True)
@@ -23,12 +28,15 @@ class SnapKV(Policy):
     name = "snapkv"
 
     window: int = 32  # the last prompt queries that vote
-    kernel: int = 7  # width of the max pooling over neighbouring slots
+    kernel: int = 7  # width of the pooling over neighbouring slots
+    pooling: str = choice("max", "avg")  # max, or avg (kvpress: zero-padded average)
+    window_kept: str = choice("half", "all")  # the window while it fits in half the budget, or always (kvpress)
 
     def __post_init__(self) -> None:
         positive(self, "window", "kernel")
         if self.kernel % 2 == 0:
-            raise KvvizError(f"snapkv's kernel must be odd (centred pooling), got {self.kernel}")
+            raise KvvizError(f"{self.name}'s kernel must be odd (centred pooling), got {self.kernel}")
+        checked_choices(self)
 
     def score(self, candidates: Candidates) -> torch.Tensor:
         at = candidates.at
@@ -36,7 +44,8 @@ class SnapKV(Policy):
         votes = candidates.attention(slice(at - window, at))  # (L, KV, at)
         before = votes[..., : at - window]
         if before.shape[-1]:
-            before = torch.nn.functional.max_pool1d(before, self.kernel, stride=1, padding=self.kernel // 2)
+            pool = torch.nn.functional.max_pool1d if self.pooling == "max" else torch.nn.functional.avg_pool1d
+            before = pool(before, self.kernel, stride=1, padding=self.kernel // 2)
         pooled = torch.cat([before, votes[..., at - window:]], -1)
-        recent = min(window, candidates.keep // 2)
+        recent = window if self.window_kept == "all" else min(window, candidates.keep // 2)
         return protect(pooled, slice(at - recent, at)) if recent else pooled

@@ -153,7 +153,9 @@ class CompressedSession:
             alive = self.alive()
             if int(alive.sum(-1).max()) > self.keep:
                 running = self.running.float() if self.accumulates else None
-                candidates = Candidates(self.session, at, self.keep, alive, running)
+                budget = self.settings.budget
+                share = float(budget) if isinstance(budget, float) else None
+                candidates = Candidates(self.session, at, self.keep, alive, running, share)
                 evicted = self.settings.policy.evicted(candidates)
         kivi = self.settings.kivi
         if self.timeline.record(at, evicted, kivi.quantized_prefix(at) if kivi else 0):

@@ -48,8 +48,16 @@ def _parsed(name: str, key: str, text: str, default: object) -> object:
     raise KvvizError(f"{name}'s {key} must be {kind}, got {text!r}")
 
 
+def _kept_after_prompt(run: TurnRun) -> list[list[list[int]]]:
+    """Per layer and KV head, the slots the turn's first decode step sees: what its prompt's compression kept (to
+    compare with another implementation's kept set slot by slot)."""
+    n, lm = run.prompt_end, run.forced.lm
+    seen = ~run.forced.timeline.hidden(n, n) & ~lm.attention.outside(n, n)[:, None]  # (L, KV, n)
+    return [[heads.nonzero()[:, 0].tolist() for heads in layer] for layer in seen]
+
+
 def _turn(run: TurnRun) -> dict:
-    return {"user": run.user, "prompt_ids": run.prompt_ids,
+    return {"user": run.user, "prompt_ids": run.prompt_ids, "kept_after_prompt": _kept_after_prompt(run),
             "full": {"ids": run.full_ids, "text": run.full_text},
             "policy_run": {"ids": run.policy_ids, "text": run.policy_text},
             "divergence": run.divergence, "changed": run.changed,
@@ -88,7 +96,7 @@ def document(result: PolicyRun, blame: Blame | None = None) -> dict:
         "budget": settings.budget, "mode": settings.mode, "every": settings.every,
         "kivi": settings.kivi.settings() if settings.kivi is not None else None,
         "positions": settings.positions,
-        **{key: last[key] for key in ("prompt_ids", "full", "policy_run", "divergence", "steps")},
+        **{key: last[key] for key in ("prompt_ids", "kept_after_prompt", "full", "policy_run", "divergence", "steps")},
         "evictions": result.evictions(),
         "quantized": _quantized(result),
         "blame": [] if blame is None else [{"slots": r.slots, "kl_after_restore": r.kl_after_restore,

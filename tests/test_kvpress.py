@@ -1,0 +1,182 @@
+"""kvpress' presses by name: the mapping and its refusals, the ratio's rounding, and each press's convention against a
+reference written here from kvpress' own formulas (mean over the window's rows, average pooling, mean over a group's
+heads, the window or the last token padded above every score, ``topk``), on the bundled model in prefill mode. kvpress
+itself cannot be installed beside kvviz (it pins transformers < 5.3): scripts/kvpress_parity.py compares with it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvviz.errors import KvvizError
+from kvviz.policies import AdaKV, KeyNorm, ObservedAttention, PyramidKV, RandomPolicy, SnapKV, StreamingLLM, TOVA
+from kvviz.policies.base import Ratio, slots_kept
+from kvviz.policies.kvpress import PRESSES, from_kvpress, table
+from kvviz.policies.pyramid_kv import kvpress_pyramid
+from kvviz.runs.compressed import CompressedSession, RunSettings
+from kvviz.session import Session
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = ("Ledger of the harbour: the Aurora came in at dawn with salt, the Bellwether at noon with rope, the "
+          "Cormorant at dusk with lamp oil, and the Dunlin at midnight with nothing at all. What did the Bellwether "
+          "carry?")
+
+
+def test_a_ratio_rounds_as_kvpress_and_stands_for_the_fraction_kept():
+    for n in (1, 7, 100, 389):
+        for ratio in (0.0, 0.1, 0.3, 0.5, 0.7, 0.75, 0.9, 0.99):
+            assert slots_kept(Ratio(ratio), n) == max(1, int(n * (1 - ratio)))  # kvpress' compute_n_kept
+    assert float(Ratio(0.25)) == 0.75 and str(Ratio(0.25)) == "ratio 0.25"
+    assert slots_kept(0.5, 7) == 4 and slots_kept(Ratio(0.5), 7) == 3  # round() against int()
+    for bad in (1.0, -0.1, True, "0.5"):
+        with pytest.raises(KvvizError, match="compression ratio must be in"):
+            Ratio(bad)
+
+
+def test_presses_map_to_policies_with_kvpress_conventions():
+    snap = from_kvpress("SnapKVPress", compression_ratio=0.5)
+    assert snap.policy == SnapKV(window=64, kernel=5, pooling="avg", window_kept="all") and snap.ratio.ratio == 0.5
+    assert from_kvpress("SnapKVPress", window_size="32", kernel_size="7").policy == SnapKV(32, 7, "avg", "all")
+    assert from_kvpress("PyramidKVPress").policy == PyramidKV(64, 5, "avg", "all", 20.0, "kvpress")
+    assert from_kvpress("AdaKVPress", press="SnapKVPress", alpha_safeguard=0.1).policy == AdaKV(64, 5, "avg", "all",
+                                                                                                 0.1)
+    assert from_kvpress("StreamingLLMPress", n_sink=2).policy == StreamingLLM(sinks=2)
+    assert from_kvpress("TOVAPress").policy == TOVA(keep_last=True)
+    assert from_kvpress("RandomPress", seed=3).policy == RandomPolicy(seed=3, per_head=True)
+    assert from_kvpress("KnormPress").policy == KeyNorm(ties="topk")
+    assert from_kvpress("ObservedAttentionPress").policy == ObservedAttention()
+    rerotated = from_kvpress("KeyRerotationPress", press="StreamingLLMPress", compression_ratio=0.25)
+    assert rerotated.positions == "rerotated" and rerotated.policy == StreamingLLM() and rerotated.ratio.ratio == 0.25
+    assert from_kvpress(type("SnapKVPress", (), {})).policy == snap.policy  # a class is named by its name
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: from_kvpress("ExpectedAttentionPress"), "no exact kvviz counterpart; the nearest: snapkv"),
+    (lambda: from_kvpress("NoSuchPress"), "presses kvviz reproduces: StreamingLLMPress"),
+    (lambda: from_kvpress("SnapKVPress", window=3), "argument 'window' has no kvviz counterpart"),
+    (lambda: from_kvpress("AdaKVPress", press="KnormPress"), "over SnapKVPress only"),
+    (lambda: from_kvpress("KeyRerotationPress"), "wraps a press: give press=NAME"),
+    (lambda: from_kvpress("DecodingPress"), "kvviz compresses before a step, kvpress after"),
+    (lambda: from_kvpress("SnapKVPress", compression_ratio=1.5), "compression ratio must be in"),
+])
+def test_presses_without_a_counterpart_are_refused_in_one_line(call, words):
+    with pytest.raises(KvvizError, match=words):
+        call()
+
+
+def test_the_docs_hold_the_mapping_table():
+    assert table() in (ROOT / "docs" / "kvpress.md").read_text()
+    assert all(f"`{name}`" in table() for name in PRESSES)
+
+
+@pytest.fixture(scope="module")
+def prompt(lm):
+    """The prompt prefilled, compressed by nothing: (session, n)."""
+    session = Session(lm)
+    session.add_user_turn(PROMPT)
+    return session, len(session)
+
+
+def kept_by(lm, policy, ratio: float) -> torch.Tensor:
+    """Bool (L, KV, n): what a prefill-mode run of ``policy`` at kvpress' ``ratio`` keeps of the prompt."""
+    run = CompressedSession(lm, RunSettings(policy, Ratio(ratio), "prefill"))
+    run.add_turn(PROMPT)
+    return run.alive()
+
+
+def window_attention(session, n: int, window: int) -> torch.Tensor:
+    """(L, H, window, n) float64: the attention of the last ``window`` prompt queries (kvpress' window attention)."""
+    return torch.stack([session.weights(layer, n - window, n)[..., :n].double() for layer in range(session.lm.layers)])
+
+
+def topk_kept(scores: torch.Tensor, budgets: list[int]) -> torch.Tensor:
+    """Bool (L, KV, n): per layer the ``budgets[layer]`` best of ``scores`` (L, KV, n), as kvpress' topk keeps."""
+    kept = torch.zeros(scores.shape, dtype=torch.bool)
+    for layer, budget in enumerate(budgets):
+        kept[layer].scatter_(-1, scores[layer].topk(budget, dim=-1).indices, True)
+    return kept
+
+
+def assert_same_up_to_ties(kept: torch.Tensor, reference: torch.Tensor, scores: torch.Tensor) -> None:
+    """Equal, except where the slots swapped have scores equal to float32 rounding: kvpress averages where kvviz
+    sums, ≤ 60 float32 roundings (u = 6e-8) apart, 3.6e-6 relative; 1e-5 here."""
+    for layer, head in (kept != reference).any(-1).nonzero().tolist():
+        row = scores[layer, head]
+        ours, theirs = kept[layer, head] & ~reference[layer, head], reference[layer, head] & ~kept[layer, head]
+        assert int(ours.sum()) == int(theirs.sum()), (layer, head)
+        assert torch.allclose(row[ours].max(), row[theirs].min(), rtol=1e-5), (layer, head)
+
+
+def kvpress_snapkv_scores(session, n: int, window: int, kernel: int) -> torch.Tensor:
+    """kvpress' SnapKVPress.score: the window's rows averaged, average-pooled (zero padding), a group's heads
+    averaged, the window padded with the maximum + 1."""
+    lm = session.lm
+    votes = window_attention(session, n, window)[..., : n - window].mean(2)  # (L, H, n − window)
+    pooled = torch.nn.functional.avg_pool1d(votes, kernel, stride=1, padding=kernel // 2)
+    grouped = pooled.view(lm.layers, lm.kv_heads, lm.heads // lm.kv_heads, -1).mean(2)
+    top = grouped.amax((1, 2), keepdim=True) + 1
+    return torch.cat([grouped, top.expand(lm.layers, lm.kv_heads, window)], -1)
+
+
+@pytest.mark.parametrize("ratio", [0.5, 0.75])
+def test_snapkv_and_pyramid_kv_as_kvpress_computes_them(lm, prompt, ratio):
+    session, n = prompt
+    scores = kvpress_snapkv_scores(session, n, 16, 5)
+    n_kept = max(1, int(n * (1 - ratio)))
+    snap = kept_by(lm, from_kvpress("SnapKVPress", window_size=16).policy, ratio)
+    assert_same_up_to_ties(snap, topk_kept(scores, [n_kept] * lm.layers), scores)
+    assert bool(snap[..., n - 16:].all())  # the window is always kept
+    budgets = kvpress_pyramid(n, n * (1 - ratio), 16, 20, lm.layers)
+    pyramid = kept_by(lm, from_kvpress("PyramidKVPress", window_size=16).policy, ratio)
+    assert_same_up_to_ties(pyramid, topk_kept(scores, budgets), scores)
+    assert pyramid.sum(-1)[:, 0].tolist() == budgets
+
+
+def test_kvpress_pyramid_schedule_follows_kvcache_factory():
+    """get_layer_budget's numbers, worked by hand: n = 324, ratio 0.5, window 64 → 162 kept on average: the first
+    layer capped at n − window = 260, the last at the window, linear between; a short prompt falls back to SnapKV."""
+    budgets = kvpress_pyramid(324, 324 * 0.5, 64, 20, 30)
+    assert budgets[0] == 260 and budgets[-1] == 64 and sum(budgets) == 30 * 162
+    assert budgets[1] == round(260 - (260 - 64) / 29)
+    assert kvpress_pyramid(324, 324 * 0.25, 64, 20, 30) == [81] * 30  # k/β below the window: plain SnapKV
+
+
+def test_tova_observed_attention_random_and_key_norm_as_kvpress_computes_them(lm, prompt):
+    session, n = prompt
+    ratio, n_kept = 0.5, max(1, int(n * 0.5))
+    heads, group = lm.kv_heads, lm.heads // lm.kv_heads
+    last = window_attention(session, n, 1)[:, :, 0, : n - 1].mean(1, keepdim=True)  # (L, 1, n − 1)
+    tova = torch.cat([last, last.amax((1, 2), keepdim=True) + 1], -1).expand(lm.layers, heads, n)
+    assert_same_up_to_ties(kept_by(lm, TOVA(keep_last=True), ratio), topk_kept(tova, [n_kept] * lm.layers), tova)
+    alone = kept_by(lm, TOVA(keep_last=True), 0.99)  # one slot kept: the last token, whatever its attention
+    assert bool(alone[..., n - 1].all()) and int(alone.sum()) == lm.layers * heads
+    everything = window_attention(session, n, n)  # (L, H, n, n): every prompt row
+    observed = (everything.sum(2) / torch.arange(n, 0, -1)).view(lm.layers, heads, group, n).mean(2)
+    assert_same_up_to_ties(kept_by(lm, ObservedAttention(), ratio), topk_kept(observed, [n_kept] * lm.layers),
+                           observed)
+    draw = torch.rand(1, heads, n, generator=torch.Generator().manual_seed(7)).expand(lm.layers, heads, n)
+    assert torch.equal(kept_by(lm, RandomPolicy(seed=7, per_head=True), ratio), topk_kept(draw, [n_kept] * lm.layers))
+    norms = -torch.stack([torch.linalg.vector_norm(session.layer_kv(layer)[0][:, :n], dim=-1)
+                          for layer in range(lm.layers)])
+    assert torch.equal(kept_by(lm, KeyNorm(ties="topk"), ratio), topk_kept(norms, [n_kept] * lm.layers))
+
+
+def test_policy_run_names_a_press_and_reports_the_kept_sets(tmp_path):
+    command = [sys.executable, "-m", "kvviz", "policy-run", "--turn", PROMPT, "--policy", "kvpress:SnapKVPress",
+               "--param", "window_size=16", "--ratio", "0.5", "--max-new-tokens", "2", "--json"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["mode"] == "prefill" and doc["policy"] == "snapkv" and doc["params"]["pooling"] == "avg"
+    n = len(doc["prompt_ids"])
+    kept = doc["kept_after_prompt"]
+    assert len(kept) == 30 and all(len(heads) == 3 for heads in kept)
+    assert all(len(slots) == int(n * 0.5) and slots[-16:] == list(range(n - 16, n)) for l in kept for slots in l)
+    refused = subprocess.run([*command[:-1], "--budget", "8"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert refused.returncode != 0 and "give --budget or --ratio, not both" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
