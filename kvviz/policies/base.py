@@ -57,6 +57,11 @@ def slots_kept(budget: int | float, at: int) -> int:
     return min(budget, at)
 
 
+def kept_share(budget: int | float) -> float | None:
+    """The share of the candidates a fractional budget keeps (a :class:`Ratio` too); None for a slot count."""
+    return float(budget) if isinstance(budget, float) else None
+
+
 @dataclass
 class Candidates:
     """What a policy sees when it decides which of the slots ``0..at-1`` to keep: the cache as it stands (quantized
@@ -135,8 +140,7 @@ class Policy:
             raise KvvizError("the budget keeps no slot; keep at least one")
         lm = session.lm  # a sliding-window layer no longer holds the slots its window left behind
         alive = ~lm.attention.outside(at, at)[:, None].expand(lm.layers, lm.kv_heads, at)
-        share = float(budget) if isinstance(budget, float) else None
-        return Edit.from_evicted(self.evicted(Candidates(session, at, keep, alive, share=share)))
+        return Edit.from_evicted(self.evicted(Candidates(session, at, keep, alive, share=kept_share(budget))))
 
 
 def checked_scores(policy: Policy, candidates: Candidates) -> torch.Tensor:

@@ -21,7 +21,7 @@ import torch
 from kvviz import kv_cache
 from kvviz.errors import KvvizError
 from kvviz.model import LoadedModel
-from kvviz.policies.base import Candidates, Policy, received_attention, slots_kept
+from kvviz.policies.base import Candidates, Policy, kept_share, received_attention, slots_kept
 from kvviz.runs.kivi import Kivi
 from kvviz.runs.rerotate import Rotary
 from kvviz.runs.timeline import Timeline
@@ -153,9 +153,7 @@ class CompressedSession:
             alive = self.alive()
             if int(alive.sum(-1).max()) > self.keep:
                 running = self.running.float() if self.accumulates else None
-                budget = self.settings.budget
-                share = float(budget) if isinstance(budget, float) else None
-                candidates = Candidates(self.session, at, self.keep, alive, running, share)
+                candidates = Candidates(self.session, at, self.keep, alive, running, kept_share(self.settings.budget))
                 evicted = self.settings.policy.evicted(candidates)
         kivi = self.settings.kivi
         if self.timeline.record(at, evicted, kivi.quantized_prefix(at) if kivi else 0):
