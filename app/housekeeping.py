@@ -42,10 +42,14 @@ def page_id(sid: str) -> str:
     return f"{context.session_id if context is not None else ''}/{sid}"
 
 
-def is_connected(page: str) -> bool:
+def is_connected(page: str) -> bool | None:
     """Whether the browser session of ``page`` (see :func:`page_id`) is still connected (Streamlit keeps a closed
-    one for a while)."""
-    return runtime.exists() and runtime.get_instance().is_active_session(page.split("/", 1)[0])
+    one for a while); None where no Streamlit server can tell: none runs, or a stand-in does (AppTest puts a mock
+    runtime in place during each script run and removes it after, which read as a browser connecting and closing)."""
+    if not runtime.exists():
+        return None
+    active = runtime.get_instance().is_active_session(page.split("/", 1)[0])
+    return active if isinstance(active, bool) else None
 
 
 def housekeeping(period: float) -> None:

@@ -97,9 +97,11 @@ class ServerMemory:
                 step(entry, "to make room for another session within the server's memory budget")
         return self._total() + needed <= self.budget
 
-    def sweep(self, is_connected: Callable[[str], bool]) -> int:
+    def sweep(self, is_connected: Callable[[str], bool | None]) -> int:
         """Release the sessions whose browser is gone (seen connected by an earlier sweep, not now) or that were idle
-        for ``idle_seconds``; returns how many. A page never seen connected (e.g. under AppTest) is only ever idle."""
+        for ``idle_seconds``; returns how many. ``is_connected`` is None where it cannot tell (no server, e.g. under
+        AppTest): such a sweep leaves the page's connection as it was. A page never seen connected is only ever
+        idle."""
         now, count = time.monotonic(), 0
         with self._lock:
             for page, entry in list(self._entries.items()):
@@ -108,8 +110,9 @@ class ServerMemory:
                     del self._entries[page]
                     continue
                 connected = is_connected(page)
-                gone, idle = entry.connected and not connected, now - entry.last_seen > self.idle_seconds
-                entry.connected |= connected
+                gone = entry.connected and connected is False
+                idle = now - entry.last_seen > self.idle_seconds
+                entry.connected |= bool(connected)
                 if (gone or idle) and self._idle(entry):
                     self._release(entry, "its browser closed" if gone else
                                   f"it was idle for more than {self.idle_seconds / 60:g} minutes")

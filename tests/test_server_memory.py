@@ -95,6 +95,34 @@ def test_closed_and_idle_sessions_are_swept(lm):
     assert memory.usage() == 0
 
 
+def test_a_sweep_that_cannot_tell_leaves_the_connection_as_it_was(lm):
+    memory = ServerMemory(budget=10**12, idle_seconds=3600)
+    page = chat(lm, "Page.")
+    memory.finished("page", page, releasable=True)
+    assert memory.sweep(lambda _: True) == 0  # seen connected
+    assert memory.sweep(lambda _: None) == 0 and not page.released  # no server to ask: not "closed"
+    assert memory.sweep(lambda _: False) == 1 and page.released == "its browser closed"
+
+
+def test_apptests_stand_in_runtime_tells_nothing_about_connections(monkeypatch):
+    """AppTest installs a mock Runtime during each script run and removes it after; read as an answer, the
+    housekeeping thread saw every test page connect and then close, and released it under the test."""
+    from unittest.mock import MagicMock
+
+    from streamlit.runtime import Runtime
+
+    from app import housekeeping
+    monkeypatch.setattr(Runtime, "_instance", None)
+    assert housekeeping.is_connected("browser/page") is None  # no server
+    monkeypatch.setattr(Runtime, "_instance", MagicMock(spec=Runtime))  # AppTest's, during a run
+    assert housekeeping.is_connected("browser/page") is None
+    real = MagicMock(spec=Runtime)
+    real.is_active_session.return_value = False  # a real runtime answers with a bool
+    monkeypatch.setattr(Runtime, "_instance", real)
+    assert housekeeping.is_connected("browser/page") is False
+    real.is_active_session.assert_called_with("browser")
+
+
 def test_a_released_page_is_restored_by_replay_with_a_line_saying_why(tmp_path, monkeypatch):
     monkeypatch.setenv("KVVIZ_SESSIONS", str(tmp_path))
     first = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=300).run()
