@@ -1,5 +1,6 @@
-"""The Policy run tab in a real headless Chromium: a user policy from KVVIZ_POLICIES runs, the timeline is drawn, a
-step opens with its next-token comparison, and its blame ranks the evicted slots."""
+"""The Policy run tab in a real headless Chromium: a user policy from KVVIZ_POLICIES runs, the timeline is drawn, the
+menu of evicted slots says why one went, a step opens with its next-token comparison, and its blame ranks the evicted
+slots."""
 
 from __future__ import annotations
 
@@ -46,6 +47,12 @@ def test_run_a_policy_open_a_step_and_blame_it(tmp_path):
         assert page.get_by_text("newest, budget 16, decode").count() == 1
         page.wait_for_function("document.querySelectorAll('.js-plotly-plot .heatmaplayer, .js-plotly-plot .hm')"
                                ".length >= 1", timeout=60_000)
+        tables = page.locator("[data-testid=stDataFrame]").count()
+        why = page.locator("[data-testid=stSelectbox]").filter(has_text="Why did this slot go?")
+        why.click()
+        page.get_by_role("option").nth(1).click()  # the first evicted slot
+        page.get_by_text("(layer, KV head) pairs").wait_for(timeout=60_000)
+        expect(page.locator("[data-testid=stDataFrame]")).to_have_count(tables + 1, timeout=30_000)  # its table
         page.get_by_label("Open step").fill("2")
         page.get_by_label("Open step").press("Enter")
         page.get_by_text("Step 2 processes slot").wait_for(timeout=60_000)

@@ -8,6 +8,7 @@ import streamlit as st
 
 from app import state
 from app.plain import warn
+from app.views import why
 from kvviz.errors import KvvizError
 from kvviz.policies import POLICIES, Policy
 from kvviz.policies.user import available
@@ -44,6 +45,7 @@ def render() -> None:
             state.keep("comparison", compare_policies(session, policies, float(budget), at))
         except KvvizError as exc:
             warn(exc)
+    _why(session, policies[0], first, float(budget), at)
     report = state.kept("comparison")
     if report:
         st.dataframe([asdict(row) for row in report.rows], hide_index=True,
@@ -51,6 +53,25 @@ def render() -> None:
                                     "tv": st.column_config.NumberColumn("TV", format="%.4g")})
         if report.overlap is not None:
             st.caption(f"Overlap of the evicted (layer, KV head, slot) entries: {report.overlap:.1%} (Jaccard)")
+
+
+def _why(session, policy: Policy, name: str, budget: float, at: int) -> None:
+    """Why the first policy evicts a slot at this budget and step (the mask its button puts on the strip)."""
+    texts = [slot.text for slot in session.transcript.slots[:at]]
+    chosen = next(iter(sorted(state.draft().selected)), None)  # a slot selected on the strip comes first
+    slots = ([chosen] if chosen is not None and chosen < at else []) + [s for s in range(at) if s != chosen]
+    slot = why.pick(texts, slots, key="policy-why", label=f"Why does {name} evict a slot here?")
+    if slot is None:
+        return
+    try:
+        decision = session.memoized("why", (repr(policy), budget, at), lambda: policy.decision(session, budget, at),
+                                    keep=1)
+    except KvvizError as exc:
+        warn(exc)
+        return
+    lm = session.lm
+    why.show([asdict(row) | {"margin": row.margin} for row in decision.why(slot)], lm.layers * lm.kv_heads,
+             texts[slot], name)
 
 
 def policy_classes() -> dict[str, type[Policy]]:

@@ -8,6 +8,7 @@ import streamlit as st
 
 from app import state
 from app.plain import plain, warn
+from app.views import why
 from app.views.policies import parameters, policy_classes
 from app.views.slide_download import slide_popover
 from kvviz import figures
@@ -102,6 +103,10 @@ def _show(result) -> None:
         st.plotly_chart(figures.timeline(result, pieces, index, layer, head), key="run-timeline", config=PLOTLY_CONFIG)
         slide_popover("run-timeline", lambda: plot_slides.timeline_slide(result, pieces, index, caption, layer, head),
                       f"{stem}-timeline")
+        gone = sorted({row["slot"] for row in result.evictions(index)})
+        slot = why.pick(pieces, gone, key=f"run-why-{id(result)}-{index}")
+        if slot is not None:
+            why.show(result.why(slot, index), lm.layers * lm.kv_heads, pieces[slot], result.settings.policy.name)
     if result.settings.kivi is not None:
         st.plotly_chart(figures.bit_widths(result, pieces, index), key="run-bits", config=PLOTLY_CONFIG)
         slide_popover("run-bits", lambda: plot_slides.bit_widths_slide(result, pieces, index, caption), f"{stem}-bits")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 from kvviz.cli.common import add_chat_arguments, positive
 from kvviz.cli.whatif import _budget
@@ -32,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="key scales per group of G slots (KIVI) or one shared by all quantized slots")
     parser.add_argument("--blame-step", type=int, default=None, help="step to blame (default: the divergence)")
     parser.add_argument("--blame-unit", choices=("slot", "word"), default="slot")
+    parser.add_argument("--why", type=int, action="append", default=[], metavar="SLOT",
+                        help="why SLOT left the cache in the last turn: its score, the threshold (the lowest kept "
+                             "score) and its rank at the decision, per layer and KV head (repeatable)")
     parser.add_argument("--blame-limit", type=positive, default=32, help="candidates re-run by the blame")
 
 
@@ -97,6 +101,12 @@ def run(args: argparse.Namespace) -> None:
     ranked = blame(result, step=step, unit=args.blame_unit, limit=args.blame_limit) \
         if last.steps and (step is None or step >= 0) and settings.policy is not None else None
     report = document(result, ranked)
+    cached = len(last.forced.session)
+    if any(not 0 <= slot < cached for slot in args.why):
+        raise KvvizError(f"--why takes a slot of the run: 0..{cached - 1}")
+    if args.why and settings.policy is None:
+        raise KvvizError("--why needs a policy: it explains the policy's evictions")
+    report["why"] = {str(slot): _finite(result.why(slot)) for slot in args.why}
     if args.json:
         print(json.dumps(report))
         return
@@ -110,7 +120,27 @@ def run(args: argparse.Namespace) -> None:
     for s in report["steps"]:
         print(f"{s['step']:>4}  {s['slot']:>4}  {s['visible']:>7}  {s['kl']:>6.3f}  {'=' if s['top1_agree'] else '≠'}")
     print(f"\n{len(report['evictions'])} evictions in the last turn")
+    for slot, rows in report["why"].items():
+        _print_why(int(slot), rows, result)
     if ranked is not None:
         print(f"\nblame at step {ranked.step} (KL {ranked.kl:.3f}): restoring one candidate at a time")
         for row in ranked.rows[:10]:
             print(f"  slots {row.slots}: KL {row.kl_after_restore:.3f}, top-1 {'back' if row.top1_restored else 'not back'}")
+
+
+def _finite(rows: list[dict]) -> list[dict]:
+    """JSON has no infinity: a protected slot's score (``+inf``) becomes null (its ``reason`` says it)."""
+    return [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()} for row in rows]
+
+
+def _print_why(slot: int, rows: list[dict], result) -> None:
+    session = result.last.forced.session
+    lm = session.lm
+    print(f"\nwhy slot {slot} {session.transcript.slots[slot].text!r} went: evicted in {len(rows)} of "
+          f"{lm.layers * lm.kv_heads} (layer, KV head) pairs this turn")
+    if rows:
+        print("  layer  kv  step      score  threshold     margin  rank/cands  budget")
+    for r in rows:
+        number = (lambda v: f"{v:>10.4g}" if v is not None else f"{'protected':>10}")  # noqa: E731
+        print(f"  {r['layer']:>5}  {r['kv_head']:>2}  {r['step']:>4} {number(r['score'])} {number(r['threshold'])} "
+              f"{number(r['margin'])}  {r['rank']:>4}/{r['candidates']:<5}  {r['budget']:>6}")

@@ -10,13 +10,14 @@ and again on the already compressed cache: slots evicted earlier are not candida
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import ClassVar
 
 import torch
 
 from kvviz.edits import Edit
 from kvviz.errors import KvvizError
+from kvviz.policies.decision import Decision
 from kvviz.session import Session
 
 
@@ -118,29 +119,51 @@ class Policy:
         not alive); the default keeps ``candidates.keep`` everywhere."""
         return torch.full(scores.shape[:2], candidates.keep, dtype=torch.long)
 
-    def evicted(self, candidates: Candidates) -> torch.Tensor:
-        """The candidates this policy evicts now: bool ``(L, KV, at)``, only alive slots. Ties keep the earlier slot,
+    def decide(self, candidates: Candidates) -> Decision:
+        """Which candidates this policy evicts now, with the scores and budgets that decided it (see
+        :class:`~kvviz.policies.decision.Decision`). Only alive slots are evicted. Ties keep the earlier slot,
         except among protected slots (score ``+inf``, see :func:`protect`): a budget smaller than the protected
         window keeps its most recent slots."""
         alive = candidates.alive
         lowest = torch.finfo(torch.float32).min  # alive slots always rank before evicted ones, even at -inf
         scores = torch.where(alive, checked_scores(self, candidates).clamp(min=lowest), float("-inf"))
-        budgets = checked_budgets(self, candidates, scores).clamp(min=1)[..., None]  # (L, KV, 1)
-        return alive & (keep_rank(scores) >= budgets)
+        budgets = checked_budgets(self, candidates, scores).clamp(min=1)
+        rank = keep_rank(scores)
+        return Decision(candidates.at, scores, budgets, alive, alive & (rank >= budgets[..., None]), rank)
 
-    def edit(self, session: Session, budget: int | float, at: int | None = None) -> Edit:
-        """One-shot: evict all but the ``budget`` best-scored slots before ``at`` (default: the newest cached slot)."""
+    def evicted(self, candidates: Candidates) -> torch.Tensor:
+        """The candidates this policy evicts now: bool ``(L, KV, at)`` (:meth:`decide`'s)."""
+        return self.decide(candidates).evicted
+
+    def decision(self, session: Session, budget: int | float, at: int | None = None) -> Decision:
+        """One-shot: the decision to keep the ``budget`` best-scored slots before ``at`` (default: the newest cached
+        slot); with a budget that holds them all, nothing is evicted."""
         at = len(session) - 1 if at is None else at
         if not 0 <= at < len(session):
             raise KvvizError(f"slot {at} is not cached")
         keep = slots_kept(budget, at)
-        if keep >= at:
-            return Edit()
         if keep == 0:
             raise KvvizError("the budget keeps no slot; keep at least one")
         lm = session.lm  # a sliding-window layer no longer holds the slots its window left behind
         alive = ~lm.attention.outside(at, at)[:, None].expand(lm.layers, lm.kv_heads, at)
-        return Edit.from_evicted(self.evicted(Candidates(session, at, keep, alive, share=kept_share(budget))))
+        return self.decide(Candidates(session, at, min(keep, at), alive, share=kept_share(budget)))
+
+    def edit(self, session: Session, budget: int | float, at: int | None = None) -> Edit:
+        """One-shot: evict all but the ``budget`` best-scored slots before ``at`` (default: the newest cached slot)."""
+        at = len(session) - 1 if at is None else at
+        if 0 <= at < len(session) and slots_kept(budget, at) >= at:
+            return Edit()
+        return Edit.from_evicted(self.decision(session, budget, at).evicted)
+
+
+def topk_ties(decision: Decision, keep: int) -> Decision:
+    """``decision`` with the slots ``torch.topk`` keeps among the same scores (kvpress' ``ScorerPress`` keeps
+    ``scores.topk(n_kept)``, whose choice among equal scores is its own): the kept ones rank first, each group in
+    :func:`keep_rank`'s order."""
+    kept = torch.topk(decision.scores, min(keep, decision.at), dim=-1).indices
+    evicted = decision.alive & ~torch.zeros_like(decision.alive).scatter_(-1, kept, True)
+    order = decision.rank + decision.at * evicted  # kept first
+    return replace(decision, evicted=evicted, rank=order.argsort(-1).argsort(-1))
 
 
 def checked_scores(policy: Policy, candidates: Candidates) -> torch.Tensor:

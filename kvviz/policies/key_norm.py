@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kvviz.policies.base import Candidates, Policy, checked_choices, checked_scores, choice
+from kvviz.policies.base import Candidates, Policy, checked_choices, choice, topk_ties
+from kvviz.policies.decision import Decision
 
 
 @dataclass(frozen=True)
@@ -27,13 +28,9 @@ class KeyNorm(Policy):
         return -torch.stack([torch.linalg.vector_norm(candidates.keys(layer), dim=-1, dtype=torch.float32)
                              for layer in range(layers)])  # (L, KV, at)
 
-    def evicted(self, candidates: Candidates) -> torch.Tensor:
+    def decide(self, candidates: Candidates) -> Decision:
         """As the base, or with ``ties="topk"`` the slots ``torch.topk`` keeps: a token repeated in the prompt has
         the same key norm at every position in the first layers (RoPE keeps norms), and kvpress' ``KnormPress``
         keeps whichever of them ``topk`` returns."""
-        if self.ties == "earlier":
-            return super().evicted(candidates)
-        alive = candidates.alive
-        scores = torch.where(alive, checked_scores(self, candidates), float("-inf"))
-        kept = torch.topk(scores, min(candidates.keep, alive.shape[-1]), dim=-1).indices
-        return alive & ~torch.zeros_like(alive).scatter_(-1, kept, True)
+        decision = super().decide(candidates)
+        return decision if self.ties == "earlier" else topk_ties(decision, candidates.keep)

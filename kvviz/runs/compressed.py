@@ -23,6 +23,7 @@ from kvviz.errors import KvvizError
 from kvviz.model import LoadedModel
 from kvviz.policies.base import Candidates, Policy, kept_share, received_attention, slots_kept
 from kvviz.runs.kivi import Kivi
+from kvviz.runs.reasons import Reasons
 from kvviz.runs.rerotate import Rotary
 from kvviz.runs.timeline import Timeline
 from kvviz.sampling import Sampling
@@ -97,6 +98,7 @@ class CompressedSession:
         self.steps = 0  # decode steps of this turn so far
         self.prompt_end: list[int] = []  # per turn: slots cached after its prompt
         self.seen: torch.Tensor | None = None  # (L, KV, n): what the last step saw besides its own slot
+        self.reasons = Reasons(lm.layers, lm.kv_heads)  # why each evicted slot went
 
     def __len__(self) -> int:
         return len(self.session)
@@ -154,7 +156,9 @@ class CompressedSession:
             if int(alive.sum(-1).max()) > self.keep:
                 running = self.running.float() if self.accumulates else None
                 candidates = Candidates(self.session, at, self.keep, alive, running, kept_share(self.settings.budget))
-                evicted = self.settings.policy.evicted(candidates)
+                decision = self.settings.policy.decide(candidates)
+                self.reasons.record(decision)
+                evicted = decision.evicted
         kivi = self.settings.kivi
         if self.timeline.record(at, evicted, kivi.quantized_prefix(at) if kivi else 0):
             self.session.version += 1

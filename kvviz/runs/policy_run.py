@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -99,6 +99,15 @@ class PolicyRun:
                         records.extend({"slot": slot, "step": at - start, "layer": layer, "kv_head": h}
                                        for h in heads.nonzero()[:, 0].tolist())
         return records
+
+    def why(self, slot: int, turn: int = -1) -> list[dict]:
+        """Why ``slot`` left the cache during ``turn``: one row per (layer, KV head) it left, layer by layer —
+        ``step`` as in :meth:`evictions`, the policy's ``score`` of it then, the ``threshold`` (the lowest score kept
+        in that layer and KV head), ``margin`` = score − threshold, its ``rank`` in the order of keeping (from 1)
+        among ``candidates``, the ``budget``, the ``outcome`` and the ``reason`` in words."""
+        run = self.turns[turn]
+        return [{"step": at - run.prompt_end, **asdict(row), "margin": row.margin}
+                for at, row in run.forced.reasons.why(slot, run.prompt_end, run.end)]
 
     def eviction_steps(self, turn: int = -1) -> torch.Tensor:
         """The timeline picture of ``turn``: ``(L, KV, n)`` int, the turn's decode step from which each slot is

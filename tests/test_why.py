@@ -1,0 +1,127 @@
+"""Why a slot went: a policy's decision, kept with its numbers, checked against a ranking written here (Python's
+sort of the scores, ties to the earlier slot, protected ones to the later), and a run's record of every eviction
+checked against key norms computed here and the run's own timeline."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from kvviz.policies import H2O, KeyNorm, SnapKV, StreamingLLM
+from kvviz.runs.compressed import RunSettings
+from kvviz.runs.policy_run import run_policy
+from kvviz.runs.timeline import NEVER
+from kvviz.session import Session
+from tests.test_app import assert_clean, open_view, start
+from tests.test_cli import run
+
+PROMPT = "Rex is my dog and Tom is my cat. Which of them barks?"
+
+
+@pytest.fixture(scope="module")
+def chat(lm) -> Session:
+    session = Session(lm)
+    session.add_user_turn(PROMPT)
+    session.generate(4)
+    return session
+
+
+def reference(scores: list[float], alive: list[bool], budget: int) -> tuple[set[int], float]:
+    """The kept slots and the lowest kept score, by sorting: higher first; ties to the earlier slot, among +inf to
+    the later one."""
+    order = sorted((s for s in range(len(scores)) if alive[s]),
+                   key=lambda s: (-scores[s], -s if scores[s] == float("inf") else s))
+    kept = set(order[:budget])
+    return kept, min(scores[s] for s in kept)
+
+
+@pytest.mark.parametrize("policy", [SnapKV(), H2O(), StreamingLLM(sinks=4), KeyNorm()], ids=lambda p: p.name)
+def test_a_decision_is_its_ranking_and_explains_each_slot(chat, policy):
+    lm, at = chat.lm, len(chat) - 1
+    decision = policy.decision(chat, 0.4, at)
+    mask = policy.edit(chat, 0.4, at).evicted_mask(at, lm.layers, lm.kv_heads)
+    assert torch.equal(decision.evicted, mask)  # the edit is the decision's
+    for layer in range(lm.layers):
+        for head in range(lm.kv_heads):
+            scores = decision.scores[layer, head].tolist()
+            kept, lowest = reference(scores, decision.alive[layer, head].tolist(), int(decision.budgets[layer, head]))
+            assert {s for s in range(at) if not decision.evicted[layer, head, s]} == kept
+            assert float(decision.threshold[layer, head]) == lowest
+    for slot in (0, 5, at // 2, at - 1):
+        rows = decision.why(slot)
+        assert len(rows) == lm.layers * lm.kv_heads
+        for row in rows:
+            gone = bool(decision.evicted[row.layer, row.kv_head, slot])
+            assert (row.outcome == "evicted") == gone
+            assert (row.rank > row.budget) == gone and row.candidates == at
+            assert row.score <= row.threshold if gone else row.score >= row.threshold
+            if gone and row.score == row.threshold and row.score != float("inf"):
+                assert "tied" in row.reason
+
+
+def test_a_run_keeps_why_each_slot_went(lm):
+    """Key norm in decode mode: each eviction's score is minus the norm of that slot's key (computed here in float64
+    from the cache; float32 rounding of a 64-term sum and its root: |Δ| ≤ (D/2 + 1)·u·‖k‖ ≈ 2e-6·‖k‖), and its
+    threshold is the lowest score among the slots the timeline shows kept after that decision."""
+    result = run_policy(lm, [PROMPT], RunSettings(KeyNorm(), 24, "decode"), 6)
+    turn = result.last
+    session = turn.forced.session
+    steps = result.eviction_steps()  # (L, KV, n): the decode step from which each slot is hidden
+    norms = torch.stack([session.layer_kv(layer)[0].double().pow(2).sum(-1).sqrt()
+                         for layer in range(lm.layers)])  # (L, KV, n)
+    seen = 0
+    for slot in sorted({row["slot"] for row in result.evictions()}):
+        rows = result.why(slot)
+        during = (steps[..., slot] >= 0) & (steps[..., slot] != NEVER)
+        assert {(r["layer"], r["kv_head"]) for r in rows} == set(map(tuple, during.nonzero().tolist()))
+        for row in rows:
+            layer, head, step = row["layer"], row["kv_head"], row["step"]
+            assert step == int(steps[layer, head, slot]) and row["outcome"] == "evicted"
+            norm = float(norms[layer, head, slot])
+            assert abs(row["score"] + norm) <= 33 * 2**-24 * norm
+            at = turn.prompt_end + step
+            kept = norms[layer, head, [s for s in range(at) if steps[layer, head, s] > step]]
+            assert abs(row["threshold"] + float(kept.max())) <= 33 * 2**-24 * float(kept.max())
+            assert row["margin"] <= 0 and row["budget"] == 24 and row["rank"] > 24
+            seen += 1
+    assert seen > 50  # decode mode evicts in many layers and KV heads
+    assert result.why(len(session) - 1) == []  # the newest slot was never evicted
+
+
+def test_policy_run_why_on_the_command_line():
+    done = run("policy-run", "--turn", PROMPT, "--policy", "snapkv", "--budget", "12", "--max-new-tokens", "3",
+               "--why", "2", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    gone = [e for e in report["evictions"] if e["slot"] == 2]
+    rows = report["why"]["2"]
+    assert rows and all(r["outcome"] == "evicted" and r["score"] <= r["threshold"] for r in rows)
+    assert {r["step"] for r in rows} == {e["step"] for e in gone}
+    refused = run("policy-run", "--turn", PROMPT, "--policy", "snapkv", "--budget", "12", "--max-new-tokens", "2",
+                  "--why", "9999")
+    assert refused.returncode != 0 and refused.stderr.count("\n") == 1 and "--why" in refused.stderr
+
+
+def why_table(app):
+    return next(frame.value for frame in app.dataframe if "lowest kept score" in frame.value.columns)
+
+
+def test_the_app_says_why_a_slot_went_in_the_policies_tab_and_the_policy_run():
+    app = start()
+    app.chat_input[0].set_value(PROMPT).run()
+    open_view(app, "Policies")
+    app.selectbox(key="policy-why").set_value(3).run()
+    assert_clean(app)
+    lm = app.session_state["session"].lm
+    table = why_table(app)
+    assert len(table) == lm.layers * lm.kv_heads and {"score", "lowest kept score", "why"} <= set(table.columns)
+    open_view(app, "Policy run")
+    app.button[[b.label for b in app.button].index("Run the policy")].click().run()
+    result = app.session_state["policy_run"]
+    slot = result.evictions()[0]["slot"]
+    app.selectbox(key=f"run-why-{id(result)}-0").set_value(slot).run()
+    assert_clean(app)
+    table = why_table(app)
+    assert len(table) == len(result.why(slot)) and set(table["outcome"]) == {"evicted"}
