@@ -3,6 +3,9 @@
 - ``policy run decode 64, h2o, 1k``: a prompt of 1k tokens and 64 new tokens with H2O (budget 256) compressing the
   cache before every step (the compressed session alone: the free run a deployment would make) vs plain
   ``generate`` of the same prompt and length.
+- ``policy run decode 64, key_diff, 1k``, ``… lag_kv, 1k`` and ``… chunk_kv, 1k``: the same with the newer policies
+  (KeyDiff; LagKV with partitions of 64 slots; ChunkKV over key norms in chunks of 20), each scoring every alive slot
+  before every step.
 - ``blame 32 slots at 1k``: ranking the evicted slots of one step and re-running it with each of the 32 most attended
   restored (batched) vs one plain decode step at 1k.
 - ``timeline draw 1k × 256``: the eviction timeline of a 256-step run at 1k slots drawn by plotly.js in headless
@@ -18,7 +21,7 @@ import torch
 
 from benchmarks.harness import Row, paired_times, row, token_ids
 from kvviz import figures
-from kvviz.policies import H2O
+from kvviz.policies import H2O, ChunkKV, KeyDiff, LagKV, Policy
 from kvviz.runs.blame import blame
 from kvviz.runs.compressed import CompressedSession, RunSettings
 from kvviz.runs.policy_run import run_policy
@@ -26,12 +29,12 @@ from kvviz.session import Session
 from benchmarks.browser import CHROMIUM, CHROMIUM_ARGS
 
 
-def policy_run(bench, context: int = 1024, tokens: int = 64, budget: int = 256) -> Row:
+def policy_run(bench, context: int = 1024, tokens: int = 64, budget: int = 256, policy: Policy = H2O()) -> Row:
     ids = token_ids(bench.lm, context)
     tensor = torch.tensor([ids], device=bench.lm.device)
 
     def ours(_) -> None:
-        run = CompressedSession(bench.lm, RunSettings(H2O(), budget, "decode"))
+        run = CompressedSession(bench.lm, RunSettings(policy, budget, "decode"))
         run.add_ids(ids)
         for _ in range(tokens - 1):
             run.step()
@@ -39,7 +42,20 @@ def policy_run(bench, context: int = 1024, tokens: int = 64, budget: int = 256) 
     def plain(_) -> None:
         bench.plain.generate(tensor, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=2)
 
-    return row(f"policy run decode {tokens}, h2o, {context // 1024}k", *paired_times(ours, plain, bench.repeats), 1.5)
+    return row(f"policy run decode {tokens}, {policy.name}, {context // 1024}k", *paired_times(ours, plain, bench.repeats),
+               1.5)
+
+
+def key_diff_run(bench) -> Row:
+    return policy_run(bench, policy=KeyDiff())
+
+
+def lag_kv_run(bench) -> Row:
+    return policy_run(bench, policy=LagKV(lag=64))
+
+
+def chunk_kv_run(bench) -> Row:
+    return policy_run(bench, policy=ChunkKV())
 
 
 def _run(bench, context: int, tokens: int, budget: int):

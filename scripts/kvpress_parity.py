@@ -4,8 +4,10 @@ compression, and the next-token logits of the first decode step on the compresse
 kvpress 0.5.5 pins transformers < 5.3, so it lives in a venv of its own and this script runs in three parts:
 
     .venv/bin/python scripts/kvpress_parity.py prompts OUT.json            # kvviz: chat-templated prompt ids
-    KVPRESS_PYTHON scripts/kvpress_parity.py press OUT.json PRESS.json      # kvpress: kept sets and logits
+    KVPRESS_PYTHON scripts/kvpress_parity.py press OUT.json PRESS.json [PRESS_NAME]  # kvpress: kept sets, logits
     .venv/bin/python scripts/kvpress_parity.py compare OUT.json PRESS.json [PRESS_NAME]  # kvviz: the table
+
+and the same for DecodingPress with ``decoding-press`` (kvpress) and ``decoding-compare`` (kvviz).
 
 with KVPRESS_PYTHON a venv made by ``python3 -m venv V && V/bin/pip install torch==2.13.0 kvpress==0.5.5``. The
 prompts are made from a seed when the script runs (none is in the repository); the presses and ratios are CASES.
@@ -21,9 +23,14 @@ from pathlib import Path
 CASES = [  # (press, kvpress arguments); each at every ratio of RATIOS
     ("StreamingLLMPress", {}), ("KnormPress", {}), ("TOVAPress", {}), ("RandomPress", {"seed": 0}),
     ("SnapKVPress", {}), ("SnapKVPress", {"window_size": 32, "kernel_size": 7}), ("PyramidKVPress", {}),
-    ("ObservedAttentionPress", {}), ("AdaKVPress", {"press": "SnapKVPress"}),
+    ("ObservedAttentionPress", {}), ("AdaKVPress", {"press": "SnapKVPress"}), ("KeyDiffPress", {}),
+    ("LagKVPress", {}), ("LagKVPress", {"lag_size": 32, "n_sink": 8}), ("LagKVPress", {"cross_scoring": True}),
+    ("ChunkKVPress", {"press": "KnormPress"}), ("ChunkKVPress", {"press": "KeyDiffPress", "chunk_length": 10}),
 ]
 RATIOS = (0.5, 0.75)
+DECODING = [  # DecodingPress(base_press, compression_interval, target_size), teacher-forced on the full reply
+    ("KnormPress", 4, 96), ("KnormPress", 1, 200), ("KeyDiffPress", 5, 128), ("KeyDiffPress", 2, 300)]
+STEPS = 14
 WORDS = ("harbour lantern keeper ship noon dusk ledger tide compass anchor rope gull storm chart island beacon "
          "captain cargo mast sail wave reef fog bell").split()
 
@@ -54,7 +61,7 @@ def prompts(out: str) -> None:
     Path(out).write_text(json.dumps({"folder": str(resolve_checkpoint(None)[0]), "ids": ids}))
 
 
-def press(data: str, out: str) -> None:
+def press(data: str, out: str, only: str = "") -> None:
     """kvpress' venv (no kvviz import): each case's kept sets per layer and KV head, and the first decode step's
     logits on the compressed cache (position n, the token the full prefill chose)."""
     import torch
@@ -65,6 +72,8 @@ def press(data: str, out: str) -> None:
     models = {}
     results = []
     for name, arguments in CASES:
+        if only and name != only:
+            continue
         attention = "eager" if name == "ObservedAttentionPress" else "sdpa"
         if attention not in models:
             models[attention] = AutoModelForCausalLM.from_pretrained(spec["folder"], dtype=torch.float32,
@@ -111,6 +120,77 @@ def _pressed(model, instance, ids: list[int], eager: bool) -> dict:
     return {"kept": kept, "first": first, "logits": step.logits[0, -1].tolist()}
 
 
+def decoding_press(data: str, target: str) -> None:
+    """kvpress' venv: each DECODING case teacher-forced for STEPS decode steps on the full model's greedy reply:
+    every step's logits, and layer 0's kept slots at the end (layer 0's keys depend on the token and position only,
+    so they name their slots; deeper layers' keys depend on what the compressed cache let them see)."""
+    import torch
+    import kvpress
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    spec = json.loads(Path(data).read_text())
+    model = AutoModelForCausalLM.from_pretrained(spec["folder"], dtype=torch.float32, attn_implementation="sdpa").eval()
+    ids = spec["ids"][0]
+    with torch.no_grad():
+        forced, cache, tokens = [], DynamicCache(config=model.config), torch.tensor([ids])
+        for _ in range(STEPS):  # the full model's greedy reply
+            out = model(input_ids=tokens, past_key_values=cache, use_cache=True)
+            forced.append(int(out.logits[0, -1].argmax()))
+            tokens = torch.tensor([[forced[-1]]])
+        whole = model(input_ids=torch.tensor([ids + forced]), use_cache=True).past_key_values.layers[0].keys[0]
+        results = []
+        for base, interval, size in DECODING:
+            instance = kvpress.DecodingPress(getattr(kvpress, base)(), compression_interval=interval,
+                                             target_size=size)
+            cache, logits = DynamicCache(config=model.config), []
+            with instance(model):
+                out = model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
+                for step, token in enumerate(forced[:-1]):
+                    out = model(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[len(ids) + step]]),
+                                past_key_values=cache, use_cache=True)
+                    logits.append(out.logits[0, -1].tolist())
+            # each kept key's slot: the nearest key of the full forward (computed in another batch shape, so equal
+            # only to rounding; keys of other tokens or positions are far apart)
+            kept = [sorted(torch.cdist(cache.layers[0].keys[0, h], whole[h]).argmin(-1).tolist())
+                    for h in range(whole.shape[0])]
+            results.append({"base": base, "interval": interval, "target": size, "forced": forced,
+                            "logits": logits, "kept_layer0": kept})
+    Path(target).write_text(json.dumps(results))
+
+
+def decoding_compare(data: str, pressed: str) -> None:
+    """kvviz's venv: each DECODING case as ``from_kvpress("DecodingPress", …)`` (mode after_steps), against kvpress."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import torch
+
+    from kvviz.model import load_model
+    from kvviz.policies.kvpress import from_kvpress
+    from kvviz.runs.compressed import CompressedSession, RunSettings
+
+    lm = load_model()
+    ids = json.loads(Path(data).read_text())["ids"][0]
+    print("| DecodingPress base_press | compression_interval | target_size | decode steps | layer 0 kept sets equal "
+          "| … with the same key norms | max abs Δ logit over the steps |")
+    print("|---|---|---|---|---|---|---|")
+    for case in json.loads(Path(pressed).read_text()):
+        ours = from_kvpress("DecodingPress", base_press=case["base"], compression_interval=case["interval"],
+                            target_size=case["target"])
+        run = CompressedSession(lm, RunSettings(ours.policy, ours.ratio, ours.mode, ours.every))
+        run.add_ids(ids)
+        gap = 0.0
+        for token, theirs in zip(case["forced"][:-1], case["logits"]):
+            gap = max(gap, float((run.step(token) - torch.tensor(theirs)).abs().max()))
+        run._compress(run.steps % run.settings.every == 0)  # kvpress compresses after the last step too
+        alive = run.alive()
+        ours_kept = [alive[0, h].nonzero()[:, 0].tolist() for h in range(lm.kv_heads)]
+        same = sum(a == b for a, b in zip(ours_kept, case["kept_layer0"]))
+        keys = run.session.layer_kv(0)[0]  # layer 0's keys name their slots: equal norms are ties
+        norms = lambda h, slots: torch.linalg.vector_norm(keys[h, slots], dim=-1).sort().values  # noqa: E731
+        tied = sum(torch.equal(norms(h, a), norms(h, b)) for h, (a, b) in enumerate(zip(ours_kept, case["kept_layer0"])))
+        print(f"| {case['base']} | {case['interval']} | {case['target']} | {len(case['logits'])} | "
+              f"{same}/{lm.kv_heads} | {tied}/{lm.kv_heads} | {gap:.1e} |")
+
+
 def compare(data: str, pressed: str, only: str = "") -> None:
     """kvviz's venv: each case (of the press ``only``, if given) through :func:`kvviz.policies.kvpress.from_kvpress`
     in prefill mode, against kvpress."""
@@ -146,4 +226,5 @@ def compare(data: str, pressed: str, only: str = "") -> None:
 
 
 if __name__ == "__main__":
-    {"prompts": prompts, "press": press, "compare": compare}[sys.argv[1]](*sys.argv[2:])
+    {"prompts": prompts, "press": press, "compare": compare, "decoding-press": decoding_press,
+     "decoding-compare": decoding_compare}[sys.argv[1]](*sys.argv[2:])

@@ -74,3 +74,12 @@ def test_whatif_policy_and_bad_input():
         result = run("whatif", "--turn", "Hello there", "--max-new-tokens", "2", *args)
         assert result.returncode != 0 and "Traceback" not in result.stderr
         assert message in result.stderr.strip().splitlines()[-1]
+
+
+def test_whatif_help_names_every_built_in_policy():
+    from kvviz.cli import build_parser
+    from kvviz.policies import POLICIES
+
+    whatif = build_parser()._subparsers._group_actions[0].choices["whatif"]
+    help_text = next(a.help for a in whatif._actions if "--policy" in a.option_strings)
+    assert [name for name in POLICIES if name not in help_text] == []

@@ -61,7 +61,7 @@ def test_presses_map_to_policies_with_kvpress_conventions():
     (lambda: from_kvpress("SnapKVPress", window=3), "argument 'window' has no kvviz counterpart"),
     (lambda: from_kvpress("AdaKVPress", press="KnormPress"), "over SnapKVPress only"),
     (lambda: from_kvpress("KeyRerotationPress"), "wraps a press: give press=NAME"),
-    (lambda: from_kvpress("DecodingPress"), "kvviz compresses before a step, kvpress after"),
+    (lambda: from_kvpress("DecodingPress", base_press="KnormPress", target_size=0), "must be positive"),
     (lambda: from_kvpress("SnapKVPress", compression_ratio=1.5), "compression ratio must be in"),
 ])
 def test_presses_without_a_counterpart_are_refused_in_one_line(call, words):
@@ -180,3 +180,51 @@ def test_policy_run_names_a_press_and_reports_the_kept_sets(tmp_path):
     refused = subprocess.run([*command[:-1], "--budget", "8"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert refused.returncode != 0 and "give --budget or --ratio, not both" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
+
+
+def test_sweep_cases_name_presses_with_kvpress_ratios(lm, tmp_path):
+    """A sweep over ``kvpress:NAME`` at ``--ratio R``: each row equals the policy run of the press's kvviz policy at
+    that Ratio (run here on its own), and a row opens again as the same case."""
+    from kvviz.runs.policy_run import run_policy
+    from kvviz.sweeps import SweepSpec, run_sweep
+    from kvviz.sweeps.cases import case_of
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "cats", "prompt": "Tom has two cats, Rex and Max. Name his cats."}) + "\n")
+    spec = SweepSpec(str(prompts), ("kvpress:SnapKVPress", "kvpress:AdaKVPress"), (Ratio(0.5),), "prefill",
+                     max_new_tokens=4)
+    table = run_sweep(spec, tmp_path / "out", progress=False)
+    assert len(table) == 2 and list(table["ratio"]) == [0.5, 0.5]
+    for row, press in zip(table.to_dict("records"), (from_kvpress("SnapKVPress"),
+                                                      from_kvpress("AdaKVPress", press="SnapKVPress"))):
+        alone = run_policy(lm, [json.loads(row["turns"])[0]], RunSettings(press.policy, Ratio(0.5), "prefill"), 4)
+        assert row["kl_max"] == max(step.kl for step in alone.last.steps)  # the same run, the same process
+        case = case_of(row)
+        assert isinstance(case.budget, Ratio) and case.budget.ratio == 0.5 and case.policy == row["policy"]
+
+
+def test_the_app_offers_presses_by_name_in_both_policy_pickers():
+    from tests.test_app import assert_clean, open_view, start
+
+    app = start()
+    app.chat_input[0].set_value("Tom has two cats, Rex and Max. Name his cats.").run()
+    open_view(app, "Policies")
+    next(s for s in app.selectbox if s.label == "Policy").set_value("kvpress:SnapKVPress").run()
+    assert_clean(app)
+    assert app.number_input(key="policy-0-kvpress:SnapKVPress-window_size").value == 64  # kvpress' names, defaults
+    next(b for b in app.button if b.label.startswith("Put kvpress:SnapKVPress")).click().run()
+    assert_clean(app)
+    session, draft = app.session_state["session"], app.session_state["draft"]
+    at = len(session) - 1
+    assert draft.policy == from_kvpress("SnapKVPress").policy.edit(session, Ratio(0.5), at)  # kvpress' rounding
+    open_view(app, "Policy run")
+    form_policy = next(s for s in app.selectbox if s.label == "Policy")
+    form_policy.set_value("kvpress:TOVAPress")
+    next(s for s in app.selectbox if s.label == "Compress").set_value("prefill")
+    next(n for n in app.number_input if n.label == "or kvpress ratio").set_value(0.5)
+    app.button[[b.label for b in app.button].index("Run the policy")].click().run()
+    assert_clean(app)
+    result = app.session_state["policy_run"]
+    assert result.settings.policy == from_kvpress("TOVAPress").policy and result.settings.budget.ratio == 0.5
+    kept = int(result.last.steps[0].visible + 0.5)
+    assert kept == max(1, int(result.last.prompt_end * 0.5))  # int(n·(1 − r)) of the prompt's slots

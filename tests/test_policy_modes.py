@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kvviz.errors import KvvizError
-from kvviz.policies import H2O, TOVA, AdaKV, PyramidKV, SnapKV, StreamingLLM
+from kvviz.policies import H2O, TOVA, AdaKV, ChunkKV, KeyDiff, LagKV, PyramidKV, SnapKV, StreamingLLM
 from kvviz.runs.compressed import CompressedSession, RunSettings
 from kvviz.runs.kivi import Kivi
 from kvviz.runs.policy_run import NEVER, run_policy
@@ -16,7 +16,9 @@ PROMPT = "My name is Zorblax and I live in the city of Quintara. I like green te
 
 @pytest.mark.parametrize("policy, mode, every, budget", [
     (TOVA(), "decode", 1, 20), (SnapKV(), "decode", 1, 20), (H2O(), "both", 1, 20), (StreamingLLM(), "decode", 3, 20),
-    (PyramidKV(), "prefill", 1, 20), (AdaKV(), "both", 1, 20), (H2O(), "decode", 1, 0.5)])
+    (PyramidKV(), "prefill", 1, 20), (AdaKV(), "both", 1, 20), (H2O(), "decode", 1, 0.5), (KeyDiff(), "both", 1, 20),
+    (KeyDiff(ties="topk"), "decode", 2, 20), (LagKV(lag=8), "decode", 1, 20), (LagKV(lag=8, ties="topk"), "both", 1, 20),
+    (ChunkKV(chunk=4), "decode", 1, 20)])
 def test_what_each_step_sees(lm, policy, mode, every, budget):
     run = CompressedSession(lm, RunSettings(policy, budget, mode, every))
     run.add_turn(PROMPT)
@@ -81,3 +83,31 @@ def test_a_fraction_that_keeps_nothing_is_refused_before_any_step(lm):
     with pytest.raises(KvvizError, match="fewer than 16 bits"):
         Kivi(key_bits=16)
     assert torch.is_tensor(run.running)
+
+
+def test_after_steps_compresses_as_kvpress_decoding_press_schedules_it(lm):
+    """Mode after_steps (kvpress' DecodingPress, compression_interval 3, target_size 20): the prompt stays whole
+    until 3 decode steps are done, then the cache is cut to 20 after every third step; in between it grows by one
+    a step. Counted per layer and KV head from what each step saw."""
+    run = CompressedSession(lm, RunSettings(KeyDiff(), 20, "after_steps", 3))
+    run.add_turn(PROMPT)
+    prompt = len(run)
+    for step in range(10):
+        run.step()
+        counts = run.seen.sum(-1)  # (L, KV): slots the step saw besides its own
+        expected = prompt + step if step < 3 else 20 + step % 3
+        assert bool((counts == expected).all()), (step, counts.unique().tolist(), expected)
+
+
+def test_decoding_press_maps_to_after_steps():
+    from kvviz.policies.kvpress import from_kvpress
+
+    press = from_kvpress("DecodingPress", base_press="KnormPress", compression_interval="8", target_size="256")
+    assert (press.policy, press.ratio, press.mode, press.every) == (from_kvpress("KnormPress").policy, 256,
+                                                                    "after_steps", 8)
+    with pytest.raises(KvvizError, match="give base_press=NAME"):
+        from_kvpress("DecodingPress")
+    with pytest.raises(KvvizError, match="over KnormPress and KeyDiffPress only: .* score order"):
+        from_kvpress("DecodingPress", base_press="LagKVPress")  # its partitions follow kvpress' cache order
+    with pytest.raises(KvvizError, match="not by a compression ratio"):
+        from_kvpress("DecodingPress", base_press="KnormPress", compression_ratio=0.5)

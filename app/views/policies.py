@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, fields
+from dataclasses import asdict
 
 import streamlit as st
 
 from app import state
 from app.plain import warn
 from app.views import why
+from app.views.policy_choice import build, is_press, kept_fraction, names, parameters, policy_classes
 from kvviz.errors import KvvizError
-from kvviz.policies import POLICIES, Policy
-from kvviz.policies.user import available
+from kvviz.policies import Policy
 from kvviz.whatif.compare import compare_policies
 
 
@@ -21,13 +21,16 @@ def render() -> None:
         st.info("Policies need a few cached slots before the current step.")
         return
     classes = policy_classes()
-    names = list(classes)
+    offered = names(classes)
     cols = st.columns([2, 2, 2])
-    first = cols[0].selectbox("Policy", names, index=names.index("h2o"))
-    second = cols[1].selectbox("Compare with", names, index=names.index("streaming_llm"))
-    budget = cols[2].slider("Budget (fraction of slots kept)", 0.05, 1.0, 0.5, 0.05)
+    first = cols[0].selectbox("Policy", offered, index=offered.index("h2o"))
+    second = cols[1].selectbox("Compare with", offered, index=offered.index("streaming_llm"))
+    fraction = cols[2].slider("Budget (fraction of slots kept)", 0.05, 1.0, 0.5, 0.05,
+                              help="With a kvpress press on either side, kvpress' compression ratio 1 − this, "
+                                   "rounded as kvpress rounds: int(n·(1 − ratio)) slots kept")
+    budget = kept_fraction(fraction, is_press(first) or is_press(second))
     try:
-        policies = [classes[name](**parameters(cols[side], classes[name], f"policy-{side}"))
+        policies = [build(classes, name, parameters(cols[side], classes, name, f"policy-{side}"))
                     for side, name in enumerate((first, second))]
     except KvvizError as exc:
         warn(exc)
@@ -35,17 +38,17 @@ def render() -> None:
     left, right = st.columns(2)
     if left.button(f"Put {first}'s mask on the strip"):
         try:
-            state.draft().seed(policies[0].edit(session, float(budget), at), first, policies[0].settings())
+            state.draft().seed(policies[0].edit(session, budget, at), first, policies[0].settings())
         except KvvizError as exc:
             warn(exc)
         else:
             st.rerun()
     if right.button("Compare the two"):
         try:
-            state.keep("comparison", compare_policies(session, policies, float(budget), at))
+            state.keep("comparison", compare_policies(session, policies, budget, at))
         except KvvizError as exc:
             warn(exc)
-    _why(session, policies[0], first, float(budget), at)
+    _why(session, policies[0], first, budget, at)
     report = state.kept("comparison")
     if report:
         st.dataframe([asdict(row) for row in report.rows], hide_index=True,
@@ -64,7 +67,7 @@ def _why(session, policy: Policy, name: str, budget: float, at: int) -> None:
     if slot is None:
         return
     try:
-        decision = session.memoized("why", (repr(policy), budget, at), lambda: policy.decision(session, budget, at),
+        decision = session.memoized("why", (repr(policy), repr(budget), at), lambda: policy.decision(session, budget, at),
                                     keep=1)
     except KvvizError as exc:
         warn(exc)
@@ -72,30 +75,3 @@ def _why(session, policy: Policy, name: str, budget: float, at: int) -> None:
     lm = session.lm
     why.show([asdict(row) | {"margin": row.margin} for row in decision.why(slot)], lm.layers * lm.kv_heads,
              texts[slot], name)
-
-
-def policy_classes() -> dict[str, type[Policy]]:
-    """Built-in and ``KVVIZ_POLICIES`` policies; with a bad ``KVVIZ_POLICIES``, its one-line refusal and the
-    built-ins."""
-    try:
-        return available()
-    except KvvizError as exc:
-        warn(exc)
-        return dict(POLICIES)
-
-
-def parameters(column, policy: type[Policy], key: str) -> dict[str, int | float | str | bool]:
-    """One widget per field of ``policy`` (its default first), in ``column``: a toggle for a flag, a menu for a
-    choice, a number otherwise; their values by field name."""
-    values = {}
-    for parameter in fields(policy):
-        default, label = parameter.default, f"{policy.name}: {parameter.name}"
-        widget = f"{key}-{policy.name}-{parameter.name}"
-        if isinstance(default, bool):
-            values[parameter.name] = column.toggle(label, value=default, key=widget)
-        elif isinstance(default, str):
-            values[parameter.name] = column.selectbox(label, parameter.metadata.get("choices", (default,)), key=widget)
-        else:
-            step = 1 if isinstance(default, int) else 0.05
-            values[parameter.name] = column.number_input(label, value=default, step=step, key=widget)
-    return values

@@ -9,17 +9,17 @@ import streamlit as st
 from app import state
 from app.plain import plain, warn
 from app.views import why
-from app.views.policies import parameters, policy_classes
+from app.views.policy_choice import build, names, parameters, policy_classes
 from app.views.slide_download import slide_popover
 from kvviz import figures
 from kvviz.figures import plot_slides
 from kvviz.figures.slides import PLOTLY_CONFIG
 from kvviz.errors import KvvizError
+from kvviz.policies.base import Ratio
 from kvviz.runs.blame import blame, restore, variants
 from kvviz.runs.compressed import RunSettings
 from kvviz.runs.kivi import Kivi
 from kvviz.runs.policy_run import held_slots, run_policy
-from kvviz.runs.report import make_policy
 from kvviz.whatif.metrics import compare
 
 
@@ -28,12 +28,19 @@ def render() -> None:
     classes = policy_classes()
     turns = [turn["user"] for turn in session.turns]
     with st.form("policy-run"):
-        cols = st.columns(4)
-        names = ["(none: KIVI only)", *classes]
-        name = cols[0].selectbox("Policy", names, index=names.index("h2o"))
+        cols = st.columns([3, 2, 2, 2, 2])
+        offered = ["(none: KIVI only)", *names(classes)]
+        name = cols[0].selectbox("Policy", offered, index=offered.index("h2o"),
+                                 help="kvviz's policies, then kvpress' presses by their own names (kvpress:…), with "
+                                      "the settings that reproduce them; kvpress compresses once after the prompt "
+                                      "(Compress: prefill)")
         budget = cols[1].number_input("Budget (slots)", min_value=1, value=32, step=8)
-        mode = cols[2].selectbox("Compress", ["decode", "prefill", "both"],
-                                 help="prefill: once after the prompt; decode: before every step over the budget")
+        ratio = cols[4].number_input("or kvpress ratio", min_value=0.0, max_value=0.95, value=0.0, step=0.05,
+                                     help="kvpress' compression_ratio, the fraction removed (int(n·(1 − ratio)) of the "
+                                          "prompt's n slots kept) instead of the budget; 0: the budget")
+        mode = cols[2].selectbox("Compress", ["decode", "prefill", "both", "after_steps"],
+                                 help="prefill: once after the prompt; decode: before every step over the budget; "
+                                      "after_steps: after every N-th step, as kvpress' DecodingPress")
         every = cols[3].number_input("Every N steps", min_value=1, value=1)
         quant = st.columns(4)
         kivi_on = quant[0].checkbox("KIVI quantization", help="KIVI keeps the newest R slots at 16 bits and quantizes "
@@ -50,17 +57,18 @@ def render() -> None:
                                   "cache and the next token follows them (policies that keep the same slots "
                                   "everywhere: streaming_llm, random)")
         policy = None
-        if name in classes:
-            params = parameters(st, classes[name], "run")
+        if name != offered[0]:
+            params = parameters(st, classes, name, "run")
         prompt = st.text_area("Turns (one per line; default: this conversation's messages)", "\n".join(turns))
         max_new = st.number_input("New tokens per turn", min_value=2, max_value=512, value=32)
         submitted = st.form_submit_button("Run the policy")
     if submitted:
         try:
-            if name in classes:
-                policy = make_policy(classes, name, params)
+            if name != offered[0]:
+                policy = build(classes, name, params)
             kivi = Kivi(bits, bits, int(group), int(residual), grouping) if kivi_on else None
-            settings = RunSettings(policy, int(budget), mode, int(every), kivi, positions)
+            settings = RunSettings(policy, Ratio(float(ratio)) if ratio > 0 else int(budget), mode, int(every), kivi,
+                                   positions)
             lines = [line for line in prompt.splitlines() if line.strip()]
             state.make_room(held_slots(session.lm, lines, int(max_new)))
             with st.spinner("Running the full cache and the policy side by side…"):

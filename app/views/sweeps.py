@@ -11,7 +11,7 @@ import streamlit as st
 
 from app import state
 from app.plain import warn
-from app.views.policies import policy_classes
+from app.views.policy_choice import policy_classes
 from kvviz import figures
 from kvviz.errors import KvvizError
 from kvviz.runs.compressed import RunSettings

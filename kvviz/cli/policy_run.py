@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", default=None, type=_budget, help="slots kept (e.g. 64) or a fraction (e.g. 0.5)")
     parser.add_argument("--ratio", default=None, type=float,
                         help="kvpress' compression ratio instead of a budget: the fraction removed, int(n·(1 − R)) kept")
-    parser.add_argument("--mode", choices=("prefill", "decode", "both"), default=None,
+    parser.add_argument("--mode", choices=("prefill", "decode", "both", "after_steps"), default=None,
                         help="when to compress (default: prefill for a kvpress press, else decode)")
     parser.add_argument("--every", type=positive, default=1, help="compress every N decode steps (decode mode)")
     parser.add_argument("--positions", choices=("original", "rerotated"), default="original",
@@ -55,8 +55,9 @@ def _press(args: argparse.Namespace) -> str | None:
     return args.policy[len(prefix):] if args.policy and args.policy.startswith(prefix) else None
 
 
-def _policy(args: argparse.Namespace, classes: dict) -> tuple[object, object, str]:
-    """The policy, the budget (``--budget``, ``--ratio`` or a press's ``compression_ratio``) and the positions."""
+def _policy(args: argparse.Namespace, classes: dict) -> tuple[object, object, str, str, int]:
+    """The policy, the budget (``--budget``, ``--ratio``, a press's ``compression_ratio`` or DecodingPress'
+    ``target_size``), the positions, the mode and every how many steps."""
     from kvviz.policies.base import Ratio
     from kvviz.policies.kvpress import from_kvpress
     from kvviz.runs.report import make_policy
@@ -65,12 +66,16 @@ def _policy(args: argparse.Namespace, classes: dict) -> tuple[object, object, st
         raise KvvizError("give --budget or --ratio, not both")
     budget = Ratio(args.ratio) if args.ratio is not None else args.budget
     if not _press(args):
-        return (make_policy(classes, args.policy, _params(args.param)) if args.policy else None), budget, args.positions
+        policy = make_policy(classes, args.policy, _params(args.param)) if args.policy else None
+        return policy, budget, args.positions, args.mode or "decode", args.every
     press = from_kvpress(_press(args), classes, **_params(args.param))
     if press.ratio is not None and budget is not None:
-        raise KvvizError("give the compression ratio once: --param compression_ratio or --ratio / --budget")
+        raise KvvizError("give the budget once: --param compression_ratio (or target_size) or --ratio / --budget")
+    if press.mode == "after_steps" and args.every != 1:
+        raise KvvizError("DecodingPress sets the interval: --param compression_interval=N, not --every")
     positions = press.positions if args.positions == "original" else args.positions
-    return press.policy, budget if budget is not None else press.ratio, positions
+    return (press.policy, budget if budget is not None else press.ratio, positions, args.mode or press.mode,
+            press.every if press.mode == "after_steps" else args.every)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -88,11 +93,10 @@ def run(args: argparse.Namespace) -> None:
     from kvviz.runs.policy_run import run_policy
     from kvviz.runs.report import document
 
-    policy, budget, positions = _policy(args, available())
+    policy, budget, positions, mode, every = _policy(args, available())
     kivi = None if args.kivi_bits is None else Kivi(args.kivi_bits, args.kivi_bits, args.kivi_group,
                                                     args.kivi_residual, args.kivi_grouping)
-    mode = args.mode or ("prefill" if _press(args) else "decode")
-    settings = RunSettings(policy, budget, mode, args.every, kivi, positions)
+    settings = RunSettings(policy, budget, mode, every, kivi, positions)
     result = run_policy(load_model(args.model), args.turn, settings, args.max_new_tokens)
     last = result.last
     step = args.blame_step if args.blame_step is not None else last.divergence

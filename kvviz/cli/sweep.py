@@ -14,10 +14,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", required=True, metavar="FILE|builtin:NAME",
                         help="a JSONL file ({\"prompt\" or \"turns\", \"expected\", \"id\"} per line) or builtin:needle, "
                              "builtin:kv, builtin:vars, builtin:all")
-    parser.add_argument("--policy", action="append", required=True, help="a policy (repeatable)")
-    parser.add_argument("--budget", action="append", required=True, type=_budget,
+    parser.add_argument("--policy", action="append", required=True, help="a policy (repeatable): a built-in, one from KVVIZ_POLICIES, or a kvpress press as kvpress:NAME")
+    parser.add_argument("--budget", action="append", default=[], type=_budget,
                         help="slots kept or a fraction of the prompt (repeatable)")
-    parser.add_argument("--mode", choices=("prefill", "decode", "both"), default="decode")
+    parser.add_argument("--ratio", action="append", default=[], type=float,
+                        help="kvpress' compression ratio, the fraction removed, as a budget (repeatable; "
+                             "int(n·(1 − R)) kept, as kvpress rounds)")
+    parser.add_argument("--mode", choices=("prefill", "decode", "both", "after_steps"), default="decode")
     parser.add_argument("--every", type=positive, default=1, help="compress every N decode steps")
     parser.add_argument("--max-new-tokens", type=positive, default=32, metavar="N")
     parser.add_argument("--limit", type=positive, default=None, metavar="N", help="the first N prompts only")
@@ -32,7 +35,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     from kvviz.sweeps import SweepSpec, run_sweep
 
-    spec = SweepSpec(args.prompts, tuple(args.policy), tuple(args.budget), args.mode, args.every, args.max_new_tokens,
+    from kvviz.policies.base import Ratio
+
+    budgets = (*args.budget, *(Ratio(ratio) for ratio in args.ratio))
+    if not budgets:
+        raise KvvizError("give at least one --budget or --ratio")
+    spec = SweepSpec(args.prompts, tuple(args.policy), budgets, args.mode, args.every, args.max_new_tokens,
                      args.limit, args.model)
     table = run_sweep(spec, args.out, args.workers, args.ray, progress=not args.no_progress)
     if table.empty:

@@ -2,8 +2,11 @@
 
 from kvviz.policies.ada_kv import AdaKV
 from kvviz.policies.base import Candidates, Policy, slots_kept
+from kvviz.policies.chunk_kv import ChunkKV
 from kvviz.policies.h2o import H2O
+from kvviz.policies.key_diff import KeyDiff
 from kvviz.policies.key_norm import KeyNorm
+from kvviz.policies.lag_kv import LagKV
 from kvviz.policies.observed_attention import ObservedAttention
 from kvviz.policies.pyramid_kv import PyramidKV
 from kvviz.policies.random import RandomPolicy
@@ -11,7 +14,8 @@ from kvviz.policies.snapkv import SnapKV
 from kvviz.policies.streaming_llm import StreamingLLM
 from kvviz.policies.tova import TOVA
 
-POLICIES: dict[str, type[Policy]] = {p.name: p for p in (StreamingLLM, H2O, SnapKV, TOVA, PyramidKV, AdaKV, KeyNorm, RandomPolicy,
-                                                         ObservedAttention)}
+POLICIES: dict[str, type[Policy]] = {p.name: p for p in (StreamingLLM, H2O, SnapKV, TOVA, PyramidKV, AdaKV, KeyNorm,
+                                                         RandomPolicy, ObservedAttention, KeyDiff, LagKV, ChunkKV)}
 
-__all__ = ["H2O", "AdaKV", "Candidates", "PyramidKV", "POLICIES", "TOVA", "KeyNorm", "ObservedAttention", "Policy", "RandomPolicy", "SnapKV", "StreamingLLM", "slots_kept"]
+__all__ = ["H2O", "AdaKV", "Candidates", "ChunkKV", "KeyDiff", "KeyNorm", "LagKV", "ObservedAttention", "POLICIES", "Policy",
+           "PyramidKV", "RandomPolicy", "SnapKV", "StreamingLLM", "TOVA", "slots_kept"]

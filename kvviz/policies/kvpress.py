@@ -5,17 +5,19 @@ A press with a kvviz counterpart maps to one policy, its arguments to the policy
 kvviz follow kvpress' conventions (SnapKV's average pooling and whole window, TOVA's kept last token, RandomPress' draw
 per KV head, PyramidKV's KVCache-Factory schedule); ``compression_ratio`` becomes a :class:`~kvviz.policies.base.Ratio`
 budget, rounded as kvpress rounds. Wrappers: ``AdaKVPress(press=SnapKVPress)`` is ``ada_kv``; ``KeyRerotationPress``
-re-rotates the kept keys. Anything else is refused in one line naming the nearest kvviz policy. Parity is prefill
+re-rotates the kept keys; ``DecodingPress(base_press=…)`` runs the base press in mode ``after_steps``. Anything else is refused in one line naming the nearest kvviz policy. Parity is prefill
 compression: kvpress compresses a prompt once after its forward pass, as kvviz's ``prefill`` mode does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+import dataclasses
 from dataclasses import dataclass, field
 
 from kvviz.errors import KvvizError
 from kvviz.policies.base import Policy, Ratio
+from kvviz.policies.by_name import policy_named
 
 SNAPKV = {"window": 64, "kernel": 5, "pooling": "avg", "window_kept": "all"}
 SNAPKV_ARGUMENTS = {"window_size": "window", "kernel_size": "kernel"}
@@ -39,13 +41,20 @@ PRESSES: dict[str, Press] = {
                             {**SNAPKV, "beta": 20.0, "schedule": "kvpress"}),
     "ObservedAttentionPress": Press("observed_attention"),
     "RandomPress": Press("random", {"seed": "seed"}, {"per_head": True}),
+    "KeyDiffPress": Press("key_diff", conventions={"ties": "topk"}),
+    "LagKVPress": Press("lag_kv", {"n_sink": "sinks", "lag_size": "lag", "cross_scoring": "cross_scoring"},
+                        {"ties": "topk"}),
 }
 NEAREST = {  # presses kvviz does not reproduce yet → the nearest kvviz policy, for the refusal
     "AdaKVPress": "ada_kv (with press=SnapKVPress)", "CriticalKVPress": "snapkv", "CriticalAdaKVPress": "ada_kv",
-    "ExpectedAttentionPress": "snapkv", "KeyDiffPress": "key_norm", "LagKVPress": "snapkv", "KVzipPress": "h2o",
-    "ChunkKVPress": "snapkv", "ThinKPress": "key_norm", "QFilterPress": "key_norm", "DuoAttentionPress": "streaming_llm",
-    "DecodingPress": "--mode decode --every N (kvviz compresses before a step, kvpress after)",
+    "ExpectedAttentionPress": "snapkv", "KVzipPress": "h2o",
+    "ThinKPress": "key_norm", "QFilterPress": "key_norm", "DuoAttentionPress": "streaming_llm",
 }
+DECODING = {"compression_interval": 512, "target_size": 2048, "hidden_states_buffer_size": 256}  # kvpress' defaults
+SCORE_ONLY = ("KnormPress", "KeyDiffPress")  # scores of keys alone: no protected window, no queries, any cache order
+
+
+ADAKV = Press("ada_kv", {**SNAPKV_ARGUMENTS, "alpha_safeguard": "floor"}, SNAPKV)
 
 
 @dataclass(frozen=True)
@@ -54,8 +63,10 @@ class KvpressPolicy:
     the positions kept keys take (``rerotated`` under ``KeyRerotationPress``)."""
 
     policy: Policy
-    ratio: Ratio | None
+    ratio: Ratio | int | None  # the budget: a ratio, or DecodingPress' target_size in slots
     positions: str = "original"
+    mode: str = "prefill"  # kvpress compresses a prompt once; DecodingPress after every N decode steps
+    every: int = 1
 
 
 def from_kvpress(press: str | type, /, classes: Mapping[str, type[Policy]] | None = None,
@@ -63,31 +74,86 @@ def from_kvpress(press: str | type, /, classes: Mapping[str, type[Policy]] | Non
     """The kvviz policy that reproduces kvpress' ``press`` (its class or class name) with ``arguments`` (kvpress'
     names; text values are read as the field's type). ``classes``: the policies to build from (default: built-ins)."""
     from kvviz.policies import POLICIES
-    from kvviz.runs.report import make_policy
 
     name = press if isinstance(press, str) else press.__name__
     arguments = dict(arguments)
     ratio = arguments.pop("compression_ratio", None)
     ratio = None if ratio is None else Ratio(float(ratio))
+    if name == "DecodingPress":
+        return _decoding(classes, ratio, arguments)
+    if name == "ChunkKVPress":
+        inner = _inner(name, arguments)
+        if inner not in SCORE_ONLY:
+            raise KvvizError(f"kvviz reproduces kvpress' ChunkKVPress over {' and '.join(SCORE_ONLY)} only: kvpress pads "
+                             f"a protected window in {inner}'s own score scale; the nearest: chunk_kv with inner="
+                             f"kvpress:{inner}")
+        params = {"inner": f"kvpress:{inner}", **{"chunk": v for k, v in arguments.items() if k == "chunk_length"}}
+        if set(arguments) - {"chunk_length"}:
+            raise KvvizError(f"kvpress' ChunkKVPress argument {sorted(set(arguments) - {'chunk_length'})[0]!r} has no "
+                             "kvviz counterpart; its arguments here: compression_ratio, press, chunk_length")
+        return KvpressPolicy(policy_named(classes or POLICIES, "chunk_kv", params), ratio)
     if name == "KeyRerotationPress":
         inner = from_kvpress(_inner(name, arguments), classes, **arguments)
         return KvpressPolicy(inner.policy, inner.ratio if ratio is None else ratio, "rerotated")
-    if name == "AdaKVPress":
-        if _inner(name, arguments) != "SnapKVPress":
-            raise KvvizError("kvviz reproduces AdaKVPress over SnapKVPress only (ada_kv); give press=SnapKVPress")
-        mapping = Press("ada_kv", {**SNAPKV_ARGUMENTS, "alpha_safeguard": "floor"}, SNAPKV)
-    elif name in PRESSES:
-        mapping = PRESSES[name]
-    else:
-        nearest = NEAREST.get(name)
-        raise KvvizError(f"kvpress' {name} has no exact kvviz counterpart"
-                         + (f"; the nearest: {nearest}" if nearest else f"; presses kvviz reproduces: {', '.join(PRESSES)}"))
+    if name == "AdaKVPress" and _inner(name, arguments) != "SnapKVPress":
+        raise KvvizError("kvviz reproduces AdaKVPress over SnapKVPress only (ada_kv); give press=SnapKVPress")
+    mapping = _mapping(name)
     unknown = sorted(set(arguments) - set(mapping.arguments))
     if unknown:
         raise KvvizError(f"kvpress' {name} argument {unknown[0]!r} has no kvviz counterpart; "
                          f"its arguments here: compression_ratio{''.join(', ' + a for a in mapping.arguments)}")
     params = {**mapping.conventions, **{mapping.arguments[key]: value for key, value in arguments.items()}}
-    return KvpressPolicy(make_policy(classes or POLICIES, mapping.policy, params), ratio)
+    return KvpressPolicy(policy_named(classes or POLICIES, mapping.policy, params), ratio)
+
+
+def _decoding(classes: Mapping[str, type[Policy]] | None, ratio: Ratio | None, arguments: dict) -> KvpressPolicy:
+    """``DecodingPress(base_press, compression_interval, target_size)``: the base press's policy compressing after
+    every ``compression_interval``-th decode step down to ``target_size`` slots (mode ``after_steps``)."""
+    inner = arguments.pop("base_press", None)
+    if inner is None:
+        raise KvvizError("kvpress' DecodingPress wraps a press: give base_press=NAME (e.g. base_press=KnormPress)")
+    settings = {**DECODING, **{k: arguments.pop(k) for k in list(arguments) if k in DECODING}}
+    if ratio is not None:
+        raise KvvizError("kvpress' DecodingPress compresses to target_size, not by a compression ratio")
+    every, target = (int(settings[k]) for k in ("compression_interval", "target_size"))
+    if every < 1 or target < 1:
+        raise KvvizError("DecodingPress' compression_interval and target_size must be positive")
+    inner = inner if isinstance(inner, str) else type(inner).__name__
+    if inner not in SCORE_ONLY:
+        raise KvvizError(f"kvviz reproduces kvpress' DecodingPress over {' and '.join(SCORE_ONLY)} only: after a "
+                         f"compression kvpress keeps its cache in score order and rescores with the buffered steps' "
+                         f"queries, which {inner} depends on; the nearest: its kvviz policy with --mode after_steps")
+    base = from_kvpress(inner, classes, **arguments)
+    if base.positions != "original":
+        raise KvvizError("kvviz's DecodingPress runs keep the original positions; leave KeyRerotationPress out")
+    return KvpressPolicy(base.policy, target, "original", "after_steps", every)
+
+
+def _mapping(name: str) -> Press:
+    """The mapping of press ``name`` (``AdaKVPress`` over SnapKV); one line naming the nearest policy otherwise."""
+    if name == "AdaKVPress":
+        return ADAKV
+    if name in PRESSES:
+        return PRESSES[name]
+    nearest = NEAREST.get(name)
+    raise KvvizError(f"kvpress' {name} has no exact kvviz counterpart"
+                     + (f"; the nearest: {nearest}" if nearest else f"; presses kvviz reproduces: {', '.join(PRESSES)}"))
+
+
+def names() -> list[str]:
+    """The presses a picker offers by name (``AdaKVPress`` over SnapKV; the ``KeyRerotationPress`` wrapper is the
+    run's positions setting)."""
+    return [*PRESSES, "AdaKVPress"]
+
+
+def defaults(name: str) -> dict[str, object]:
+    """Press ``name``'s arguments (kvpress' names, ``compression_ratio`` apart) and the values kvviz reproduces it
+    with when they are not given: its policy's fields under kvpress' conventions."""
+    from kvviz.policies import POLICIES
+
+    mapping = _mapping(name)
+    fields = {f.name: f.default for f in dataclasses.fields(POLICIES[mapping.policy])}
+    return {argument: mapping.conventions.get(field, fields[field]) for argument, field in mapping.arguments.items()}
 
 
 def _inner(wrapper: str, arguments: dict) -> str:
@@ -101,8 +167,7 @@ def _inner(wrapper: str, arguments: dict) -> str:
 def table() -> str:
     """The mapping as a Markdown table (docs/kvpress.md holds it)."""
     rows = ["| kvpress press | arguments → kvviz fields | kvviz policy and conventions |", "|---|---|---|"]
-    presses = {**PRESSES, "AdaKVPress": Press("ada_kv", {"press=SnapKVPress": "", **SNAPKV_ARGUMENTS,
-                                                          "alpha_safeguard": "floor"}, SNAPKV)}
+    presses = {**PRESSES, "AdaKVPress": Press("ada_kv", {"press=SnapKVPress": "", **ADAKV.arguments}, SNAPKV)}
     for name, press in presses.items():
         arguments = ", ".join(["`compression_ratio` → ratio"]
                               + [f"`{a}`" + (f" → `{f}`" if f else "") for a, f in press.arguments.items()])
@@ -110,4 +175,8 @@ def table() -> str:
         rows.append(f"| `{name}` | {arguments} | `{press.policy}`"
                     + (f" with {conventions}" if conventions else "") + " |")
     rows.append("| `KeyRerotationPress` | `press=…` (any of the above) | the wrapped press, `--positions rerotated` |")
+    rows.append("| `ChunkKVPress` | `compression_ratio` → ratio, `press=KnormPress` or `KeyDiffPress` → `inner`, "
+                "`chunk_length` → `chunk` | `chunk_kv` |")
+    rows.append("| `DecodingPress` | `base_press=KnormPress` or `KeyDiffPress`, `compression_interval` → `--every`, "
+                "`target_size` → `--budget` | the base press, `--mode after_steps` |")
     return "\n".join(rows)

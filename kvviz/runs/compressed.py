@@ -3,7 +3,10 @@ implementation would, turn by turn and step by step (docs/math.md §9).
 
 - The prompt of a turn is prefilled with full attention on whatever the cache still holds.
 - ``prefill`` mode compresses once right after it; ``decode`` mode before every ``every``-th decode step while the
-  cache is over the budget; ``both`` does both. The budget bounds the slots a step sees besides its own.
+  cache is over the budget; ``both`` does both; ``after_steps`` after every ``every``-th decode step, as kvpress'
+  ``DecodingPress`` (``compression_interval`` = every, ``target_size`` = budget) — the same as ``decode`` except
+  that the prompt is never compressed before the first step. The budget bounds the slots a step sees besides its
+  own (in ``after_steps``, up to ``every − 1`` more between compressions).
 - The policy decides on the compressed cache: scores come from attention as the steps computed it, evicted slots
   never come back and accumulate nothing, nothing after the step is seen.
 - KIVI quantizes whole groups as they leave the full-precision window, before the step that first sees them so.
@@ -29,8 +32,8 @@ from kvviz.runs.timeline import Timeline
 from kvviz.sampling import Sampling
 from kvviz.session import Session
 
-Mode = Literal["prefill", "decode", "both"]
-MODES = ("prefill", "decode", "both")
+Mode = Literal["prefill", "decode", "both", "after_steps"]
+MODES = ("prefill", "decode", "both", "after_steps")
 POSITIONS = ("original", "rerotated")
 
 
@@ -130,7 +133,9 @@ class CompressedSession:
     def step(self, token: int | None = None) -> torch.Tensor:
         """Decode one step — of ``token`` instead of the chosen one when given (teacher forcing) — after the
         compression due before it. Returns the step's next-token logits ``(V,)`` float32."""
-        due = self.settings.mode in ("decode", "both") and self.steps % self.settings.every == 0
+        mode, every = self.settings.mode, self.settings.every
+        due = mode in ("decode", "both") and self.steps % every == 0 or (
+            mode == "after_steps" and self.steps and self.steps % every == 0)  # after step every − 1, 2·every − 1 …
         self._compress(due)
         self.seen = self.alive()
         if token is not None:

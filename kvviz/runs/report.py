@@ -3,49 +3,31 @@ from names and text parameters (the CLI's and the app's)."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 
 from kvviz.errors import KvvizError
 from kvviz.policies.base import Policy
+from kvviz.policies.by_name import policy_named
 from kvviz.runs.blame import Blame
 from kvviz.runs.policy_run import PolicyRun, TurnRun
 from kvviz.runs.timeline import NEVER
 
 
 def make_policy(classes: Mapping[str, type[Policy]], name: str, params: Mapping[str, object] | None = None) -> Policy:
-    """``classes[name]`` with ``params`` (text values are converted to the type of the field's default)."""
-    if name not in classes:
-        raise KvvizError(f"unknown policy {name!r}; choose one of {', '.join(classes)}")
-    cls = classes[name]
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    values = {}
-    for key, value in (params or {}).items():
-        if key not in fields:
-            raise KvvizError(f"{name} has no parameter {key!r}; its parameters: {', '.join(fields) or 'none'}")
-        values[key] = _parsed(name, key, value, fields[key].default) if isinstance(value, str) else value
-    try:
-        return cls(**values)
-    except KvvizError:
-        raise
-    except Exception as exc:
-        raise KvvizError(f"cannot make policy {name}: {type(exc).__name__}: {exc}") from None
+    """``classes[name]`` with ``params`` (text values are converted to the type of the field's default); a kvpress
+    press as ``kvpress:NAME`` with kvpress' argument names (:func:`~kvviz.policies.kvpress.from_kvpress`;
+    ``AdaKVPress`` wraps SnapKV unless ``press`` says otherwise)."""
+    if name.startswith("kvpress:"):
+        from kvviz.policies.kvpress import from_kvpress
 
-
-def _parsed(name: str, key: str, text: str, default: object) -> object:
-    """A parameter typed on the command line, read as the type of its default (any number when there is none)."""
-    if isinstance(default, bool):
-        if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
-            raise KvvizError(f"{name}'s {key} must be true or false, got {text!r}")
-        return text.lower() in ("true", "1", "yes")
-    kinds = [type(default)] if isinstance(default, (int, float, str)) else [int, float, str]
-    for kind in kinds:
-        try:
-            return kind(text)
-        except ValueError:
-            continue
-    kind = {"int": "an integer", "float": "a number", "str": "text"}[kinds[0].__name__]
-    raise KvvizError(f"{name}'s {key} must be {kind}, got {text!r}")
+        press, params = name.removeprefix("kvpress:"), dict(params or {})
+        if press == "KeyRerotationPress":
+            raise KvvizError("kvpress:KeyRerotationPress re-rotates the wrapped press's kept keys: name that press and "
+                             "set the positions to rerotated (policy-run takes --policy kvpress:KeyRerotationPress)")
+        if press == "AdaKVPress":
+            params.setdefault("press", "SnapKVPress")
+        return from_kvpress(press, classes, **params).policy
+    return policy_named(classes, name, params)
 
 
 def _kept_after_prompt(run: TurnRun) -> list[list[list[int]]]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from itertools import product
 
 from kvviz.model import LoadedModel
+from kvviz.policies.base import Ratio
 from kvviz.sweeps.prompts import Prompt
 
 Row = dict[str, object]
@@ -84,7 +85,8 @@ def run_case(lm: LoadedModel, case: Case, share: bool = True) -> Row:
     kls = [step.kl for step in last.steps]
     return {
         "key": case.key, "prompt_id": case.prompt.id, "family": case.prompt.family, "policy": case.policy,
-        "budget": case.budget, "fraction": isinstance(case.budget, float), "mode": case.mode, "every": case.every, "max_new_tokens": case.max_new_tokens,
+        "budget": case.budget, "fraction": isinstance(case.budget, float),
+        "ratio": case.budget.ratio if isinstance(case.budget, Ratio) else None, "mode": case.mode, "every": case.every, "max_new_tokens": case.max_new_tokens,
         "prompt_slots": len(last.prompt_ids), "steps": len(kls),
         "kl_mean": sum(kls) / len(kls) if kls else 0.0, "kl_max": max(kls, default=0.0),
         "top1_agreement": sum(s.top1_agree for s in last.steps) / len(kls) if kls else 1.0,
@@ -97,6 +99,10 @@ def run_case(lm: LoadedModel, case: Case, share: bool = True) -> Row:
 
 def case_of(row: Row) -> Case:
     """The case a table row came from (its prompt's turns are in the row), e.g. to open it as a policy run."""
-    budget = float(row["budget"]) if row["fraction"] else int(row["budget"])
+    ratio = row.get("ratio")
+    if isinstance(ratio, (int, float)) and ratio == ratio:  # kvpress' ratio (NaN or None: not one)
+        budget = Ratio(float(ratio))
+    else:
+        budget = float(row["budget"]) if row["fraction"] else int(row["budget"])
     prompt = Prompt(str(row["prompt_id"]), tuple(json.loads(row["turns"])), row.get("expected"), str(row["family"]))
     return Case(prompt, str(row["policy"]), budget, str(row["mode"]), int(row["every"]), int(row["max_new_tokens"]))
