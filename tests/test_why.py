@@ -125,3 +125,21 @@ def test_the_app_says_why_a_slot_went_in_the_policies_tab_and_the_policy_run():
     assert_clean(app)
     table = why_table(app)
     assert len(table) == len(result.why(slot)) and set(table["outcome"]) == {"evicted"}
+
+
+def test_the_timeline_of_one_layer_and_kv_head_says_why_each_slot_went(lm):
+    from kvviz import figures
+    from kvviz.figures.policy_run_charts import why_row
+
+    result = run_policy(lm, [PROMPT], RunSettings(KeyNorm(), 24, "decode"), 4)
+    first = next(e for e in result.evictions() if e["layer"] is not None and e["kv_head"] is not None)
+    layer, head, slot = first["layer"], first["kv_head"], first["slot"]
+    n = len(result.last.forced.session)
+    text = why_row(result, -1, layer, head, n)
+    row = next(r for r in result.why(slot) if (r["layer"], r["kv_head"]) == (layer, head))
+    assert text[slot].startswith(f"evicted before step {row['step']}: score {row['score']:.4g} < lowest kept")
+    assert text[n - 1] == "kept to the end of the turn"
+    pieces = [s.text for s in result.last.forced.session.transcript.slots]
+    figure = figures.timeline(result, pieces, -1, layer, head)
+    assert figure.data[0].customdata[slot][0] == text[slot]
+    assert figures.timeline(result, pieces, -1, None, None).data[0].customdata is None  # all heads: shares only

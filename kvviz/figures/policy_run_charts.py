@@ -65,6 +65,19 @@ def seen_grid(result: PolicyRun, turn: int = -1, layer: int | None = None,
     return seen.numpy(), int((evicted < NEVER).any(0).any(0).sum())
 
 
+def why_row(result: PolicyRun, turn: int, layer: int, kv_head: int, n: int) -> list[str]:
+    """Per slot, why it left ``layer`` / ``kv_head`` during ``turn`` (the step, its score, the lowest kept score),
+    that it left in an earlier turn, or that it stayed."""
+    run = result.turns[turn]
+    before = (result.eviction_steps(turn)[layer, kv_head] == -1).tolist()
+    text = ["evicted in an earlier turn" if gone else "kept to the end of the turn" for gone in before[:n]]
+    for slot, (at, why) in run.forced.reasons.of_head(layer, kv_head, run.prompt_end, run.end).items():
+        text[slot] = (f"evicted before step {at - run.prompt_end}: score {why.score:.4g} < lowest kept "
+                      f"{why.threshold:.4g} (rank {why.rank} of {why.candidates}, budget {why.budget})"
+                      if why.score < why.threshold else f"evicted before step {at - run.prompt_end}: {why.reason}")
+    return text
+
+
 def bits_grid(result: PolicyRun, turn: int = -1) -> np.ndarray:
     """``(n, steps)``: the key bit-width each slot is stored at as each decode step sees it, NaN where not cached."""
     run, kivi = result.turns[turn], result.settings.kivi
@@ -86,6 +99,10 @@ def timeline(result: PolicyRun, pieces: list[str], turn: int = -1, layer: int | 
     data = [dict(type="heatmap", z=seen, x=np.arange(seen.shape[1]), y=labels, zmin=0, zmax=1,
                  colorscale=[[0, "#f4f4f4"], [1, "#2f80ed"]], colorbar=dict(title="seen"),
                  hovertemplate="step %{x} · slot %{y}<br>seen by %{z:.0%}<extra></extra>")]
+    if layer is not None and kv_head is not None and result.settings.policy is not None:  # why each slot went
+        reasons = why_row(result, turn, layer, kv_head, n)
+        data[0]["customdata"] = [[reason] * seen.shape[1] for reason in reasons]
+        data[0]["hovertemplate"] = "step %{x} · slot %{y}<br>seen: %{z:.0%}<br>%{customdata}<extra></extra>"
     layout = dict(height=min(900, 200 + 2 * n), margin=dict(l=10, r=10, t=30, b=10), xaxis_title="decode step",
                   yaxis=dict(title="slot", autorange="reversed", type="category", showticklabels=n <= 80), title=f"{gone} slots evicted somewhere")
     return go.Figure(dict(data=data, layout=layout))

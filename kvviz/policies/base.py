@@ -166,6 +166,21 @@ def topk_ties(decision: Decision, keep: int) -> Decision:
     return replace(decision, evicted=evicted, rank=order.argsort(-1).argsort(-1))
 
 
+@dataclass(frozen=True)
+class TopkTies(Policy):
+    """A policy that can keep, among equal scores, what ``torch.topk`` keeps (``ties="topk"``: kvpress'
+    ``ScorerPress`` keeps ``scores.topk(n_kept)``) instead of the earlier slot."""
+
+    ties: str = field(default="earlier", metadata={"choices": ("earlier", "topk")})
+
+    def __post_init__(self) -> None:
+        checked_choices(self)
+
+    def decide(self, candidates: Candidates) -> Decision:
+        decision = super().decide(candidates)
+        return decision if self.ties == "earlier" else topk_ties(decision, candidates.keep)
+
+
 def checked_scores(policy: Policy, candidates: Candidates) -> torch.Tensor:
     """``policy.score`` as float32 ``(L, KV, at)`` on the CPU; a policy that fails or returns another shape is
     refused with one line naming it."""

@@ -15,18 +15,12 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional
 
-from kvviz.policies.base import Candidates, Policy, checked_choices, choice, topk_ties
-from kvviz.policies.decision import Decision
+from kvviz.policies.base import Candidates, TopkTies
 
 
 @dataclass(frozen=True)
-class KeyDiff(Policy):
+class KeyDiff(TopkTies):
     name = "key_diff"
-
-    ties: str = choice("earlier", "topk")  # among equal scores keep the earlier slot, or torch.topk's (kvpress)
-
-    def __post_init__(self) -> None:
-        checked_choices(self)
 
     def score(self, candidates: Candidates) -> torch.Tensor:
         scores = []
@@ -38,7 +32,3 @@ class KeyDiff(Policy):
                 (unit * alive[..., None]).sum(1, keepdim=True) / alive.sum(1).clamp(min=1)[:, None, None])
             scores.append(-functional.cosine_similarity(keys, anchor, dim=-1).cpu())
         return torch.stack(scores)  # (L, KV, at)
-
-    def decide(self, candidates: Candidates) -> Decision:
-        decision = super().decide(candidates)
-        return decision if self.ties == "earlier" else topk_ties(decision, candidates.keep)

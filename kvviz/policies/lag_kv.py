@@ -19,18 +19,16 @@ from dataclasses import dataclass
 import torch
 
 from kvviz.errors import KvvizError
-from kvviz.policies.base import Candidates, Policy, checked_choices, choice, topk_ties
-from kvviz.policies.decision import Decision
+from kvviz.policies.base import Candidates, TopkTies, checked_choices
 
 
 @dataclass(frozen=True)
-class LagKV(Policy):
+class LagKV(TopkTies):
     name = "lag_kv"
 
     sinks: int = 4  # the first slots, always kept
     lag: int = 128  # slots per partition
     cross_scoring: bool = False  # keep the scores (True) instead of ranks within each partition
-    ties: str = choice("earlier", "topk")  # among equal scores keep the earlier slot, or torch.topk's (kvpress)
 
     def __post_init__(self) -> None:
         checked_choices(self)
@@ -69,10 +67,6 @@ class LagKV(Policy):
             score = (score.argsort(dim=-1).argsort(dim=-1) / lag).to(keys.dtype)
         ones = lambda count: torch.ones(heads, count, dtype=score.dtype, device=score.device)  # noqa: E731
         return torch.cat((ones(sinks), score.reshape(heads, -1), ones(lag + n - end)), dim=-1)
-
-    def decide(self, candidates: Candidates) -> Decision:
-        decision = super().decide(candidates)
-        return decision if self.ties == "earlier" else topk_ties(decision, candidates.keep)
 
 
 def _spread(states: torch.Tensor) -> torch.Tensor:

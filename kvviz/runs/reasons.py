@@ -39,6 +39,18 @@ class Reasons:
         self.count[..., :at][hit] = counts[hit]
         self.thresholds[at], self.budgets[at] = decision.threshold, decision.budgets.clone()
 
+    def of_head(self, layer: int, head: int, start: int = 0, stop: int | None = None) -> dict[int, tuple[int, SlotWhy]]:
+        """The slots ``layer`` / ``head`` lost by decisions at ``start <= at < stop``: slot → ``(at, why)``."""
+        when = self.when[layer, head]
+        hit = (when >= start) & (when < (stop if stop is not None else torch.iinfo(torch.int32).max))
+        return {slot: self._why(slot, layer, head) for slot in hit.nonzero()[:, 0].tolist()}
+
+    def _why(self, slot: int, layer: int, head: int) -> tuple[int, SlotWhy]:
+        at = int(self.when[layer, head, slot])
+        return at, explain(float(self.score[layer, head, slot]), float(self.thresholds[at][layer, head]),
+                           int(self.rank[layer, head, slot]) + 1, int(self.budgets[at][layer, head]),
+                           int(self.count[layer, head, slot]), True, True, layer, head)
+
     def why(self, slot: int, start: int = 0, stop: int | None = None) -> list[tuple[int, SlotWhy]]:
         """``slot``'s evictions by decisions at ``start <= at < stop``: ``(at, why)`` for each (layer, KV head) it
         left there, layer by layer."""
@@ -46,10 +58,4 @@ class Reasons:
             return []
         when = self.when[..., slot]
         hit = (when >= start) & (when < (stop if stop is not None else torch.iinfo(torch.int32).max))
-        rows = []
-        for layer, head in hit.nonzero().tolist():
-            at = int(when[layer, head])
-            rows.append((at, explain(float(self.score[layer, head, slot]), float(self.thresholds[at][layer, head]),
-                                     int(self.rank[layer, head, slot]) + 1, int(self.budgets[at][layer, head]),
-                                     int(self.count[layer, head, slot]), True, True, layer, head)))
-        return rows
+        return [self._why(slot, layer, head) for layer, head in hit.nonzero().tolist()]
