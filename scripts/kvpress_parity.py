@@ -7,7 +7,8 @@ kvpress 0.5.5 pins transformers < 5.3, so it lives in a venv of its own and this
     KVPRESS_PYTHON scripts/kvpress_parity.py press OUT.json PRESS.json [PRESS_NAME]  # kvpress: kept sets, logits
     .venv/bin/python scripts/kvpress_parity.py compare OUT.json PRESS.json [PRESS_NAME]  # kvviz: the table
 
-and the same for DecodingPress with ``decoding-press`` (kvpress) and ``decoding-compare`` (kvviz).
+and the same for DecodingPress with ``decoding-press`` (kvpress) and ``decoding-compare`` (kvviz);
+``own-code OUT.json PRESS.json KVPRESS_PACKAGE`` runs kvpress' own press modules inside kvviz's venv.
 
 with KVPRESS_PYTHON a venv made by ``python3 -m venv V && V/bin/pip install torch==2.13.0 kvpress==0.5.5``. The
 prompts are made from a seed when the script runs (none is in the repository); the presses and ratios are CASES.
@@ -225,6 +226,41 @@ def compare(data: str, pressed: str, only: str = "") -> None:
               f"{same}/{len(pairs)} | {moved} | {gap:.1e} |")
 
 
+def own_code(data: str, pressed: str, package: str) -> None:
+    """kvviz's venv: kvpress' own press modules (from the kvpress ``package`` folder of the other venv, loaded
+    without kvpress' ``__init__``, which patches transformers' attention) run through
+    :mod:`kvviz.policies.kvpress_code`, against kvpress' kept sets."""
+    import importlib
+    import types
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    for name, path in (("kvpress", Path(package)), ("kvpress.presses", Path(package) / "presses")):
+        module = types.ModuleType(name)
+        module.__path__ = [str(path)]
+        sys.modules[name] = module
+    from kvviz.model import load_model
+    from kvviz.policies.kvpress import from_kvpress
+    from kvviz.runs.compressed import CompressedSession, RunSettings
+
+    modules = {"SnapKVPress": "snapkv_press", "KnormPress": "knorm_press", "KeyDiffPress": "keydiff_press",
+               "StreamingLLMPress": "streaming_llm_press"}
+    lm = load_model()
+    spec = json.loads(Path(data).read_text())
+    print("| kvpress' own code | ratio | prompt | kept sets equal to kvpress' (layer × KV head) |")
+    print("|---|---|---|---|")
+    for case in json.loads(Path(pressed).read_text()):
+        if case["press"] not in modules or case["arguments"]:
+            continue
+        press = getattr(importlib.import_module(f"kvpress.presses.{modules[case['press']]}"), case["press"])
+        ours = from_kvpress(press(), compression_ratio=case["ratio"])
+        run = CompressedSession(lm, RunSettings(ours.policy, ours.ratio, "prefill"))
+        run.add_ids(spec["ids"][case["prompt"]])
+        alive = run.alive()
+        same = sum(set(alive[layer, head].nonzero()[:, 0].tolist()) == set(case["kept"][layer][head])
+                   for layer in range(lm.layers) for head in range(lm.kv_heads))
+        print(f"| {case['press']} | {case['ratio']} | {case['prompt']} | {same}/{lm.layers * lm.kv_heads} |")
+
+
 if __name__ == "__main__":
     {"prompts": prompts, "press": press, "compare": compare, "decoding-press": decoding_press,
-     "decoding-compare": decoding_compare}[sys.argv[1]](*sys.argv[2:])
+     "decoding-compare": decoding_compare, "own-code": own_code}[sys.argv[1]](*sys.argv[2:])

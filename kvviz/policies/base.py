@@ -16,6 +16,7 @@ from typing import ClassVar
 import torch
 
 from kvviz.edits import Edit
+from kvviz.hidden_log import HiddenLog
 from kvviz.errors import KvvizError
 from kvviz.policies.decision import Decision
 from kvviz.session import Session
@@ -74,6 +75,7 @@ class Candidates:
     alive: torch.Tensor  # (L, KV, at) bool: not evicted earlier (a run's evictions are final), within the window
     running: torch.Tensor | None = None  # (L, KV, at) attention received so far, kept up to date by a policy run
     share: float | None = None  # the kept share of a fractional budget (kvpress' PyramidKV schedule follows it)
+    hidden: HiddenLog | None = None  # the attention layers' inputs, recorded by runs of policies that read them
 
     def keys(self, layer: int) -> torch.Tensor:
         """Cached keys (post-RoPE) of ``layer``: ``(KV, at, D)``."""
@@ -92,6 +94,24 @@ class Candidates:
         as it stood then), summed over the rows and the query heads of each KV group: ``(L, KV, at)``."""
         return received_attention(self.session, self.at, rows)
 
+    def hidden_states(self, layer: int) -> torch.Tensor:
+        """The input hidden states of ``layer``'s attention for the candidates: ``(at, hidden)`` (kvpress'
+        ``hidden_states``). Recorded only in policy runs of policies with ``reads_hidden``."""
+        if self.hidden is None:
+            raise KvvizError("this policy reads the attention layers' input hidden states, which kvviz records in "
+                             "policy runs only: run it as a policy run (prefill mode for a kvpress press)")
+        return self.hidden.layer(layer)[: self.at]
+
+    def module(self, layer: int) -> torch.nn.Module:
+        """``layer``'s attention module (its ``q_proj``, ``head_dim``, config: what kvpress' scorers use)."""
+        return self.session.lm.model.model.layers[layer].self_attn
+
+    def position_embeddings(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotary ``(cos, sin)`` of the candidates' positions, ``(1, at, D)`` each, as the model computed them."""
+        lm = self.session.lm
+        positions = torch.tensor([[s.position for s in self.session.transcript.slots[: self.at]]], device=lm.device)
+        return lm.model.model.rotary_emb(self.hidden_states(0)[None], positions)
+
     def accumulated(self) -> torch.Tensor:
         """Attention each candidate received from every query so far: ``(L, KV, at)`` (H2O's heavy hitters)."""
         return self.running if self.running is not None else self.attention(slice(0, self.at))
@@ -105,6 +125,7 @@ class Policy:
     name: ClassVar[str] = ""
     uniform: ClassVar[bool] = False  # keeps the same slots in every layer and KV head (re-rotated runs need it)
     accumulates: ClassVar[bool] = False  # reads ``accumulated()``: a run keeps it up to date step by step
+    reads_hidden: ClassVar[bool] = False  # reads ``hidden_states()``: a run records them
 
     def settings(self) -> dict[str, int | float]:
         """The parameters, by field name (JSON-ready: saved with a session, shown as widgets)."""

@@ -5,8 +5,11 @@ A press with a kvviz counterpart maps to one policy, its arguments to the policy
 kvviz follow kvpress' conventions (SnapKV's average pooling and whole window, TOVA's kept last token, RandomPress' draw
 per KV head, PyramidKV's KVCache-Factory schedule); ``compression_ratio`` becomes a :class:`~kvviz.policies.base.Ratio`
 budget, rounded as kvpress rounds. Wrappers: ``AdaKVPress(press=SnapKVPress)`` is ``ada_kv``; ``KeyRerotationPress``
-re-rotates the kept keys; ``DecodingPress(base_press=…)`` runs the base press in mode ``after_steps``. Anything else is refused in one line naming the nearest kvviz policy. Parity is prefill
-compression: kvpress compresses a prompt once after its forward pass, as kvviz's ``prefill`` mode does.
+re-rotates the kept keys; ``DecodingPress(base_press=…)`` runs the base press in mode ``after_steps``;
+``ChunkKVPress(press=…)`` is ``chunk_kv``. A press class (or instance) of another name with kvpress' ``score`` method
+runs its own code (:mod:`kvviz.policies.kvpress_code`). Anything else is refused in one line naming the nearest kvviz
+policy. Parity is prefill compression: kvpress compresses a prompt once after its forward pass, as kvviz's
+``prefill`` mode does.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ NEAREST = {  # presses kvviz does not reproduce yet → the nearest kvviz policy
     "ExpectedAttentionPress": "snapkv", "KVzipPress": "h2o",
     "ThinKPress": "key_norm", "QFilterPress": "key_norm", "DuoAttentionPress": "streaming_llm",
 }
+WRAPPERS = ("AdaKVPress", "ChunkKVPress", "DecodingPress", "KeyRerotationPress")
 DECODING = {"compression_interval": 512, "target_size": 2048, "hidden_states_buffer_size": 256}  # kvpress' defaults
 SCORE_ONLY = ("KnormPress", "KeyDiffPress")  # scores of keys alone: no protected window, no queries, any cache order
 
@@ -75,10 +79,15 @@ def from_kvpress(press: str | type, /, classes: Mapping[str, type[Policy]] | Non
     names; text values are read as the field's type). ``classes``: the policies to build from (default: built-ins)."""
     from kvviz.policies import POLICIES
 
-    name = press if isinstance(press, str) else press.__name__
+    name = press if isinstance(press, str) else getattr(press, "__name__", type(press).__name__)
     arguments = dict(arguments)
     ratio = arguments.pop("compression_ratio", None)
     ratio = None if ratio is None else Ratio(float(ratio))
+    if not isinstance(press, str) and name not in (*PRESSES, *WRAPPERS) and callable(getattr(press, "score", None)):
+        from kvviz.policies.kvpress_code import KvpressScorer  # a press in kvpress' shape: its own score runs
+
+        instance = press(**arguments) if isinstance(press, type) else press
+        return KvpressPolicy(KvpressScorer(press=instance), ratio)
     if name == "DecodingPress":
         return _decoding(classes, ratio, arguments)
     if name == "ChunkKVPress":

@@ -16,6 +16,7 @@ implementation would, turn by turn and step by step (docs/math.md §9).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Literal
 
@@ -23,6 +24,7 @@ import torch
 
 from kvviz import kv_cache
 from kvviz.errors import KvvizError
+from kvviz.hidden_log import HiddenLog, recording
 from kvviz.model import LoadedModel
 from kvviz.policies.base import Candidates, Policy, kept_share, received_attention, slots_kept
 from kvviz.runs.kivi import Kivi
@@ -102,6 +104,8 @@ class CompressedSession:
         self.prompt_end: list[int] = []  # per turn: slots cached after its prompt
         self.seen: torch.Tensor | None = None  # (L, KV, n): what the last step saw besides its own slot
         self.reasons = Reasons(lm.layers, lm.kv_heads)  # why each evicted slot went
+        reads = settings.policy is not None and settings.policy.reads_hidden
+        self.hidden = HiddenLog(lm.layers) if reads else None  # the attention inputs, for policies that read them
 
     def __len__(self) -> int:
         return len(self.session)
@@ -109,14 +113,20 @@ class CompressedSession:
     def add_turn(self, text: str) -> None:
         """Prefill a user turn (full attention on the cache as it stands), then compress as the mode says."""
         start = len(self.session)
-        self.session.add_user_turn(text)
+        with self._recording():
+            self.session.add_user_turn(text)
         self._prompted(start)
 
     def add_ids(self, ids: list[int]) -> None:
         """:meth:`add_turn` for raw token ids (no chat template)."""
         start = len(self.session)
-        self.session.add_ids(ids)
+        with self._recording():
+            self.session.add_ids(ids)
         self._prompted(start)
+
+    def _recording(self):
+        """The forward passes' attention inputs into :attr:`hidden` (when the policy reads them)."""
+        return recording(self.lm, self.hidden) if self.hidden is not None else contextlib.nullcontext()
 
     def _prompted(self, start: int) -> None:
         self._computed(start)
@@ -140,7 +150,8 @@ class CompressedSession:
         self.seen = self.alive()
         if token is not None:
             self.session.force(token)
-        self.session.step()
+        with self._recording():
+            self.session.step()
         self._computed(len(self.session) - 1)
         self._received(slice(len(self.session) - 1, len(self.session)))
         self.steps += 1
@@ -160,7 +171,8 @@ class CompressedSession:
             alive = self.alive()
             if int(alive.sum(-1).max()) > self.keep:
                 running = self.running.float() if self.accumulates else None
-                candidates = Candidates(self.session, at, self.keep, alive, running, kept_share(self.settings.budget))
+                candidates = Candidates(self.session, at, self.keep, alive, running, kept_share(self.settings.budget),
+                                        self.hidden)
                 decision = self.settings.policy.decide(candidates)
                 self.reasons.record(decision)
                 evicted = decision.evicted
