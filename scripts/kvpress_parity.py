@@ -27,6 +27,7 @@ CASES = [  # (press, kvpress arguments); each at every ratio of RATIOS
     ("ObservedAttentionPress", {}), ("AdaKVPress", {"press": "SnapKVPress"}), ("KeyDiffPress", {}),
     ("LagKVPress", {}), ("LagKVPress", {"lag_size": 32, "n_sink": 8}), ("LagKVPress", {"cross_scoring": True}),
     ("ChunkKVPress", {"press": "KnormPress"}), ("ChunkKVPress", {"press": "KeyDiffPress", "chunk_length": 10}),
+    ("ExpectedAttentionPress", {}), ("ExpectedAttentionPress", {"use_covariance": False, "n_future_positions": 64}),
 ]
 RATIOS = (0.5, 0.75)
 DECODING = [  # DecodingPress(base_press, compression_interval, target_size), teacher-forced on the full reply

@@ -134,3 +134,47 @@ def test_kvpress_chunk_kv_maps_over_score_only_presses():
         ChunkKV(chunk=0)
     with pytest.raises(KvvizError, match="inner must be one of"):
         ChunkKV(inner="no_such_policy")
+
+
+def test_expected_attention_follows_its_formula_from_the_models_own_pre_rope_queries(lm):
+    """The reference takes the pre-RoPE queries from the model itself (a hook on q_proj during the prefill) and
+    transformers' rotary embedding for the future positions, all in float64; kvviz rotates its recorded post-RoPE
+    queries back. Each score is a softmax weight (times ‖v‖) whose exponent carries float32 rounding of D-term dot
+    products and D×D products (≈ 3·D·u·|exponent| ≤ 1e-4 here), so the scores agree to 1e-4 relative."""
+    from kvviz.policies import ExpectedAttention
+
+    captured: dict[int, torch.Tensor] = {}
+
+    def hook(index: int):
+        def keep(module, args, out) -> None:  # returns None: the forward goes on with its own output
+            captured.setdefault(index, out[0].detach().double())
+        return keep
+
+    hooks = [layer.self_attn.q_proj.register_forward_hook(hook(i)) for i, layer in enumerate(lm.model.model.layers)]
+    try:
+        session = Session(lm)
+        session.add_user_turn(PROMPT)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    at, sinks, future, d = len(session), 4, 64, lm.head_dim
+    policy = ExpectedAttention(future=future, sinks=sinks)
+    ours = policy.score(candidates(session, 64))
+    rotary = lm.model.model.rotary_emb
+    cos, sin = (t[0].double() for t in rotary(captured[0][None].float(), torch.arange(at, at + future)[None]))
+    half = d // 2
+    swap = torch.zeros(d, d, dtype=torch.float64)
+    swap[half:, :half], swap[:half, half:] = torch.eye(half), -torch.eye(half)
+    rotation = (cos[:, None] * torch.eye(d, dtype=torch.float64) + sin[:, None] * swap).mean(0)
+    groups = lm.heads // lm.kv_heads
+    for layer in range(lm.layers):
+        queries = captured[layer][sinks:at].view(at - sinks, lm.heads, d).transpose(0, 1)  # (H, m, D) pre-RoPE
+        mean = queries.mean(1)
+        cov = torch.einsum("hsi,hsj->hij", queries - mean[:, None], queries - mean[:, None]) / (at - sinks)
+        mean, cov = mean @ rotation.T, rotation @ cov @ rotation.T
+        keys, values = (t[:, sinks:at].double() for t in session.layer_kv(layer))
+        keys = keys.repeat_interleave(groups, 0)  # (H, n, D)
+        exponent = (keys @ mean[..., None])[..., 0] / d ** 0.5 + torch.einsum("hni,hij,hnj->hn", keys, cov, keys) / d / 2
+        score = exponent.softmax(-1).view(lm.kv_heads, groups, -1).mean(1) * values.norm(dim=-1)
+        assert torch.allclose(ours[layer, :, sinks:].double(), score, rtol=1e-4, atol=0), layer
+        assert bool((ours[layer, :, :sinks] > ours[layer, :, sinks:].max()).all())  # the sinks stay

@@ -3,6 +3,7 @@
 from kvviz.policies.ada_kv import AdaKV
 from kvviz.policies.base import Candidates, Policy, slots_kept
 from kvviz.policies.chunk_kv import ChunkKV
+from kvviz.policies.expected_attention import ExpectedAttention
 from kvviz.policies.h2o import H2O
 from kvviz.policies.key_diff import KeyDiff
 from kvviz.policies.key_norm import KeyNorm
@@ -15,7 +16,9 @@ from kvviz.policies.streaming_llm import StreamingLLM
 from kvviz.policies.tova import TOVA
 
 POLICIES: dict[str, type[Policy]] = {p.name: p for p in (StreamingLLM, H2O, SnapKV, TOVA, PyramidKV, AdaKV, KeyNorm,
-                                                         RandomPolicy, ObservedAttention, KeyDiff, LagKV, ChunkKV)}
+                                                         RandomPolicy, ObservedAttention, KeyDiff, LagKV, ChunkKV,
+                                                         ExpectedAttention)}
 
-__all__ = ["H2O", "AdaKV", "Candidates", "ChunkKV", "KeyDiff", "KeyNorm", "LagKV", "ObservedAttention", "POLICIES", "Policy",
-           "PyramidKV", "RandomPolicy", "SnapKV", "StreamingLLM", "TOVA", "slots_kept"]
+__all__ = ["H2O", "AdaKV", "Candidates", "ChunkKV", "ExpectedAttention", "KeyDiff", "KeyNorm", "LagKV",
+           "ObservedAttention", "POLICIES", "Policy", "PyramidKV", "RandomPolicy", "SnapKV", "StreamingLLM", "TOVA",
+           "slots_kept"]

@@ -45,12 +45,15 @@ PRESSES: dict[str, Press] = {
     "ObservedAttentionPress": Press("observed_attention"),
     "RandomPress": Press("random", {"seed": "seed"}, {"per_head": True}),
     "KeyDiffPress": Press("key_diff", conventions={"ties": "topk"}),
+    "ExpectedAttentionPress": Press("expected_attention", {"n_future_positions": "future", "n_sink": "sinks",
+                                                           "use_covariance": "covariance", "use_vnorm": "vnorm",
+                                                           "epsilon": "epsilon"}, {"ties": "topk"}),
     "LagKVPress": Press("lag_kv", {"n_sink": "sinks", "lag_size": "lag", "cross_scoring": "cross_scoring"},
                         {"ties": "topk"}),
 }
 NEAREST = {  # presses kvviz does not reproduce yet → the nearest kvviz policy, for the refusal
     "AdaKVPress": "ada_kv (with press=SnapKVPress)", "CriticalKVPress": "snapkv", "CriticalAdaKVPress": "ada_kv",
-    "ExpectedAttentionPress": "snapkv", "KVzipPress": "h2o",
+    "KVzipPress": "h2o",
     "ThinKPress": "key_norm", "QFilterPress": "key_norm", "DuoAttentionPress": "streaming_llm",
 }
 WRAPPERS = ("AdaKVPress", "ChunkKVPress", "DecodingPress", "KeyRerotationPress")

@@ -28,6 +28,20 @@ class Rotary:
                              f"{lm.name} has {kind or 'no RoPE'}: use original positions")
         self.inv_freq = rotary.inv_freq.detach().float()
 
+    @classmethod
+    def for_layer(cls, lm: LoadedModel, layer: int) -> Rotary:
+        """The RoPE of ``layer``: the model's, or its layer type's where layer types have their own (Gemma 3)."""
+        rotary = getattr(getattr(lm.model, "model", None), "rotary_emb", None)
+        types = getattr(rotary, "layer_types", None)
+        if not types:
+            return cls(lm)
+        kind = rotary.config.layer_types[layer]
+        if rotary.rope_type[kind] not in ROTATIONS or getattr(rotary, f"{kind}_attention_scaling", 1.0) != 1.0:
+            raise KvvizError(f"{lm.name}'s {kind} layers use {rotary.rope_type[kind]} RoPE, not a plain rotation")
+        found = cls.__new__(cls)
+        found.inv_freq = getattr(rotary, f"{kind}_inv_freq").detach().float()
+        return found
+
     def rotate(self, keys: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """``keys`` ``(..., n, D)`` rotated by ``delta`` ``(n,)`` positions each (float32 angles, as the model)."""
         freqs = delta.to(self.inv_freq.device, torch.float32)[:, None] * self.inv_freq  # (n, D/2)
