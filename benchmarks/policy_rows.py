@@ -3,9 +3,9 @@
 - ``policy run decode 64, h2o, 1k``: a prompt of 1k tokens and 64 new tokens with H2O (budget 256) compressing the
   cache before every step (the compressed session alone: the free run a deployment would make) vs plain
   ``generate`` of the same prompt and length.
-- ``policy run decode 64, key_diff, 1k``, ``… lag_kv, 1k`` and ``… chunk_kv, 1k``: the same with the newer policies
-  (KeyDiff; LagKV with partitions of 64 slots; ChunkKV over key norms in chunks of 20), each scoring every alive slot
-  before every step.
+- ``policy run decode 64, key_diff, 1k``, ``… lag_kv, 1k``, ``… chunk_kv, 1k`` and ``… expected_attention, 1k``: the
+  same with the newer policies (KeyDiff; LagKV with partitions of 64 slots; ChunkKV over key norms in chunks of 20;
+  expected attention over 512 future positions), each scoring every alive slot before every step.
 - ``blame 32 slots at 1k``: ranking the evicted slots of one step and re-running it with each of the 32 most attended
   restored (batched) vs one plain decode step at 1k.
 - ``timeline draw 1k × 256``: the eviction timeline of a 256-step run at 1k slots drawn by plotly.js in headless
@@ -21,7 +21,7 @@ import torch
 
 from benchmarks.harness import Row, paired_times, row, token_ids
 from kvviz import figures
-from kvviz.policies import H2O, ChunkKV, KeyDiff, LagKV, Policy
+from kvviz.policies import H2O, ChunkKV, ExpectedAttention, KeyDiff, LagKV, Policy
 from kvviz.runs.blame import blame
 from kvviz.runs.compressed import CompressedSession, RunSettings
 from kvviz.runs.policy_run import run_policy
@@ -56,6 +56,10 @@ def lag_kv_run(bench) -> Row:
 
 def chunk_kv_run(bench) -> Row:
     return policy_run(bench, policy=ChunkKV())
+
+
+def expected_attention_run(bench) -> Row:
+    return policy_run(bench, policy=ExpectedAttention())
 
 
 def _run(bench, context: int, tokens: int, budget: int):
