@@ -136,7 +136,11 @@ def test_every_policy_runs_on_cuda(chat):
     for name, policy in POLICIES.items():
         edit = policy().edit(chat, 16, at)
         mask = edit.evicted_mask(at + 1, chat.lm.layers, chat.lm.kv_heads)
-        assert bool(((~mask[:, :, :at]).sum(-1) == 16).all()), name
+        counts = (~mask[:, :, :at]).sum(-1)
+        if name in ("pyramid_kv", "ada_kv"):  # 16 on average, shared unevenly (tests/test_whatif.py)
+            assert abs(float(counts.float().mean()) - 16) <= 0.5, name
+        elif name != "chunk_kv":  # whole chunks (tests/test_whatif.py)
+            assert bool((counts == 16).all()), name
         assert what_if(chat, edit, at=at).next_token.kl > 0, name
 
 

@@ -145,6 +145,10 @@ def test_every_policy_keeps_its_budget_and_spares_the_current_token(chat):
             counts = (~mask[:, :, :at]).sum(-1)  # (L, KV)
             if name in UNEVEN:  # budgets shared unevenly between layers / KV heads: the budget on average
                 assert abs(counts.float().mean() - kept) <= 0.5 and bool((counts >= 1).all()), name
+            elif name == "chunk_kv":  # whole chunks of 20, max(1, int(chunks·kept/at)) of them, alike in a layer
+                chunks = -(-at // 20)
+                whole = {20 * k + r for k in range(chunks + 1) for r in (0, at % 20)} - {0}
+                assert set(counts.flatten().tolist()) <= whole and bool((counts == counts[:, :1]).all()), name
             else:
                 assert bool((counts == kept).all()), name
             assert not bool(mask[:, :, at].any())
