@@ -47,9 +47,17 @@ def test_run_a_policy_open_a_step_and_blame_it(tmp_path):
         assert page.get_by_text("newest, budget 16, decode").count() == 1
         page.wait_for_function("document.querySelectorAll('.js-plotly-plot .heatmaplayer, .js-plotly-plot .hm')"
                                ".length >= 1", timeout=60_000)
+        page.wait_for_function("!document.querySelector('[data-testid=stStatusWidget]')", timeout=300_000)
+        page.get_by_text("processes slot").first.wait_for(timeout=60_000)  # the step's table is drawn too
         tables = page.locator("[data-testid=stDataFrame]").count()
         why = page.locator("[data-testid=stSelectbox]").filter(has_text="Why did this slot go?")
-        why.click()
+        for _ in range(3):  # a click that lands while the page redraws does not open the menu: open it again
+            why.click()
+            try:
+                page.get_by_role("option").nth(1).wait_for(timeout=10_000)
+                break
+            except Exception:  # noqa: BLE001 — playwright's TimeoutError
+                page.keyboard.press("Escape")
         page.get_by_role("option").nth(1).click()  # the first evicted slot
         page.get_by_text("(layer, KV head) pairs").wait_for(timeout=60_000)
         expect(page.locator("[data-testid=stDataFrame]")).to_have_count(tables + 1, timeout=30_000)  # its table
