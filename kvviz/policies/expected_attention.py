@@ -46,10 +46,13 @@ class ExpectedAttention(TopkTies):
             raise KvvizError(f"expected_attention needs more than sinks + 1 = {sinks + 1} candidates")
         positions = torch.tensor([s.position for s in candidates.session.transcript.slots[:at]])
         groups = lm.heads // lm.kv_heads
-        scores = []
+        scores, rotations = [], []  # the averaged rotation, once per distinct RoPE (one, or one per layer type)
         for layer in range(lm.layers):
             rotary = Rotary.for_layer(lm, layer)
-            rotation = _mean_rotation(rotary, at, self.future, lm.head_dim)  # (D, D)
+            rotation = next((r for freq, r in rotations if torch.equal(freq, rotary.inv_freq)), None)
+            if rotation is None:
+                rotation = _mean_rotation(rotary, at, self.future, lm.head_dim)  # (D, D)
+                rotations.append((rotary.inv_freq, rotation))
             queries = candidates.queries(layer, slice(sinks, at)).float()  # (H, m, D) post-RoPE
             queries = rotary.rotate(queries, -positions[sinks:at].float()).cpu()  # back to before RoPE
             mean = queries.mean(1, keepdim=True)  # (H, 1, D)
