@@ -35,7 +35,10 @@ def planned(quick: bool = False, browser: bool = True) -> dict[str, Callable[[Be
     rows |= {} if quick else {"policy run decode 64, key_diff, 1k": policy_rows.key_diff_run,
                               "policy run decode 64, lag_kv, 1k": policy_rows.lag_kv_run,
                               "policy run decode 64, chunk_kv, 1k": policy_rows.chunk_kv_run,
-                              "policy run decode 64, expected_attention, 1k": policy_rows.expected_attention_run}
+                              "policy run decode 64, expected_attention, 1k": policy_rows.expected_attention_run,
+                              "policy run decode 64, cur, 1k": policy_rows.cur_run,
+                              "policy run decode 64, critical_kv, 1k": policy_rows.critical_kv_run,
+                              "policy run prefill 64, kv_zip, 1k": policy_rows.kv_zip_run}
     rows |= {"launches of two what-ifs at 1024": launch_rows}
     rows |= {"sweep throughput, 2 workers": sweep_row}
     rows |= {"whatif evict 512 on tiny llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3": architecture_rows}

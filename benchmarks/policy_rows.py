@@ -5,7 +5,10 @@
   ``generate`` of the same prompt and length.
 - ``policy run decode 64, key_diff, 1k``, ``… lag_kv, 1k``, ``… chunk_kv, 1k`` and ``… expected_attention, 1k``: the
   same with the newer policies (KeyDiff; LagKV with partitions of 64 slots; ChunkKV over key norms in chunks of 20;
-  expected attention over 512 future positions), each scoring every alive slot before every step.
+  expected attention over 512 future positions), each scoring every alive slot before every step; also ``… cur, 1k``
+  and ``… critical_kv, 1k`` (over key norms).
+- ``policy run prefill 64, kv_zip, 1k``: KVzip compressing the prompt once (its reconstruction pass over the 1k
+  context included), then 64 decode steps, vs plain ``generate``.
 - ``blame 32 slots at 1k``: ranking the evicted slots of one step and re-running it with each of the 32 most attended
   restored (batched) vs one plain decode step at 1k.
 - ``timeline draw 1k × 256``: the eviction timeline of a 256-step run at 1k slots drawn by plotly.js in headless
@@ -21,7 +24,7 @@ import torch
 
 from benchmarks.harness import Row, paired_times, row, token_ids
 from kvviz import figures
-from kvviz.policies import H2O, ChunkKV, ExpectedAttention, KeyDiff, LagKV, Policy
+from kvviz.policies import CUR, H2O, ChunkKV, CriticalKV, ExpectedAttention, KeyDiff, KVZip, LagKV, Policy
 from kvviz.runs.blame import blame
 from kvviz.runs.compressed import CompressedSession, RunSettings
 from kvviz.runs.policy_run import run_policy
@@ -29,12 +32,13 @@ from kvviz.session import Session
 from benchmarks.browser import CHROMIUM, CHROMIUM_ARGS
 
 
-def policy_run(bench, context: int = 1024, tokens: int = 64, budget: int = 256, policy: Policy = H2O()) -> Row:
+def policy_run(bench, context: int = 1024, tokens: int = 64, budget: int = 256, policy: Policy = H2O(),
+               mode: str = "decode") -> Row:
     ids = token_ids(bench.lm, context)
     tensor = torch.tensor([ids], device=bench.lm.device)
 
     def ours(_) -> None:
-        run = CompressedSession(bench.lm, RunSettings(policy, budget, "decode"))
+        run = CompressedSession(bench.lm, RunSettings(policy, budget, mode))
         run.add_ids(ids)
         for _ in range(tokens - 1):
             run.step()
@@ -42,7 +46,7 @@ def policy_run(bench, context: int = 1024, tokens: int = 64, budget: int = 256, 
     def plain(_) -> None:
         bench.plain.generate(tensor, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=2)
 
-    return row(f"policy run decode {tokens}, {policy.name}, {context // 1024}k", *paired_times(ours, plain, bench.repeats),
+    return row(f"policy run {mode} {tokens}, {policy.name}, {context // 1024}k", *paired_times(ours, plain, bench.repeats),
                1.5)
 
 
@@ -60,6 +64,18 @@ def chunk_kv_run(bench) -> Row:
 
 def expected_attention_run(bench) -> Row:
     return policy_run(bench, policy=ExpectedAttention())
+
+
+def cur_run(bench) -> Row:
+    return policy_run(bench, policy=CUR())
+
+
+def critical_kv_run(bench) -> Row:
+    return policy_run(bench, policy=CriticalKV(inner="key_norm"))
+
+
+def kv_zip_run(bench) -> Row:
+    return policy_run(bench, policy=KVZip(), mode="prefill")  # query-agnostic: compressed once, as in its paper
 
 
 def _run(bench, context: int, tokens: int, budget: int):

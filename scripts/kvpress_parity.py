@@ -28,6 +28,10 @@ CASES = [  # (press, kvpress arguments); each at every ratio of RATIOS
     ("LagKVPress", {}), ("LagKVPress", {"lag_size": 32, "n_sink": 8}), ("LagKVPress", {"cross_scoring": True}),
     ("ChunkKVPress", {"press": "KnormPress"}), ("ChunkKVPress", {"press": "KeyDiffPress", "chunk_length": 10}),
     ("ExpectedAttentionPress", {}), ("ExpectedAttentionPress", {"use_covariance": False, "n_future_positions": 64}),
+    ("CURPress", {}), ("CURPress", {"leverage_type": "kv_avg", "local_window_size": 8}),
+    ("CriticalKVPress", {"press": "KnormPress"}), ("CriticalKVPress", {"press": "CURPress", "first_stage_ratio": 0.3}),
+    ("KVzipPress", {}), ("KVzipPress", {"layerwise": True}),
+    ("KVzipPress", {"kvzip_plus_normalization": True, "chunk_size": 128}),
 ]
 RATIOS = (0.5, 0.75)
 DECODING = [  # DecodingPress(base_press, compression_interval, target_size), teacher-forced on the full reply

@@ -10,7 +10,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.views.whatif import CHARTS
-from kvviz.policies import H2O
+from kvviz.policies import H2O, KVZip
 from kvviz.view_data import reply_as_cached
 
 APP = str(Path(__file__).resolve().parents[1] / "app" / "main.py")
@@ -115,6 +115,10 @@ def test_policy_seeds_the_strip_and_comparison_runs():
     app.number_input(key="policy-1-streaming_llm-sinks").set_value(-1).run()  # refused with one line
     assert_clean(app)
     assert any("sinks must be a non-negative integer" in re.sub(r"\\(.)", r"\1", w.value) for w in app.warning)
+    next(s for s in app.selectbox if s.label == "Compare with").select("kv_zip").run()  # a policy with passes of its own says what they cost
+    assert_clean(app)
+    extra = KVZip().extra_tokens(session, len(session) - 1)
+    assert extra > 0 and any(f"kv_zip runs {extra} more tokens through the model" in c.value for c in app.caption)
 
 
 def test_demo_scenarios_load_with_their_edits():

@@ -56,7 +56,9 @@ def test_presses_map_to_policies_with_kvpress_conventions():
 
 
 @pytest.mark.parametrize("call, words", [
-    (lambda: from_kvpress("CriticalKVPress"), "no exact kvviz counterpart; the nearest: snapkv"),
+    (lambda: from_kvpress("CriticalAdaKVPress"), "no exact kvviz counterpart; the nearest: critical_kv"),
+    (lambda: from_kvpress("CriticalKVPress"), "wraps a press: give press=NAME"),
+    (lambda: from_kvpress("CriticalKVPress", press="SnapKVPress"), "over KnormPress, KeyDiffPress, CURPress only"),
     (lambda: from_kvpress("NoSuchPress"), "presses kvviz reproduces: StreamingLLMPress"),
     (lambda: from_kvpress("SnapKVPress", window=3), "argument 'window' has no kvviz counterpart"),
     (lambda: from_kvpress("AdaKVPress", press="KnormPress"), "over SnapKVPress only"),

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from kvviz.errors import KvvizError
-from kvviz.policies import (H2O, TOVA, AdaKV, ChunkKV, ExpectedAttention, KeyDiff, LagKV, PyramidKV, SnapKV,
-                            StreamingLLM)
+from kvviz.policies import (CUR, H2O, TOVA, AdaKV, ChunkKV, CriticalKV, ExpectedAttention, KeyDiff, KVZip, LagKV,
+                            PyramidKV, SnapKV, StreamingLLM)
 from kvviz.runs.compressed import CompressedSession, RunSettings
 from kvviz.runs.kivi import Kivi
 from kvviz.runs.policy_run import NEVER, run_policy
@@ -19,7 +19,8 @@ PROMPT = "My name is Zorblax and I live in the city of Quintara. I like green te
     (TOVA(), "decode", 1, 20), (SnapKV(), "decode", 1, 20), (H2O(), "both", 1, 20), (StreamingLLM(), "decode", 3, 20),
     (PyramidKV(), "prefill", 1, 20), (AdaKV(), "both", 1, 20), (H2O(), "decode", 1, 0.5), (KeyDiff(), "both", 1, 20),
     (KeyDiff(ties="topk"), "decode", 2, 20), (LagKV(lag=8), "decode", 1, 20), (LagKV(lag=8, ties="topk"), "both", 1, 20),
-    (ChunkKV(chunk=4), "decode", 1, 20), (ExpectedAttention(future=16), "both", 1, 20)])
+    (ChunkKV(chunk=4), "decode", 1, 20), (ExpectedAttention(future=16), "both", 1, 20), (CUR(), "decode", 1, 20),
+    (CriticalKV(inner="snapkv"), "both", 1, 20), (KVZip(), "prefill", 1, 20), (KVZip(chunk=16), "decode", 1, 20)])
 def test_what_each_step_sees(lm, policy, mode, every, budget):
     run = CompressedSession(lm, RunSettings(policy, budget, mode, every))
     run.add_turn(PROMPT)
@@ -34,7 +35,7 @@ def test_what_each_step_sees(lm, policy, mode, every, budget):
         if mode == "prefill":  # compressed once after the prompt; decode slots add up afterwards
             assert float(counts.mean()) == pytest.approx(keep + step, abs=0.5)
         elif every == 1:
-            uneven = isinstance(policy, (PyramidKV, AdaKV))
+            uneven = isinstance(policy, (PyramidKV, AdaKV, KVZip))
             assert float(counts.mean()) <= keep + 0.5 and (uneven or bool((counts <= keep).all()))
         else:  # compressed every `every` steps: up to every - 1 more in between
             assert bool((counts <= keep + step % every).all()) and bool((counts >= keep).all())

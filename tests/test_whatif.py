@@ -131,7 +131,7 @@ def test_scoped_eviction_touches_only_its_layers_and_heads(chat):
     assert result.next_token.kl > 0
 
 
-UNEVEN = {"pyramid_kv": "layers", "ada_kv": "heads"}
+UNEVEN = {"pyramid_kv": "layers", "ada_kv": "heads", "kv_zip": "layers and heads"}
 
 
 def test_every_policy_keeps_its_budget_and_spares_the_current_token(chat):

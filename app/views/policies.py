@@ -35,6 +35,11 @@ def render() -> None:
     except KvvizError as exc:
         warn(exc)
         return
+    for name, policy in zip((first, second), policies):
+        extra = policy.extra_tokens(session, at)
+        if extra:
+            st.caption(f"{name} runs {extra} more tokens through the model to decide ({extra / at:.1f}× the "
+                       f"{at} cached slots): its own passes, on top of the conversation's")
     left, right = st.columns(2)
     if left.button(f"Put {first}'s mask on the strip"):
         try:

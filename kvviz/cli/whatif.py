@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--symmetric", action="store_true")
     parser.add_argument("--window", type=int, default=0, help="most recent slots kept at full precision")
     parser.add_argument("--policy", default=None, help="eviction policy: streaming_llm, h2o, snapkv, tova, pyramid_kv, ada_kv, key_norm, random, "
-                        "observed_attention, key_diff, lag_kv, chunk_kv, expected_attention")
+                        "observed_attention, key_diff, lag_kv, chunk_kv, expected_attention, cur, critical_kv, kv_zip")
     parser.add_argument("--budget", default=None, help="slots (or fraction) the policy keeps")
     parser.add_argument("--layer", type=int, default=0, help="detail layer")
     parser.add_argument("--head", type=int, default=0, help="detail query head")

@@ -3,10 +3,13 @@
 from kvviz.policies.ada_kv import AdaKV
 from kvviz.policies.base import Candidates, Policy, slots_kept
 from kvviz.policies.chunk_kv import ChunkKV
+from kvviz.policies.critical_kv import CriticalKV
+from kvviz.policies.cur import CUR
 from kvviz.policies.expected_attention import ExpectedAttention
 from kvviz.policies.h2o import H2O
 from kvviz.policies.key_diff import KeyDiff
 from kvviz.policies.key_norm import KeyNorm
+from kvviz.policies.kv_zip import KVZip
 from kvviz.policies.lag_kv import LagKV
 from kvviz.policies.observed_attention import ObservedAttention
 from kvviz.policies.pyramid_kv import PyramidKV
@@ -17,8 +20,8 @@ from kvviz.policies.tova import TOVA
 
 POLICIES: dict[str, type[Policy]] = {p.name: p for p in (StreamingLLM, H2O, SnapKV, TOVA, PyramidKV, AdaKV, KeyNorm,
                                                          RandomPolicy, ObservedAttention, KeyDiff, LagKV, ChunkKV,
-                                                         ExpectedAttention)}
+                                                         ExpectedAttention, CUR, CriticalKV, KVZip)}
 
-__all__ = ["H2O", "AdaKV", "Candidates", "ChunkKV", "ExpectedAttention", "KeyDiff", "KeyNorm", "LagKV",
+__all__ = ["CUR", "H2O", "AdaKV", "Candidates", "ChunkKV", "CriticalKV", "ExpectedAttention", "KVZip", "KeyDiff", "KeyNorm", "LagKV",
            "ObservedAttention", "POLICIES", "Policy", "PyramidKV", "RandomPolicy", "SnapKV", "StreamingLLM", "TOVA",
            "slots_kept"]

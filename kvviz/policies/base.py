@@ -16,8 +16,8 @@ from typing import ClassVar
 import torch
 
 from kvviz.edits import Edit
-from kvviz.hidden_log import HiddenLog
 from kvviz.errors import KvvizError
+from kvviz.policies.candidates import Candidates, received_attention  # noqa: F401 (kvviz.policies.base's names)
 from kvviz.policies.decision import Decision
 from kvviz.session import Session
 
@@ -60,61 +60,9 @@ def slots_kept(budget: int | float, at: int) -> int:
 
 
 def kept_share(budget: int | float) -> float | None:
-    """The share of the candidates a fractional budget keeps (a :class:`Ratio` too); None for a slot count."""
-    return float(budget) if isinstance(budget, float) else None
-
-
-@dataclass
-class Candidates:
-    """What a policy sees when it decides which of the slots ``0..at-1`` to keep: the cache as it stands (quantized
-    where the run quantized it), the recorded queries and the attention each slot received, nothing after ``at``."""
-
-    session: Session
-    at: int  # slots 0..at-1 are candidates; ``at`` is the slot about to be processed
-    keep: int  # slots to keep per layer and KV head (on average, for uneven budgets)
-    alive: torch.Tensor  # (L, KV, at) bool: not evicted earlier (a run's evictions are final), within the window
-    running: torch.Tensor | None = None  # (L, KV, at) attention received so far, kept up to date by a policy run
-    share: float | None = None  # the kept share of a fractional budget (kvpress' PyramidKV schedule follows it)
-    hidden: HiddenLog | None = None  # the attention layers' inputs, recorded by runs of policies that read them
-
-    def keys(self, layer: int) -> torch.Tensor:
-        """Cached keys (post-RoPE) of ``layer``: ``(KV, at, D)``."""
-        return self.session.layer_kv(layer)[0][:, : self.at]
-
-    def values(self, layer: int) -> torch.Tensor:
-        """Cached values of ``layer``: ``(KV, at, D)``."""
-        return self.session.layer_kv(layer)[1][:, : self.at]
-
-    def queries(self, layer: int, rows: slice) -> torch.Tensor:
-        """Recorded post-RoPE queries of the slots ``rows`` (all before ``at``): ``(H, len(rows), D)``."""
-        return self.session.queries.layer(layer)[:, rows]
-
-    def attention(self, rows: slice) -> torch.Tensor:
-        """Attention the candidates received from the query slots ``rows``, as those steps computed it (on the cache
-        as it stood then), summed over the rows and the query heads of each KV group: ``(L, KV, at)``."""
-        return received_attention(self.session, self.at, rows)
-
-    def hidden_states(self, layer: int) -> torch.Tensor:
-        """The input hidden states of ``layer``'s attention for the candidates: ``(at, hidden)`` (kvpress'
-        ``hidden_states``). Recorded only in policy runs of policies with ``reads_hidden``."""
-        if self.hidden is None:
-            raise KvvizError("this policy reads the attention layers' input hidden states, which kvviz records in "
-                             "policy runs only: run it as a policy run (prefill mode for a kvpress press)")
-        return self.hidden.layer(layer)[: self.at]
-
-    def module(self, layer: int) -> torch.nn.Module:
-        """``layer``'s attention module (its ``q_proj``, ``head_dim``, config: what kvpress' scorers use)."""
-        return self.session.lm.model.model.layers[layer].self_attn
-
-    def position_embeddings(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rotary ``(cos, sin)`` of the candidates' positions, ``(1, at, D)`` each, as the model computed them."""
-        lm = self.session.lm
-        positions = torch.tensor([[s.position for s in self.session.transcript.slots[: self.at]]], device=lm.device)
-        return lm.model.model.rotary_emb(self.hidden_states(0)[None], positions)
-
-    def accumulated(self) -> torch.Tensor:
-        """Attention each candidate received from every query so far: ``(L, KV, at)`` (H2O's heavy hitters)."""
-        return self.running if self.running is not None else self.attention(slice(0, self.at))
+    """The share of the candidates a fractional budget keeps (a :class:`Ratio` as it is: a float that still knows
+    its ``ratio``); None for a slot count."""
+    return budget if isinstance(budget, Ratio) else float(budget) if isinstance(budget, float) else None
 
 
 @dataclass(frozen=True)
@@ -134,6 +82,11 @@ class Policy:
     def score(self, candidates: Candidates) -> torch.Tensor:
         """Keep-scores of the candidates: ``(L | 1, KV | 1, at)``, higher is kept."""
         raise NotImplementedError
+
+    def extra_tokens(self, session: Session, at: int) -> int:
+        """Tokens this policy feeds through the model, beyond the conversation's own, to decide once over the
+        slots ``0..at-1`` (KVzip's reconstruction passes); 0 for policies that only read the cache and the records."""
+        return 0
 
     def budgets(self, candidates: Candidates, scores: torch.Tensor) -> torch.Tensor:
         """Slots kept per layer and KV head, ``(L, KV)`` integers, from the scores ``(L, KV, at)`` (``-inf`` where
@@ -257,19 +210,6 @@ def protect(scores: torch.Tensor, slots: slice) -> torch.Tensor:
     scores = scores.clone()
     scores[..., slots] = float("inf")
     return scores
-
-
-def received_attention(session: Session, at: int, rows: slice, chunk: int = 256) -> torch.Tensor:
-    """Attention each slot ``0..at-1`` received from the query slots ``rows`` (all before ``at``), summed over those
-    queries and over the query heads of each KV group: ``(L, KV, at)``."""
-    lm = session.lm
-    start, stop = rows.start, rows.stop
-    total = torch.zeros(lm.layers, lm.heads, at)
-    for layer in range(lm.layers):
-        for first in range(start, stop, chunk):
-            weights = session.weights(layer, first, min(stop, first + chunk))  # (H, rows, ≤ at)
-            total[layer, :, : weights.shape[-1]] += weights.sum(1).cpu()
-    return total.reshape(lm.layers, lm.kv_heads, lm.heads // lm.kv_heads, at).sum(2)
 
 
 def choice(default: str, *others: str):

@@ -42,3 +42,4 @@ def _parsed(name: str, key: str, text: str, default: object) -> object:
             continue
     kind = {"int": "an integer", "float": "a number", "str": "text"}[kinds[0].__name__]
     raise KvvizError(f"{name}'s {key} must be {kind}, got {text!r}")
+

@@ -19,7 +19,7 @@ import torch
 
 from kvviz.errors import KvvizError
 from kvviz.policies.base import Candidates, Policy, checked_choices, checked_scores, choice, keep_rank
-from kvviz.policies.by_name import policy_named
+from kvviz.policies.inner import inner_policy
 from kvviz.policies.decision import Decision
 
 
@@ -28,7 +28,8 @@ class ChunkKV(Policy):
     name = "chunk_kv"
 
     inner: str = choice("key_norm", "key_diff", "snapkv", "h2o", "tova", "streaming_llm", "lag_kv", "observed_attention",
-                        "random", "kvpress:KnormPress", "kvpress:KeyDiffPress", "kvpress:SnapKVPress")  # the scorer
+                        "random", "cur", "kvpress:KnormPress", "kvpress:KeyDiffPress", "kvpress:CURPress",
+                        "kvpress:SnapKVPress")  # the scorer
     chunk: int = 20  # slots per chunk
 
     def __post_init__(self) -> None:
@@ -38,13 +39,7 @@ class ChunkKV(Policy):
 
     def scorer(self) -> Policy:
         """The inner policy."""
-        if self.inner.startswith("kvpress:"):
-            from kvviz.policies.kvpress import from_kvpress
-
-            return from_kvpress(self.inner.removeprefix("kvpress:")).policy
-        from kvviz.policies import POLICIES
-
-        return policy_named(POLICIES, self.inner)
+        return inner_policy(self.inner)
 
     def score(self, candidates: Candidates) -> torch.Tensor:
         return self.decide(candidates).scores

@@ -6,7 +6,7 @@ kvviz follow kvpress' conventions (SnapKV's average pooling and whole window, TO
 per KV head, PyramidKV's KVCache-Factory schedule); ``compression_ratio`` becomes a :class:`~kvviz.policies.base.Ratio`
 budget, rounded as kvpress rounds. Wrappers: ``AdaKVPress(press=SnapKVPress)`` is ``ada_kv``; ``KeyRerotationPress``
 re-rotates the kept keys; ``DecodingPress(base_press=…)`` runs the base press in mode ``after_steps``;
-``ChunkKVPress(press=…)`` is ``chunk_kv``. A press class (or instance) of another name with kvpress' ``score`` method
+``ChunkKVPress(press=…)`` is ``chunk_kv`` and ``CriticalKVPress(press=…)`` ``critical_kv``. A press class (or instance) of another name with kvpress' ``score`` method
 runs its own code (:mod:`kvviz.policies.kvpress_code`). Anything else is refused in one line naming the nearest kvviz
 policy. Parity is prefill compression: kvpress compresses a prompt once after its forward pass, as kvviz's
 ``prefill`` mode does.
@@ -50,18 +50,27 @@ PRESSES: dict[str, Press] = {
                                                            "epsilon": "epsilon"}, {"ties": "topk"}),
     "LagKVPress": Press("lag_kv", {"n_sink": "sinks", "lag_size": "lag", "cross_scoring": "cross_scoring"},
                         {"ties": "topk"}),
+    "CURPress": Press("cur", {"num_sinks": "sinks", "leverage_type": "leverage", "use_local_approximation": "local",
+                              "local_window_size": "window"}, {"ties": "topk"}),
+    "KVzipPress": Press("kv_zip", {"n_sink": "sinks", "chunk_size": "chunk", "layerwise": "layerwise",
+                                   "kvzip_plus_normalization": "plus"}),
 }
 NEAREST = {  # presses kvviz does not reproduce yet → the nearest kvviz policy, for the refusal
-    "AdaKVPress": "ada_kv (with press=SnapKVPress)", "CriticalKVPress": "snapkv", "CriticalAdaKVPress": "ada_kv",
-    "KVzipPress": "h2o",
+    "AdaKVPress": "ada_kv (with press=SnapKVPress)", "CriticalAdaKVPress": "critical_kv", "FastKVzipPress": "kv_zip",
+    "LeverageScorePress": "cur (its sketch draws from torch's global generator, unseeded)",
     "ThinKPress": "key_norm", "QFilterPress": "key_norm", "DuoAttentionPress": "streaming_llm",
 }
-WRAPPERS = ("AdaKVPress", "ChunkKVPress", "DecodingPress", "KeyRerotationPress")
+WRAPPERS = ("AdaKVPress", "ChunkKVPress", "CriticalKVPress", "DecodingPress", "KeyRerotationPress")
 DECODING = {"compression_interval": 512, "target_size": 2048, "hidden_states_buffer_size": 256}  # kvpress' defaults
 SCORE_ONLY = ("KnormPress", "KeyDiffPress")  # scores of keys alone: no protected window, no queries, any cache order
+UNPROTECTED = (*SCORE_ONLY, "CURPress")  # scores with no protected window padded in their own scale (wrappers' inner)
 
 
 ADAKV = Press("ada_kv", {**SNAPKV_ARGUMENTS, "alpha_safeguard": "floor"}, SNAPKV)
+WRAPPED = {  # wrappers over an unprotected press: (kvviz policy, kvpress argument → field)
+    "ChunkKVPress": ("chunk_kv", {"chunk_length": "chunk"}),
+    "CriticalKVPress": ("critical_kv", {"epsilon": "epsilon", "first_stage_ratio": "first_stage"}),
+}
 
 
 @dataclass(frozen=True)
@@ -93,17 +102,19 @@ def from_kvpress(press: str | type, /, classes: Mapping[str, type[Policy]] | Non
         return KvpressPolicy(KvpressScorer(press=instance), ratio)
     if name == "DecodingPress":
         return _decoding(classes, ratio, arguments)
-    if name == "ChunkKVPress":
+    if name in WRAPPED:
+        policy, own = WRAPPED[name]
         inner = _inner(name, arguments)
-        if inner not in SCORE_ONLY:
-            raise KvvizError(f"kvviz reproduces kvpress' ChunkKVPress over {' and '.join(SCORE_ONLY)} only: kvpress pads "
-                             f"a protected window in {inner}'s own score scale; the nearest: chunk_kv with inner="
+        if inner not in UNPROTECTED:
+            raise KvvizError(f"kvviz reproduces kvpress' {name} over {', '.join(UNPROTECTED)} only: kvpress pads a "
+                             f"protected window in {inner}'s own score scale; the nearest: {policy} with inner="
                              f"kvpress:{inner}")
-        params = {"inner": f"kvpress:{inner}", **{"chunk": v for k, v in arguments.items() if k == "chunk_length"}}
-        if set(arguments) - {"chunk_length"}:
-            raise KvvizError(f"kvpress' ChunkKVPress argument {sorted(set(arguments) - {'chunk_length'})[0]!r} has no "
-                             "kvviz counterpart; its arguments here: compression_ratio, press, chunk_length")
-        return KvpressPolicy(policy_named(classes or POLICIES, "chunk_kv", params), ratio)
+        unknown = sorted(set(arguments) - set(own))
+        if unknown:
+            raise KvvizError(f"kvpress' {name} argument {unknown[0]!r} has no kvviz counterpart; its arguments here: "
+                             f"compression_ratio, press{''.join(', ' + a for a in own)}")
+        params = {"inner": f"kvpress:{inner}", **{own[k]: v for k, v in arguments.items()}}
+        return KvpressPolicy(policy_named(classes or POLICIES, policy, params), ratio)
     if name == "KeyRerotationPress":
         inner = from_kvpress(_inner(name, arguments), classes, **arguments)
         return KvpressPolicy(inner.policy, inner.ratio if ratio is None else ratio, "rerotated")
@@ -187,8 +198,9 @@ def table() -> str:
         rows.append(f"| `{name}` | {arguments} | `{press.policy}`"
                     + (f" with {conventions}" if conventions else "") + " |")
     rows.append("| `KeyRerotationPress` | `press=…` (any of the above) | the wrapped press, `--positions rerotated` |")
-    rows.append("| `ChunkKVPress` | `compression_ratio` → ratio, `press=KnormPress` or `KeyDiffPress` → `inner`, "
-                "`chunk_length` → `chunk` | `chunk_kv` |")
+    for name, (policy, own) in WRAPPED.items():
+        rows.append(f"| `{name}` | `compression_ratio` → ratio, `press=` {', '.join(f'`{p}`' for p in UNPROTECTED)} → "
+                    f"`inner`{''.join(f', `{a}` → `{f}`' for a, f in own.items())} | `{policy}` |")
     rows.append("| `DecodingPress` | `base_press=KnormPress` or `KeyDiffPress`, `compression_interval` → `--every`, "
                 "`target_size` → `--budget` | the base press, `--mode after_steps` |")
     return "\n".join(rows)

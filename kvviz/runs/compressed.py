@@ -106,6 +106,7 @@ class CompressedSession:
         self.reasons = Reasons(lm.layers, lm.kv_heads)  # why each evicted slot went
         reads = settings.policy is not None and settings.policy.reads_hidden
         self.hidden = HiddenLog(lm.layers) if reads else None  # the attention inputs, for policies that read them
+        self.scratch: dict = {}  # what the policy keeps between this run's decisions (Candidates.scratch)
 
     def __len__(self) -> int:
         return len(self.session)
@@ -172,7 +173,7 @@ class CompressedSession:
             if int(alive.sum(-1).max()) > self.keep:
                 running = self.running.float() if self.accumulates else None
                 candidates = Candidates(self.session, at, self.keep, alive, running, kept_share(self.settings.budget),
-                                        self.hidden)
+                                        self.hidden, self.scratch)
                 decision = self.settings.policy.decide(candidates)
                 self.reasons.record(decision)
                 evicted = decision.evicted
