@@ -3,7 +3,7 @@
 Representation, chosen so that every past step stays exactly reproducible:
 - evicted slots stay in the cache and are hidden per (layer, KV head) by the session's probe — this equals removing
   them (tested: removal and masking give the same logits), and it keeps slot index == cache index;
-- quantized slots hold their dequantized K/V in the live cache; their original K/V are kept here, so an undo restores
+- quantized, pruned and merged-into slots hold their edited K/V in the live cache; their original K/V are kept here, so an undo restores
   them and the step of any earlier slot can be replayed on the cache exactly as it stood then.
 Each commit stores the cumulative edit and the number of slots cached when it was made; slot ``t`` was processed under
 the newest commit made when at most ``t`` slots were cached.
@@ -63,7 +63,7 @@ class CommitLog:
 
     def keys_at(self, layer: int, slot: int, stop: int) -> torch.Tensor:
         """Keys ``(KV, stop, D)`` of ``layer`` as the step of slot ``slot`` saw them (quantized as committed then)."""
-        return self.edit_at(slot).quantized_keys(self.original_kv(layer, stop)[0])
+        return self.edit_at(slot).quantized_keys(self.original_kv(layer, stop)[0], layer)
 
     def key_version(self, slot: int) -> int:
         """Equal for slots whose steps saw the same keys (the commit in force)."""
@@ -75,7 +75,7 @@ class CommitLog:
     def evicted(self, length: int) -> torch.Tensor | None:
         """Boolean ``(L, KV, length)`` of the slots the current edit hides, or None when it hides nothing."""
         edit = self.current
-        if not any(e.slots for e in edit.evictions):
+        if not edit.evicted_slots():  # evictions and merge sources
             return None
         device = kv_cache.layer_kv(self.cache, 0)[0].device
         return edit.evicted_mask(length, self.layers, self.kv_heads, device)
@@ -105,7 +105,7 @@ class CommitLog:
     def _materialize(self) -> None:
         """Rewrite the live cache: originals back everywhere, then the current edit's quantization."""
         edit = self.current.resolved(self.stack[-1].at) if self.stack else Edit()
-        quantized = set(edit.key_bits) | set(edit.value_bits)
+        quantized = edit.rewritten_slots()  # the live cache holds them changed: their originals are kept here
         for slot in set(self._originals) | quantized:
             if slot not in self._originals:
                 self._originals[slot] = (
@@ -116,7 +116,7 @@ class CommitLog:
         for layer in range(self.layers):
             keys, values = kv_cache.layer_kv(self.cache, layer)
             original_keys, original_values = self.original_kv(layer, keys.shape[2])
-            new_keys, new_values = edit.quantized(original_keys[:, :stop], original_values[:, :stop])
+            new_keys, new_values = edit.quantized(original_keys[:, :stop], original_values[:, :stop], layer)
             keys[0].copy_(original_keys)
             values[0].copy_(original_values)
             keys[0, :, :stop], values[0, :, :stop] = new_keys, new_values

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvviz.edits import Edit, Eviction
+from kvviz.edits import Edit, Eviction, Merge, Pruning
 from kvviz.quant import Quantizer, check_bits
 
 
@@ -23,6 +23,9 @@ class EditDraft:
     policy_settings: dict[str, int | float] = field(default_factory=dict)  # the seeding policy's parameters
     keys: Quantizer = field(default_factory=lambda: Quantizer("channel"))
     values: Quantizer = field(default_factory=lambda: Quantizer("token"))
+    prunings: tuple[Pruning, ...] = ()  # key channels pruned (ThinK)
+    merges: tuple[Merge, ...] = ()  # evicted values merged into kept slots
+    merge_rule: str = "average"
 
     def toggle_evicted(self, slot: int) -> None:
         """Evict ``slot`` everywhere, or bring it back (also from the policy's evictions)."""
@@ -58,16 +61,25 @@ class EditDraft:
     def clear(self) -> None:
         self.evicted, self.key_bits, self.value_bits, self.selected = set(), {}, {}, set()
         self.policy, self.policy_name, self.policy_settings = Edit(), "", {}
+        self.prunings, self.merges, self.merge_rule = (), (), "average"
+
+    def reshape(self, prunings: tuple[Pruning, ...] | None = None, merges: tuple[Merge, ...] | None = None,
+                rule: str | None = None) -> None:
+        """Replace the draft's prunings and / or merges (and the merge rule)."""
+        self.prunings = self.prunings if prunings is None else tuple(prunings)
+        self.merges = self.merges if merges is None else tuple(merges)
+        self.merge_rule = self.merge_rule if rule is None else rule
 
     def evicted_somewhere(self) -> set[int]:
-        """Slots evicted in at least one layer / head."""
-        return set(self.evicted) | {s for e in self.policy.evictions for s in e.slots}
+        """Slots evicted in at least one layer / head (merged ones too)."""
+        return set(self.evicted) | {s for e in self.policy.evictions for s in e.slots} | {m.source for m in self.merges}
 
     @classmethod
     def from_edit(cls, edit: Edit, policy_name: str = "", policy_settings: dict | None = None) -> EditDraft:
         """The draft whose :meth:`edit` is ``edit``: evictions everywhere become hand evictions, scoped ones the
         policy's mask (named ``policy_name``); bit-widths and quantizers as they are."""
-        draft = cls(key_bits=dict(edit.key_bits), value_bits=dict(edit.value_bits), keys=edit.keys, values=edit.values)
+        draft = cls(key_bits=dict(edit.key_bits), value_bits=dict(edit.value_bits), keys=edit.keys, values=edit.values,
+                    prunings=edit.prunings, merges=edit.merges, merge_rule=edit.merge_rule)
         draft.seed(Edit(evictions=tuple(e for e in edit.evictions if not e.everywhere)), policy_name, policy_settings)
         draft.evicted = {s for e in edit.evictions if e.everywhere for s in e.slots}
         return draft
@@ -78,7 +90,11 @@ class EditDraft:
         evictions = tuple(Eviction(tuple(filter(keep, e.slots)), e.layers, e.heads) for e in self.policy.evictions)
         if self.evicted:
             evictions += (Eviction(tuple(filter(keep, self.evicted))),)
+        prunings = tuple(Pruning(p.layer, p.head, p.channels, tuple(filter(keep, p.slots))) for p in self.prunings
+                         if keep(p.slots[0]))
         return Edit(evictions=tuple(e for e in evictions if e.slots),
                     key_bits={s: b for s, b in self.key_bits.items() if keep(s)},
                     value_bits={s: b for s, b in self.value_bits.items() if keep(s)},
-                    keys=self.keys, values=self.values)
+                    keys=self.keys, values=self.values, prunings=prunings,
+                    merges=tuple(m for m in self.merges if keep(m.source) and keep(m.target)),
+                    merge_rule=self.merge_rule)

@@ -1,6 +1,7 @@
-"""An Edit: which cached slots are evicted (everywhere, or in chosen layers / KV heads) and which are stored at fewer
-bits (keys and values separately). A validated, JSON-serialisable value object; it never touches a cache itself
-except through :meth:`Edit.quantized`, which returns new tensors."""
+"""An Edit: which cached slots are evicted (everywhere, or in chosen layers / KV heads), which are stored at fewer
+bits (keys and values separately), which key channels are pruned and which evicted values are merged into kept slots
+(:mod:`kvviz.edit_parts`). A validated, JSON-serialisable value object; it never touches a cache itself except
+through :meth:`Edit.quantized`, which returns new tensors."""
 
 from __future__ import annotations
 
@@ -10,46 +11,20 @@ from functools import cached_property
 
 import torch
 
+from kvviz.edit_parts import (Eviction, Merge, Pruning, check_parts, flags, from_json, optional, reshaped, slots_of,
+                              to_json)
 from kvviz.errors import KvvizError
 from kvviz.quant import Quantizer, check_bits, fake_quantize, fake_quantize_
 
-
-def _slots(values: Iterable[object], what: str) -> tuple[int, ...]:
-    result = []
-    for value in values:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise KvvizError(f"{what} must be non-negative integers, got {value!r}")
-        result.append(value)
-    return tuple(sorted(set(result)))
-
-
-@dataclass(frozen=True)
-class Eviction:
-    """Slots removed from the given layers and KV heads (``None`` = all of them)."""
-
-    slots: tuple[int, ...]
-    layers: tuple[int, ...] | None = None
-    heads: tuple[int, ...] | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "slots", _slots(self.slots, "evicted slots"))
-        for name in ("layers", "heads"):
-            scope = getattr(self, name)
-            if scope is not None:
-                scope = _slots(scope, name)
-                if not scope:
-                    raise KvvizError(f"the eviction's {name} scope is empty; give at least one or leave it unset")
-                object.__setattr__(self, name, scope)
-
-    @property
-    def everywhere(self) -> bool:
-        return self.layers is None and self.heads is None
+__all__ = ["Edit", "Eviction", "Merge", "Pruning"]
 
 
 @dataclass(frozen=True)
 class Edit:
-    """Evictions plus per-slot bit-widths (absent = 16, untouched). Default quantizers follow KIVI: keys per
-    channel, values per token. ``full_precision_window`` keeps the most recent slots before the step at 16 bits."""
+    """Evictions plus per-slot bit-widths (absent = 16, untouched), key-channel prunings and value merges. Default
+    quantizers follow KIVI: keys per channel, values per token. ``full_precision_window`` keeps the most recent
+    slots before the step at 16 bits. Prunings and merges apply first (to the K/V as the model computed them), the
+    quantization to their result."""
 
     evictions: tuple[Eviction, ...] = ()
     key_bits: Mapping[int, int] = field(default_factory=dict)
@@ -57,12 +32,17 @@ class Edit:
     keys: Quantizer = Quantizer(axis="channel")
     values: Quantizer = Quantizer(axis="token")
     full_precision_window: int = 0
+    prunings: tuple[Pruning, ...] = ()
+    merges: tuple[Merge, ...] = ()
+    merge_rule: str = "average"  # "average" (D2O, kvpress' MergingPress) or "add" (CaM)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "evictions", tuple(self.evictions))
+        object.__setattr__(self, "prunings", tuple(self.prunings))
+        object.__setattr__(self, "merges", tuple(self.merges))
         for name in ("key_bits", "value_bits"):
             bits = getattr(self, name)
-            slots = _slots(bits.keys(), f"slots in {name}")
+            slots = slots_of(bits.keys(), f"slots in {name}")
             object.__setattr__(self, name, {s: check_bits(bits[s]) for s in slots if bits[s] != 16})
         if isinstance(self.full_precision_window, bool) or not isinstance(self.full_precision_window, int) \
                 or self.full_precision_window < 0:
@@ -100,11 +80,13 @@ class Edit:
         return cls(evictions=tuple(evictions))
 
     def merged(self, other: Edit) -> Edit:
-        """This edit with ``other`` on top: evictions add up, ``other``'s bit-widths and settings win."""
-        if not (self.evictions or self.key_bits or self.value_bits):
+        """This edit with ``other`` on top: evictions, prunings and merges add up, ``other``'s bit-widths and
+        settings win."""
+        if self.is_empty:
             return other
         return replace(other, evictions=self.evictions + other.evictions,
-                       key_bits={**self.key_bits, **other.key_bits}, value_bits={**self.value_bits, **other.value_bits})
+                       key_bits={**self.key_bits, **other.key_bits}, value_bits={**self.value_bits, **other.value_bits},
+                       prunings=self.prunings + other.prunings, merges=self.merges + other.merges)
 
     # --- reading ---------------------------------------------------------------------------------------------
 
@@ -112,22 +94,38 @@ class Edit:
     def key(self) -> tuple:
         """A hashable value equal for equal edits (to key memos on)."""
         return (self.evictions, tuple(self.key_bits.items()), tuple(self.value_bits.items()), self.keys, self.values,
-                self.full_precision_window)
+                self.full_precision_window, self.prunings, self.merges, self.merge_rule)
 
     @property
     def is_empty(self) -> bool:
-        return not any(e.slots for e in self.evictions) and not self.key_bits and not self.value_bits
+        return not any(e.slots for e in self.evictions) and not self.key_bits and not self.value_bits \
+            and not self.reshapes
 
     @property
     def quantizes(self) -> bool:
         return bool(self.key_bits or self.value_bits)
 
+    @property
+    def reshapes(self) -> bool:
+        """Whether it prunes key channels or merges values."""
+        return bool(self.prunings or self.merges)
+
+    @property
+    def rewrites(self) -> bool:
+        """Whether the K/V it leaves differ from the model's anywhere (quantized, pruned or merged)."""
+        return self.quantizes or self.reshapes
+
     def evicted_slots(self) -> set[int]:
-        """Slots evicted in at least one layer / KV head."""
-        return {s for e in self.evictions for s in e.slots}
+        """Slots evicted in at least one layer / KV head (merge sources too)."""
+        return {s for e in self.evictions for s in e.slots} | {m.source for m in self.merges}
+
+    def rewritten_slots(self) -> set[int]:
+        """Slots whose K/V this edit changes: quantized, pruned or merged into."""
+        return set(self.key_bits) | set(self.value_bits) | {s for p in self.prunings for s in p.slots} \
+            | {m.target for m in self.merges}
 
     def touched_slots(self) -> set[int]:
-        return self.evicted_slots() | set(self.key_bits) | set(self.value_bits)
+        return self.evicted_slots() | self.rewritten_slots()
 
     def validate(self, at: int, layers: int, kv_heads: int, head_dim: int) -> None:
         """Refuse slots that are not in the cache before ``at``, evicting ``at`` itself, scopes out of range and
@@ -144,7 +142,10 @@ class Edit:
                 raise KvvizError(f"KV head {eviction.heads[-1]} does not exist (the model has {kv_heads})")
         self.keys.check(head_dim)
         self.values.check(head_dim)
-        if at > 0 and self.evictions:
+        if self.reshapes or self.merge_rule != "average":
+            check_parts(self.prunings, self.merges, self.merge_rule, at, layers, kv_heads, head_dim,
+                        self.evicted_mask(at, layers, kv_heads))
+        if at > 0 and (self.evictions or self.merges):
             kept = (~self.evicted_mask(at, layers, kv_heads)).sum(-1)  # (L, KV) slots left before the step
             if bool((kept == 0).any()):
                 layer, head = (int(i) for i in (kept == 0).nonzero()[0])
@@ -161,9 +162,12 @@ class Edit:
     def _evicted_mask(self, n: int, layers: int, kv_heads: int, device: torch.device | None) -> torch.Tensor:
         mask = torch.zeros(layers, kv_heads, n, dtype=torch.bool, device=device)
         for eviction in self.evictions:
-            in_layer, in_head, in_slots = (_flags(layers, eviction.layers, device), _flags(kv_heads, eviction.heads, device),
-                                           _flags(n, [s for s in eviction.slots if s < n], device))
+            in_layer, in_head, in_slots = (flags(layers, eviction.layers, device), flags(kv_heads, eviction.heads, device),
+                                           flags(n, [s for s in eviction.slots if s < n], device))
             mask |= in_layer[:, None, None] & in_head[None, :, None] & in_slots[None, None, :]
+        for merge in self.merges:  # a merged slot leaves the layer and KV head it was merged in
+            if merge.source < n and merge.layer < layers and merge.head < kv_heads:
+                mask[merge.layer, merge.head, merge.source] = True
         return mask
 
     def resolved(self, at: int) -> Edit:
@@ -174,14 +178,24 @@ class Edit:
         keep = lambda bits: {s: b for s, b in bits.items() if s < recent}  # noqa: E731
         return replace(self, key_bits=keep(self.key_bits), value_bits=keep(self.value_bits), full_precision_window=0)
 
-    def quantized(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """New ``(KV, n, D)`` keys and values with each slot fake-quantized at its bit-width (slots sharing a
-        bit-width are quantized together, which matters for per-channel scales); a kind without bits is returned
-        as it is."""
-        return self.quantized_keys(keys), self._quantized(values, "value")
+    def quantized(self, keys: torch.Tensor, values: torch.Tensor, layer: int | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """New ``(KV, n, D)`` keys and values of ``layer`` as this edit stores them: pruned and merged, then each
+        slot fake-quantized at its bit-width (slots sharing a bit-width are quantized together, which matters for
+        per-channel scales); what it leaves alone is returned as it is. ``layer`` is needed only by an edit that
+        prunes or merges (they are per layer)."""
+        if self.reshapes:
+            if layer is None:
+                raise ValueError("an edit that prunes or merges needs the layer of the K/V it is applied to")
+            keys, values = reshaped(keys, values, layer, self.prunings, self.merges, self.merge_rule)
+        return self._quantized(keys, "key"), self._quantized(values, "value")
 
-    def quantized_keys(self, keys: torch.Tensor) -> torch.Tensor:
-        """New ``(KV, n, D)`` keys with each slot fake-quantized at its key bit-width."""
+    def quantized_keys(self, keys: torch.Tensor, layer: int | None = None) -> torch.Tensor:
+        """New ``(KV, n, D)`` keys of ``layer`` as this edit stores them (pruned, then quantized)."""
+        if self.prunings:
+            if layer is None:
+                raise ValueError("an edit that prunes needs the layer of the keys it is applied to")
+            keys = reshaped(keys, keys[:, :0], layer, self.prunings, (), self.merge_rule)[0]
         return self._quantized(keys, "key")
 
     def quantize_(self, keys: torch.Tensor, values: torch.Tensor, source: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -234,20 +248,22 @@ class Edit:
             "keys": asdict(self.keys),
             "values": asdict(self.values),
             "full_precision_window": self.full_precision_window,
-        }
+        } | (to_json(self.prunings, self.merges) | {"merge_rule": self.merge_rule} if self.reshapes else {})
 
     @classmethod
     def from_dict(cls, data: Mapping) -> Edit:
         """Inverse of :meth:`to_dict`; malformed input raises :class:`KvvizError`."""
         try:
+            prunings, merges = from_json(data)
             return cls(
-                evictions=tuple(Eviction(tuple(e["slots"]), _opt(e.get("layers")), _opt(e.get("heads")))
+                evictions=tuple(Eviction(tuple(e["slots"]), optional(e.get("layers")), optional(e.get("heads")))
                                 for e in data.get("evict", [])),
                 key_bits={int(s): b for s, b in data.get("key_bits", {}).items()},
                 value_bits={int(s): b for s, b in data.get("value_bits", {}).items()},
                 keys=Quantizer(**data.get("keys", {"axis": "channel"})),
                 values=Quantizer(**data.get("values", {"axis": "token"})),
                 full_precision_window=data.get("full_precision_window", 0),
+                prunings=prunings, merges=merges, merge_rule=data.get("merge_rule", "average"),
             )
         except (TypeError, KeyError, AttributeError, ValueError) as exc:
             if isinstance(exc, KvvizError):
@@ -272,16 +288,3 @@ def _blocks(slots: Iterable[int], block: int) -> list[slice | list[int]]:
     for slot in slots:
         parts.setdefault(slot // block, []).append(slot)
     return [slice(p[0], p[-1] + 1) if p[-1] - p[0] + 1 == len(p) else p for p in parts.values()]
-
-
-def _flags(size: int, chosen: Iterable[int] | None, device: torch.device | None) -> torch.Tensor:
-    """Boolean ``(size,)``: all True for ``None``, else True at ``chosen``."""
-    if chosen is None:
-        return torch.ones(size, dtype=torch.bool, device=device)
-    flags = torch.zeros(size, dtype=torch.bool, device=device)
-    flags[list(chosen)] = True
-    return flags
-
-
-def _opt(value: object) -> tuple[int, ...] | None:
-    return None if value is None else tuple(value)  # type: ignore[arg-type]

@@ -82,7 +82,7 @@ def import_session(lm: LoadedModel, document: Any, progress: Callable[[int, int]
     draft = EditDraft()
     if draft_edit is not None:
         draft = EditDraft.from_edit(draft_edit, saved.get("policy_name", ""), saved.get("policy_settings", {}))
-        _require(all(s < len(session) for s in draft.evicted_somewhere() | set(draft.key_bits) | set(draft.value_bits)),
+        _require(all(s < len(session) for s in draft.edit().touched_slots()),
                  "its edit names slots beyond the transcript")
     return session, draft, dict(document.get("view", {}))
 

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from kvviz.draft import EditDraft
+from kvviz.edits import Edit
 from kvviz.session import Session
 from kvviz.transcript import SEGMENTS
 
@@ -47,6 +48,8 @@ def _eviction_codes(edit) -> dict[int, int]:
     for eviction in edit.evictions:
         for slot in eviction.slots:
             codes[slot] = 1 if eviction.everywhere or codes.get(slot) == 1 else 2
+    for merge in edit.merges:  # merged away in one layer and KV head
+        codes.setdefault(merge.source, 2)
     return codes
 
 
@@ -82,10 +85,11 @@ def strip_chips(session: Session, draft: EditDraft, at: int, layer: int, head: i
     committed = session.commits.edit_at(at + 1).resolved(at + 1)
     gone = _eviction_codes(committed)
     relative = shade(row, shading)
-    partial = {s for e in draft.policy.evictions if not e.everywhere for s in e.slots}
+    partial = {s for e in draft.policy.evictions if not e.everywhere for s in e.slots} | {m.source for m in draft.merges}
     lm, n = session.lm, len(session)
+    scoped = Edit(evictions=draft.policy.evictions, merges=draft.merges)  # per (layer, KV head): a policy's, merges
     pairs = [(edit.evicted_mask(n, lm.layers, lm.kv_heads).sum((0, 1)).tolist() if 2 in codes else None)
-             for edit, codes in ((draft.policy, {2} if partial else set()), (committed, set(gone.values())))]
+             for edit, codes in ((scoped, {2} if partial else set()), (committed, set(gone.values())))]
     everywhere = draft.evicted | {s for e in draft.policy.evictions if e.everywhere for s in e.slots}
     segments, typed = session.transcript.segments(), session.transcript.typed_control
     slots, stops = session.transcript.slots, session.lm.stop_ids

@@ -7,7 +7,8 @@ kvpress 0.5.5 pins transformers < 5.3, so it lives in a venv of its own and this
     KVPRESS_PYTHON scripts/kvpress_parity.py press OUT.json PRESS.json [PRESS_NAME]  # kvpress: kept sets, logits
     .venv/bin/python scripts/kvpress_parity.py compare OUT.json PRESS.json [PRESS_NAME]  # kvviz: the table
 
-and the same for DecodingPress with ``decoding-press`` (kvpress) and ``decoding-compare`` (kvviz);
+and the same for DecodingPress with ``decoding-press`` (kvpress) and ``decoding-compare`` (kvviz), for the presses that
+change the cache (ThinKPress, MergingPress) with ``reshape-press`` and ``reshape-compare`` (kvviz's what-if);
 ``own-code OUT.json PRESS.json KVPRESS_PACKAGE`` runs kvpress' own press modules inside kvviz's venv.
 
 with KVPRESS_PYTHON a venv made by ``python3 -m venv V && V/bin/pip install torch==2.13.0 kvpress==0.5.5``. The
@@ -37,6 +38,12 @@ RATIOS = (0.5, 0.75)
 DECODING = [  # DecodingPress(base_press, compression_interval, target_size), teacher-forced on the full reply
     ("KnormPress", 4, 96), ("KnormPress", 1, 200), ("KeyDiffPress", 5, 128), ("KeyDiffPress", 2, 300)]
 STEPS = 14
+RESHAPING = [  # presses that change the cache: ThinK(channel ratio, window), MergingPress(press, ratio, threshold)
+    ("ThinKPress", {"key_channel_compression_ratio": 0.25}), ("ThinKPress", {"key_channel_compression_ratio": 0.5,
+                                                                            "window_size": 16}),
+    ("MergingPress", {"press": "KnormPress", "compression_ratio": 0.5}),
+    ("MergingPress", {"press": "KeyDiffPress", "compression_ratio": 0.75, "similarity_threshold": 0.2}),
+]
 WORDS = ("harbour lantern keeper ship noon dusk ledger tide compass anchor rope gull storm chart island beacon "
          "captain cargo mast sail wave reef fog bell").split()
 
@@ -124,6 +131,84 @@ def _pressed(model, instance, ids: list[int], eager: bool) -> dict:
         step = model(input_ids=torch.tensor([[first]]), position_ids=torch.tensor([[len(ids)]]),
                      past_key_values=cache, use_cache=True)
     return {"kept": kept, "first": first, "logits": step.logits[0, -1].tolist()}
+
+
+def reshape_press(data: str, target: str) -> None:
+    """kvpress' venv: each RESHAPING case on prompt 0: the pruned key channels (ThinK: the channels zero in every
+    key) or the kept slots (MergingPress) per layer and KV head, and the first decode step's probabilities."""
+    import torch
+    import kvpress
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    spec = json.loads(Path(data).read_text())
+    model = AutoModelForCausalLM.from_pretrained(spec["folder"], dtype=torch.float32, attn_implementation="sdpa").eval()
+    results = []
+    for prompt, ids in enumerate(spec["ids"]):
+        for name, arguments in RESHAPING:
+            made = {k: getattr(kvpress, v)() if k == "press" else v for k, v in arguments.items() if k != "compression_ratio"}
+            instance = getattr(kvpress, name)(**made)
+            if "compression_ratio" in arguments:
+                instance.compression_ratio = arguments["compression_ratio"]
+            case = {"press": name, "arguments": arguments, "prompt": prompt}
+            if name == "MergingPress":
+                case |= _pressed(model, instance, ids, eager=False)
+            else:
+                cache = DynamicCache(config=model.config)
+                with torch.no_grad():
+                    with instance(model):
+                        out = model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
+                    first = int(out.logits[0, -1].argmax())
+                    step = model(input_ids=torch.tensor([[first]]), position_ids=torch.tensor([[len(ids)]]),
+                                 past_key_values=cache, use_cache=True)
+                case |= {"first": first, "logits": step.logits[0, -1].tolist(),
+                         "pruned": [[(layer.keys[0, h, : len(ids)] == 0).all(0).nonzero()[:, 0].tolist()
+                                     for h in range(layer.keys.shape[1])] for layer in cache.layers]}
+            results.append(case)
+    Path(target).write_text(json.dumps(results))
+
+
+def reshape_compare(data: str, pressed: str) -> None:
+    """kvviz's venv: each RESHAPING case as a what-if at the first decode step (ThinK's prunings, or the press's
+    evictions merged), against kvpress: the channel or kept sets, and the top-10 probabilities."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import torch
+
+    from kvviz.edits import Edit
+    from kvviz.model import load_model
+    from kvviz.policies.base import Ratio
+    from kvviz.policies.kvpress import from_kvpress
+    from kvviz.policies.reshaping import merge_evicted, think
+    from kvviz.session import Session
+    from kvviz.whatif import what_if
+
+    lm = load_model()
+    spec = json.loads(Path(data).read_text())
+    print("| press | arguments | prompt | sets equal (layer × KV head) | merges | max abs Δp over the top 10 |")
+    print("|---|---|---|---|---|---|")
+    for case in json.loads(Path(pressed).read_text()):
+        session = Session(lm)
+        session.add_ids(spec["ids"][case["prompt"]])
+        session.force(case["first"])
+        session.step()
+        at, arguments = len(session) - 1, dict(case["arguments"])
+        if case["press"] == "ThinKPress":
+            prunings = think(session, arguments["key_channel_compression_ratio"], arguments.get("window_size", 32), at)
+            edit, ours, theirs = Edit(prunings=prunings), [list(p.channels) for p in prunings], \
+                [heads for layer in case["pruned"] for heads in layer]
+        else:
+            press = from_kvpress(arguments.pop("press"), compression_ratio=arguments.pop("compression_ratio"))
+            evicted = press.policy.decision(session, Ratio(press.ratio.ratio), at).evicted
+            edit = merge_evicted(session, Edit.from_evicted(evicted), at,
+                                 threshold=arguments.get("similarity_threshold", 0.0))
+            ours = [(~evicted[layer, head]).nonzero()[:, 0].tolist() for layer in range(lm.layers)
+                    for head in range(lm.kv_heads)]
+            theirs = [heads for layer in case["kept"] for heads in layer]
+        result = what_if(session, edit, at=at, topk=10)
+        probabilities = torch.softmax(torch.tensor(case["logits"], dtype=torch.float64), -1)
+        gap = max(abs(c.prob - float(probabilities[c.id])) for c in result.next_token.edited)
+        same = sum(sorted(a) == sorted(b) for a, b in zip(ours, theirs))
+        print(f"| {case['press']} | {case['arguments']} | {case['prompt']} | {same}/{len(ours)} | {len(edit.merges)} | "
+              f"{gap:.1e} |")
 
 
 def decoding_press(data: str, target: str) -> None:
@@ -268,4 +353,5 @@ def own_code(data: str, pressed: str, package: str) -> None:
 
 if __name__ == "__main__":
     {"prompts": prompts, "press": press, "compare": compare, "decoding-press": decoding_press,
-     "decoding-compare": decoding_compare, "own-code": own_code}[sys.argv[1]](*sys.argv[2:])
+     "decoding-compare": decoding_compare, "own-code": own_code, "reshape-press": reshape_press,
+     "reshape-compare": reshape_compare}[sys.argv[1]](*sys.argv[2:])

@@ -8,6 +8,7 @@ import streamlit as st
 from app import state
 from app.plain import plain, warn
 from app.components.strip import clicked, parse_click, token_strip
+from app.views import reshape
 from kvviz.attention_math import kv_head_of
 from kvviz.errors import KvvizError
 from kvviz.quant import Quantizer
@@ -189,6 +190,7 @@ def _picker(draft, session, at) -> None:
     cols[4].button("Evict this turn", disabled=not this_turn, on_click=lambda: state.draft().evict_many(this_turn))
     cols[5].button("Clear edit", on_click=lambda: state.draft().clear())
     _quantizer_settings(session.lm.head_dim)
+    reshape.render(session, draft, at)
     try:
         summary = draft.edit(at)
     except KvvizError as exc:
@@ -202,4 +204,6 @@ def _picker(draft, session, at) -> None:
                 "in at least one layer or head)")
     else:
         what = f"Edit: {len(evicted)} slots evicted"
-    st.caption(f"{what} · {len(summary.key_bits)} keys and {len(summary.value_bits)} values quantized")
+    reshaped = (f" · {sum(len(p.channels) for p in summary.prunings)} key channels pruned · {len(summary.merges)} "
+                "merges" if summary.reshapes else "")
+    st.caption(f"{what} · {len(summary.key_bits)} keys and {len(summary.value_bits)} values quantized{reshaped}")

@@ -66,6 +66,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default=None, help="eviction policy: streaming_llm, h2o, snapkv, tova, pyramid_kv, ada_kv, key_norm, random, "
                         "observed_attention, key_diff, lag_kv, chunk_kv, expected_attention, cur, critical_kv, kv_zip")
     parser.add_argument("--budget", default=None, help="slots (or fraction) the policy keeps")
+    parser.add_argument("--think", type=float, default=None, metavar="RATIO",
+                        help="prune this share of key channels per layer and KV head as ThinK does")
+    parser.add_argument("--think-window", type=int, default=32, metavar="W", help="ThinK's scoring queries")
+    parser.add_argument("--merge", action="store_true",
+                        help="merge the evicted slots into their most similar kept slot (D2O, kvpress' MergingPress)")
+    parser.add_argument("--merge-rule", choices=("average", "add"), default="average",
+                        help="average (D2O, MergingPress) or add (CaM)")
+    parser.add_argument("--merge-threshold", type=float, default=0.0, help="least key similarity to merge")
     parser.add_argument("--layer", type=int, default=0, help="detail layer")
     parser.add_argument("--head", type=int, default=0, help="detail query head")
     parser.add_argument("--topk", type=int, default=10)
@@ -106,7 +114,20 @@ def build_edit(args: argparse.Namespace, session: Session, at: int) -> Edit:
         keys=Quantizer(args.key_axis, args.group_size, args.symmetric),
         values=Quantizer(args.value_axis, args.group_size, args.symmetric),
     )
-    return edit.merged(hand)
+    edit = edit.merged(hand)
+    if args.merge:
+        from dataclasses import replace
+
+        from kvviz.policies.reshaping import merge_evicted
+
+        edit = replace(merge_evicted(session, edit, at, args.merge_threshold), merge_rule=args.merge_rule)
+    if args.think is not None:
+        from dataclasses import replace
+
+        from kvviz.policies.reshaping import think
+
+        edit = replace(edit, prunings=think(session, args.think, args.think_window, at))
+    return edit
 
 
 def run(args: argparse.Namespace) -> None:

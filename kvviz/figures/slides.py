@@ -138,7 +138,7 @@ def strip_slide(chips: list[list], caption: str, per_line: int = 96) -> dict:
 
 
 def describe(edit: Edit) -> str:
-    """One line for a caption: what ``edit`` evicts and quantizes."""
+    """One line for a caption: what ``edit`` evicts, quantizes, prunes and merges."""
     parts = []
     if edit.evicted_slots():
         slots = sorted(edit.evicted_slots())
@@ -148,6 +148,10 @@ def describe(edit: Edit) -> str:
     if widths:
         parts.append(f"quantize {len(set(edit.key_bits) | set(edit.value_bits))} slots to "
                      f"{'/'.join(map(str, widths))} bits")
+    if edit.prunings:
+        parts.append(f"prune {sum(len(p.channels) for p in edit.prunings)} key channels in {len(edit.prunings)} heads")
+    if edit.merges:
+        parts.append(f"merge {len(edit.merges)} values ({edit.merge_rule})")
     return "; ".join(parts) or "no edit"
 
 

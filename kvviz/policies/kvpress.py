@@ -58,7 +58,10 @@ PRESSES: dict[str, Press] = {
 NEAREST = {  # presses kvviz does not reproduce yet → the nearest kvviz policy, for the refusal
     "AdaKVPress": "ada_kv (with press=SnapKVPress)", "CriticalAdaKVPress": "critical_kv", "FastKVzipPress": "kv_zip",
     "LeverageScorePress": "cur (its sketch draws from torch's global generator, unseeded)",
-    "ThinKPress": "key_norm", "QFilterPress": "key_norm", "DuoAttentionPress": "streaming_llm",
+    "ThinKPress": "the ThinK pruning edit (whatif --think R; kvviz.policies.reshaping.think): it prunes channels, "
+                  "not slots",
+    "MergingPress": "an eviction merged into the kept slots (whatif --policy … --merge; "
+                    "kvviz.policies.reshaping.merge_evicted)", "QFilterPress": "key_norm", "DuoAttentionPress": "streaming_llm",
 }
 WRAPPERS = ("AdaKVPress", "ChunkKVPress", "CriticalKVPress", "DecodingPress", "KeyRerotationPress")
 DECODING = {"compression_interval": 512, "target_size": 2048, "hidden_states_buffer_size": 256}  # kvpress' defaults

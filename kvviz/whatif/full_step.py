@@ -15,6 +15,7 @@ from transformers import Cache
 from kvviz import attention_math as am
 from kvviz import kv_cache
 from kvviz.attention_support import AttentionRule
+from kvviz.edit_parts import reshaped
 from kvviz.edits import Edit
 from kvviz.kv_cache import KV
 from kvviz.recorder import Probe, probing
@@ -81,8 +82,11 @@ class FullStep:
         return kv_cache.over(layers, self.at, cached)
 
     def plan(self, edit: Edit) -> tuple:
-        """What ``edit`` writes into the cache: per kind, its quantizer and its ``(bit-width, slots)`` groups."""
-        return tuple((edit.keys if kind == "key" else edit.values, edit.groups(kind, self.at)) for kind in ("key", "value"))
+        """What ``edit`` writes into the cache: per kind, its quantizer and its ``(bit-width, slots)`` groups; then
+        its prunings and merges (None when it has none)."""
+        reshape = (edit.prunings, edit.merges, edit.merge_rule) if edit.reshapes else None
+        return (*((edit.keys if kind == "key" else edit.values, edit.groups(kind, self.at)) for kind in ("key", "value")),
+                reshape)
 
     @contextmanager
     def lent(self, session: Session, edit: Edit) -> Iterator[Cache]:
@@ -111,14 +115,18 @@ class FullStep:
     def _quantized(self, session: Session, edit: Edit, plan: tuple) -> Cache:
         """The scratch cache holding ``edit``'s quantization ``plan`` (see :meth:`lent`)."""
         if self.originals is None:
-            self.originals = (tuple(t[:, :, :self.at] for t in self.buffers) if not self.committed.quantizes
+            self.originals = (tuple(t[:, :, :self.at] for t in self.buffers) if not self.committed.rewrites
                               else stacked(prefix_kv(session, self.at)))
         if self.scratch is None:
             self.scratch = tuple(torch.empty_like(t) for t in self.buffers)
             for scratch, originals in zip(self.scratch, self.originals):
                 scratch[:, :, :self.at] = originals
+        elif plan != self.written and (plan[2] is not None or (self.written and self.written[2] is not None)):
+            for scratch, originals in zip(self.scratch, self.originals):  # prunings or merges: everything anew
+                scratch[:, :, :self.at] = originals
+            self.written, self.finished = (), False
         elif plan != self.written:  # restore the slots no longer quantized; the others are quantized again below
-            for index, ((_, before), (_, now)) in enumerate(zip(self.written, plan)):
+            for index, ((_, before), (_, now)) in enumerate(zip(self.written[:2], plan[:2])):
                 stale = _widths(before, self.at).keys() - _widths(now, self.at).keys()
                 if stale:
                     slots = torch.tensor(sorted(stale), device=self.scratch[index].device)
@@ -126,8 +134,13 @@ class FullStep:
         if plan != self.written or not self.finished:
             pending = self._pending(edit, plan)
             self.written, self.finished = plan, False  # noted first: a quantization that fails midway is redone
-            keys, values = (t[:, :, :self.at].flatten(0, 1) for t in self.scratch)  # (L·KV, at, D)
-            pending.quantize_(keys, values, source=tuple(t.flatten(0, 1) for t in self.originals))
+            keys, values = (t[:, :, :self.at] for t in self.scratch)  # (L, KV, at, D)
+            source = tuple(t.flatten(0, 1) for t in self.originals)
+            if plan[2] is not None:  # pruned and merged first, then quantized in place
+                for layer, (own_keys, own_values) in enumerate(zip(*self.originals)):
+                    keys[layer], values[layer] = reshaped(own_keys, own_values, layer, *plan[2])
+                source = None
+            pending.quantize_(keys.flatten(0, 1), values.flatten(0, 1), source=source)
             self.finished = True
         self.edited = self.scratch
         return self._over("scratch")
@@ -138,7 +151,7 @@ class FullStep:
         rewrites only the slots whose bit-width changed (those slots' bits are the same as when all are written)."""
         done = self.written if self.finished else ((None, []), (None, []))
         todo = []
-        for (quantizer, groups), (before, written) in zip(plan, done):
+        for (quantizer, groups), (before, written) in zip(plan[:2], done[:2]):
             widths, old = _widths(groups, self.at), _widths(written, self.at)
             if quantizer == before and quantizer.axis == "token":
                 widths = {slot: width for slot, width in widths.items() if old.get(slot) != width}
@@ -177,7 +190,7 @@ def prefix_kv(session: Session, at: int, edit: Edit | None = None) -> list[tuple
     """Per layer, the K/V ``(KV, at, D)`` of slots ``0..at-1`` as the model computed them (views), with ``edit``'s
     quantization applied (copies) when given."""
     originals = [session.commits.step_kv(layer, at) for layer in range(session.lm.layers)]
-    return originals if edit is None else [edit.quantized(*kv) for kv in originals]
+    return originals if edit is None else [edit.quantized(*kv, layer) for layer, kv in enumerate(originals)]
 
 
 def stacked(prefix: list[KV], room: int = 0) -> KV:

@@ -1,5 +1,6 @@
 """Cache bytes (docs/math.md §4): the full cache at the model's dtype and at fp16, and an edited cache as really
-packed — evicted entries gone, quantized ones as bit-packed codes plus fp16 scales / zero points. A sliding-window
+packed — evicted entries gone, quantized ones as bit-packed codes plus fp16 scales / zero points, pruned key channels
+of unquantized keys gone (ThinK's thinner keys; kvpress zeroes them in place and saves nothing). A sliding-window
 layer counts only the slots it still holds (its window's), as a model's own cache keeps them."""
 
 from __future__ import annotations
@@ -85,6 +86,14 @@ def cache_memory(
             edited[None] += _packed(per_segment.sum(1), width, head_dim, quantizer, native)
             for index, name in enumerate(names):
                 edited[name] += _packed(per_segment[:, index], width, head_dim, quantizer, native)
+
+    key_bits = _widths(edit.key_bits, n)
+    for pruning in edit.prunings:  # stored thin, as ThinK stores them: a pruned channel of a 16-bit key costs nothing
+        slots = _longs((s for s in pruning.slots if s < n), sum(s < n for s in pruning.slots))
+        thin = slots[kept[pruning.layer * kv_heads + pruning.head, slots] & (key_bits[slots] == 16)]
+        for name in (None, *(names[i] for i in segment_of[thin].unique().tolist())):
+            count = len(thin) if name is None else int((segment_of[thin] == names.index(name)).sum())
+            edited[name] -= count * len(pruning.channels) * native
 
     def summary(name: str | None, slots: int, held_slots: int, **parts) -> CacheBytes:
         elements = held_slots * slot_elements  # over the layers

@@ -5,7 +5,7 @@ The two runs are separate passes at the slot's true absolute position, so an edi
 the full run is kept per session until its cache changes, so trying edit after edit re-runs only the edited pass. Evicted
 slots are hidden from the edited run per (layer, KV head) by its probe; this equals removing them (tested). The probe
 also computes, per layer and query head, the evicted mass ρ and the *isolated* change of the attention output (the
-full-cache query with the edited cache: the closed form of docs/math.md §3, or the two-term split of §4 when quantizing), while
+full-cache query with the edited cache: the closed form of docs/math.md §3, or the two-term split of §4 when K/V change), while
 the *propagated* change is read from the edited run itself.
 """
 
@@ -67,11 +67,11 @@ class EditedStepProbe(Probe):
     """The edited run: hides evicted slots and measures, per layer and query head, ρ and the isolated Δo — the change
     of the layer's output with the full run's query and own K/V on the edited cache — and the propagated Δo (the
     edited run's own output). The isolated Δo is computed for all layers at once after the run: the closed form of
-    §3 for evictions alone, §4's two terms when quantizing (docs/math.md)."""
+    §3 for evictions alone, §4's two terms when the edit rewrites K/V: quantized, pruned or merged (docs/math.md)."""
 
-    def __init__(self, full: FullStep, quantizes: bool, hidden: torch.Tensor, new: torch.Tensor,
+    def __init__(self, full: FullStep, rewrites: bool, hidden: torch.Tensor, new: torch.Tensor,
                  detail: tuple[int, int], masked: bool):
-        self.full, self.quantizes = full, quantizes
+        self.full, self.rewrites = full, rewrites  # rewrites: the edit changes K/V (quantized, pruned, merged)
         self.hidden, self.masked, self.detail = hidden, masked, detail
         alpha = full.probe.alpha  # (L, H, n)
         self.new = am.expand_kv(new, alpha.shape[1], dim=1)  # (L, H, n): newly evicted
@@ -128,7 +128,7 @@ class EditedStepProbe(Probe):
 
     def results(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """After the run: the per-head maps ``(L, H)`` by name, and the detail head's rows."""
-        if self.quantizes:
+        if self.rewrites:
             weight, content = self._quantized()
             isolated = weight + content
         else:
@@ -174,9 +174,9 @@ def what_if(session: Session, edit: Edit, at: int | None = None, layer: int = 0,
 
     # Both runs take the same attention kernel, so an edit that changes nothing changes no bit. Masked unless the edit
     # only quantizes: an empty edit (the page's first view of a step) then keeps the full run that eviction clicks need.
-    masked = bool(hidden_edited.any()) or not edited.quantizes
+    masked = bool(hidden_edited.any()) or not edited.rewrites
     full_step = kept_full_step(session, at, full, hidden_full if masked else None)
-    probe = EditedStepProbe(full_step, edited.quantizes, hidden_edited, hidden_edited & ~hidden_full, (layer, head),
+    probe = EditedStepProbe(full_step, edited.rewrites, hidden_edited, hidden_edited & ~hidden_full, (layer, head),
                             masked)
     with full_step.lent(session, edited) as cache:
         out, cache = run(session, cache, slot.id, slot.position, probe)

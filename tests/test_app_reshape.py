@@ -1,0 +1,38 @@
+"""The app's pruning and merging controls through AppTest: ThinK's prunings and merges of the evicted slots land in
+the draft, the what-if shows them, a commit keeps them and undo takes them back."""
+
+from __future__ import annotations
+
+from kvviz.policies.reshaping import think
+from tests.test_app import assert_clean, metric, start
+
+
+def button(app, label: str):
+    return next(b for b in app.button if b.label.startswith(label))
+
+
+def test_prune_merge_commit_and_undo_from_the_page():
+    app = start()
+    app.chat_input[0].set_value("My cat is called Whiskers and my dog is called Rex. What is my cat called?").run()
+    assert_clean(app)
+    session, at = app.session_state["session"], len(app.session_state["session"]) - 1
+    app.slider(key="think_ratio").set_value(0.5).run()
+    button(app, "Prune with ThinK").click().run()
+    assert_clean(app)
+    draft = app.session_state["draft"]
+    assert draft.prunings == think(session, 0.5, 32, at)
+    assert float(metric(app, "KL")) > 0
+    assert any("32 key channels" in c.value or "key channels pruned" in c.value for c in app.caption)
+    draft.evict_many([20, 21, 22])
+    app.run()
+    button(app, "Merge the evicted slots").click().run()
+    assert_clean(app)
+    merges = app.session_state["draft"].merges
+    assert merges and {m.source for m in merges} == {20, 21, 22}
+    button(app, "Commit edit to the conversation").click().run()
+    assert_clean(app)
+    committed = session.commits.current
+    assert committed.prunings and committed.merges == merges and not app.session_state["draft"].merges
+    button(app, "Undo last commit").click().run()
+    assert_clean(app)
+    assert not session.commits.stack
