@@ -84,16 +84,18 @@ class Pruning:
 @dataclass(frozen=True)
 class Merge:
     """Slot ``source``'s value folded into slot ``target``'s with ``weight`` in one ``layer`` and KV ``head``; the
-    source is evicted there."""
+    source is evicted there. Merges of a later ``round`` read the values the earlier rounds left (a policy run that
+    merges at every turn's prompt: round = turn)."""
 
     layer: int
     head: int
     source: int
     target: int
     weight: float
+    round: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("layer", "head", "source", "target"):
+        for name in ("layer", "head", "source", "target", "round"):
             _index(getattr(self, name), f"a merge's {name}")
         if self.source == self.target:
             raise KvvizError(f"slot {self.source} cannot be merged into itself")
@@ -130,8 +132,8 @@ def check_parts(prunings: tuple[Pruning, ...], merges: tuple[Merge, ...], rule: 
 def reshaped(keys: torch.Tensor, values: torch.Tensor, layer: int, prunings: tuple[Pruning, ...],
              merges: tuple[Merge, ...], rule: str) -> tuple[torch.Tensor, torch.Tensor]:
     """``layer``'s keys and values ``(KV, n, D)`` with its prunings and merges applied (new tensors where changed;
-    parts beyond ``n`` are left out). Merges read the given values: every source's contribution is its value before
-    any merge, accumulated in float32 (as kvpress' ``MergingPress``)."""
+    parts beyond ``n`` are left out). The merges of one round read the values the earlier rounds left: every source's
+    contribution is its value before that round, accumulated in float32 (as kvpress' ``MergingPress``)."""
     n = keys.shape[1]
     own_prunings = [p for p in prunings if p.layer == layer and p.slots[0] < n]
     own_merges = [m for m in merges if m.layer == layer and m.target < n and m.source < n]
@@ -141,10 +143,11 @@ def reshaped(keys: torch.Tensor, values: torch.Tensor, layer: int, prunings: tup
             slots = torch.tensor([s for s in pruning.slots if s < n], device=keys.device)
             channels = torch.tensor(pruning.channels, device=keys.device)
             keys[pruning.head, slots[:, None], channels[None, :]] = 0
-    if own_merges:
-        heads, targets, sources = (torch.tensor([getattr(m, name) for m in own_merges], device=values.device)
+    for round_ in sorted({m.round for m in own_merges}):
+        batch = [m for m in own_merges if m.round == round_]
+        heads, targets, sources = (torch.tensor([getattr(m, name) for m in batch], device=values.device)
                                    for name in ("head", "target", "source"))
-        weights = torch.tensor([m.weight for m in own_merges], device=values.device, dtype=torch.float32)
+        weights = torch.tensor([m.weight for m in batch], device=values.device, dtype=torch.float32)
         added = torch.zeros(values.shape, dtype=torch.float32, device=values.device)
         added.index_put_((heads, targets), weights[:, None] * values[heads, sources].float(), accumulate=True)
         total = torch.zeros(values.shape[:2], dtype=torch.float32, device=values.device)
@@ -159,7 +162,7 @@ def reshaped(keys: torch.Tensor, values: torch.Tensor, layer: int, prunings: tup
 def to_json(prunings: tuple[Pruning, ...], merges: tuple[Merge, ...]) -> dict:
     return {"prune": [{"layer": p.layer, "head": p.head, "channels": list(p.channels), "slots": list(p.slots)}
                       for p in prunings],
-            "merge": [[m.layer, m.head, m.source, m.target, m.weight] for m in merges]}
+            "merge": [[m.layer, m.head, m.source, m.target, m.weight, *([m.round] if m.round else [])] for m in merges]}
 
 
 def from_json(data) -> tuple[tuple[Pruning, ...], tuple[Merge, ...]]:

@@ -81,8 +81,8 @@ def schema(lm: Geometry) -> dict:
                                 "channels": _list(_integer(0, lm.head_dim - 1), lm.head_dim), "slots": _list(slot, window)},
                                ("layer", "head", "channels", "slots")), lm.layers * lm.kv_heads * 4),
         "merge": _list({"type": "array", "prefixItems": [_integer(0, lm.layers - 1), _integer(0, lm.kv_heads - 1), slot, slot,
-                                                          {"type": "number", "minimum": 0}],
-                        "minItems": 5, "maxItems": 5}, lm.layers * lm.kv_heads * window),
+                                                          {"type": "number", "minimum": 0}, _integer(0, window)],
+                        "minItems": 5, "maxItems": 6}, lm.layers * lm.kv_heads * window),
         "merge_rule": {"enum": ["average", "add"]}})
     turn = _object({"user": {"type": "string", "maxLength": MAX_TEXT}, "prefill_ids": _list(token, window),
                     "reply_ids": _list(token, window), "shown": _integer(0, window), "raw": {"type": "boolean"}},

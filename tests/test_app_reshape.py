@@ -36,3 +36,22 @@ def test_prune_merge_commit_and_undo_from_the_page():
     button(app, "Undo last commit").click().run()
     assert_clean(app)
     assert not session.commits.stack
+
+
+def test_a_policy_run_from_the_page_prunes_and_merges_at_the_prompt():
+    from tests.test_app import open_view
+
+    app = start()
+    app.chat_input[0].set_value("My cat is called Whiskers and my dog is called Rex. What is my cat called?").run()
+    open_view(app, "Policy run")
+    next(s for s in app.selectbox if s.label == "Compress").select("prefill")
+    next(n for n in app.number_input if n.label.startswith("ThinK")).set_value(0.25)
+    next(c for c in app.checkbox if c.label == "Merge the evicted").check()
+    app.button[[b.label for b in app.button].index("Run the policy")].click().run()
+    assert_clean(app)
+    result = app.session_state["policy_run"]
+    reshape = result.settings.reshape
+    assert reshape.think == 0.25 and reshape.merge and result.settings.mode == "prefill"
+    parts = result.last.forced.session.commits.parts
+    assert parts and parts[0][1].merges and parts[0][1].prunings
+    assert any("ThinK prunes 25" in c.value for c in app.caption), [c.value for c in app.caption][:8]

@@ -213,3 +213,49 @@ def test_bad_prunings_and_merges_are_refused_and_change_nothing(lm, edit, words)
     with pytest.raises(KvvizError, match=words):
         session.commit(edit())
     assert not session.commits.stack and all(torch.equal(a, b) for a, b in zip(session.layer_kv(0), before))
+
+
+def test_a_run_that_prunes_and_merges_at_the_prompt_steps_as_the_what_if_of_that_edit(lm):
+    from dataclasses import replace
+
+    from kvviz.policies import KeyNorm
+    from kvviz.runs.compressed import CompressedSession, RunSettings
+    from kvviz.runs.reshape import Reshape
+
+    run = CompressedSession(lm, RunSettings(KeyNorm(), 24, "prefill", reshape=Reshape(think=0.25, merge=True)))
+    run.add_turn(PROMPT)
+    n = len(run)
+    logits = run.step()
+    plain = Session(lm)  # the same prompt and first token, unedited, and the same edit as a what-if of that step
+    plain.add_user_turn(PROMPT)
+    plain.step()
+    evicted = KeyNorm().decision(plain, 24, n).evicted
+    edit = replace(Edit.from_evicted(evicted), merges=merging(plain, evicted, n), prunings=think(plain, 0.25, 32, n))
+    result = what_if(plain, edit, at=n, topk=20)
+    assert len(edit.merges) > 0
+    rel = probability_rounding(logit_rounding(lm.config, logits))
+    probabilities = torch.softmax(logits.double(), -1)
+    for candidate in result.next_token.edited:
+        assert candidate.prob == pytest.approx(float(probabilities[candidate.id]), rel=rel, abs=1e-12)
+
+
+def test_a_two_turn_run_merges_in_rounds_and_its_timeline_rebuilds_the_live_cache(lm):
+    from kvviz.policies import SnapKV
+    from kvviz.runs.compressed import RunSettings
+    from kvviz.runs.policy_run import run_policy
+    from kvviz.runs.report import document
+    from kvviz.runs.reshape import Reshape
+
+    result = run_policy(lm, [PROMPT, "And what is my dog called?"],
+                        RunSettings(SnapKV(), 24, "both", reshape=Reshape(think=0.25, merge=True)), max_new_tokens=4)
+    session = result.last.forced.session
+    timeline, n = session.commits, len(session) - 1
+    assert [sorted({m.round for m in part.merges}) for _, part in timeline.parts] == [[0], [1]]
+    whole = timeline.edit_at(n)  # every commit's prunings and merges, from the K/V as computed
+    for layer in range(lm.layers):
+        rebuilt = whole.quantized(*timeline.original_kv(layer, n), layer)
+        assert all(torch.equal(a, b[:, :n]) for a, b in zip(rebuilt, session.layer_kv(layer)))  # the live cache
+    report = document(result)["reshape"]
+    assert report["merge"] and len(report["prompts"]) == 2 and len(report["prompts"][0]["pruned"]) == lm.layers
+    with pytest.raises(KvvizError, match="merging folds what a prompt's compression evicts"):
+        RunSettings(SnapKV(), 24, "decode", reshape=Reshape(merge=True))

@@ -20,6 +20,7 @@ from kvviz.runs.blame import blame, restore, variants
 from kvviz.runs.compressed import RunSettings
 from kvviz.runs.kivi import Kivi
 from kvviz.runs.policy_run import held_slots, run_policy
+from kvviz.runs.reshape import Reshape
 from kvviz.whatif.metrics import compare
 
 
@@ -56,6 +57,14 @@ def render() -> None:
                                   "(StreamingLLM's paper): kept keys move to the positions of their order in the "
                                   "cache and the next token follows them (policies that keep the same slots "
                                   "everywhere: streaming_llm, random)")
+        shape = st.columns([2, 2, 3])
+        think_share = shape[0].number_input("ThinK: key channels pruned", min_value=0.0, max_value=0.9, value=0.0,
+                                            step=0.05, help="At each prompt, the share of key channels ThinK prunes "
+                                                            "per layer and KV head (kvpress' ThinKPress); 0: none")
+        merge_on = shape[1].checkbox("Merge the evicted", help="What each prompt's compression evicts folds into the "
+                                     "most similar kept slot (kvpress' MergingPress, D2O); Compress: prefill or both")
+        rule = shape[2].radio("Merge rule", ["average", "add"], horizontal=True,
+                              help="average: (v + Σ w·v_e)/(1 + Σ w), as D2O and MergingPress · add: as CaM")
         policy = None
         if name != offered[0]:
             params = parameters(st, classes, name, "run")
@@ -67,8 +76,9 @@ def render() -> None:
             if name != offered[0]:
                 policy = build(classes, name, params)
             kivi = Kivi(bits, bits, int(group), int(residual), grouping) if kivi_on else None
+            reshape = Reshape(float(think_share), merge=merge_on, merge_rule=rule) if think_share or merge_on else None
             settings = RunSettings(policy, Ratio(float(ratio)) if ratio > 0 else int(budget), mode, int(every), kivi,
-                                   positions)
+                                   positions, reshape)
             lines = [line for line in prompt.splitlines() if line.strip()]
             state.make_room(held_slots(session.lm, lines, int(max_new)))
             with st.spinner("Running the full cache and the policy side by side…"):

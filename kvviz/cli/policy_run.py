@@ -31,6 +31,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kivi-residual", type=int, default=128, help="KIVI's full-precision recent slots (R)")
     parser.add_argument("--kivi-grouping", choices=("blocks", "shared"), default="blocks",
                         help="key scales per group of G slots (KIVI) or one shared by all quantized slots")
+    parser.add_argument("--think", type=float, default=0.0, metavar="R",
+                        help="prune the share R of key channels at each prompt, as ThinK (kvpress' ThinKPress)")
+    parser.add_argument("--think-window", type=positive, default=32, help="ThinK's scoring queries")
+    parser.add_argument("--merge", action="store_true", help="merge what each prompt's compression evicts into the "
+                        "most similar kept slots (kvpress' MergingPress; modes prefill, both)")
+    parser.add_argument("--merge-rule", choices=("average", "add"), default="average")
+    parser.add_argument("--merge-threshold", type=float, default=0.0, help="least key similarity to merge")
     parser.add_argument("--blame-step", type=int, default=None, help="step to blame (default: the divergence)")
     parser.add_argument("--blame-unit", choices=("slot", "word"), default="slot")
     parser.add_argument("--why", type=int, action="append", default=[], metavar="SLOT",
@@ -96,7 +103,11 @@ def run(args: argparse.Namespace) -> None:
     policy, budget, positions, mode, every = _policy(args, available())
     kivi = None if args.kivi_bits is None else Kivi(args.kivi_bits, args.kivi_bits, args.kivi_group,
                                                     args.kivi_residual, args.kivi_grouping)
-    settings = RunSettings(policy, budget, mode, every, kivi, positions)
+    from kvviz.runs.reshape import Reshape
+
+    reshape = Reshape(args.think, args.think_window, args.merge, args.merge_rule, args.merge_threshold) \
+        if args.think or args.merge else None
+    settings = RunSettings(policy, budget, mode, every, kivi, positions, reshape)
     result = run_policy(load_model(args.model), args.turn, settings, args.max_new_tokens)
     last = result.last
     step = args.blame_step if args.blame_step is not None else last.divergence

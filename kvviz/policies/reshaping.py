@@ -25,15 +25,15 @@ EPS = 1e-6  # kvpress' MergingPress: norms clamped, and the weight's denominator
 
 
 def think(session: Session, ratio: float, window: int = 32, at: int | None = None) -> tuple[Pruning, ...]:
-    """ThinK's prunings for the step of slot ``at`` (default: the newest cached slot): ``int(D·ratio)`` key channels
-    of every slot ``0..at-1`` per layer and KV head."""
+    """ThinK's prunings for the step of slot ``at`` (default: the newest cached slot; ``len(session)``: the step
+    about to be taken): ``int(D·ratio)`` key channels of every slot ``0..at-1`` per layer and KV head."""
     lm = session.lm
     at = len(session) - 1 if at is None else at
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio < 1:
         raise KvvizError(f"ThinK's channel ratio must be in [0, 1), got {ratio!r}")
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise KvvizError(f"ThinK's window must be a positive integer, got {window!r}")
-    if not 0 < at < len(session):
+    if not 0 < at <= len(session):  # at == len: the step about to be taken (a policy run, after a prompt)
         raise KvvizError(f"slot {at} has no cached slot before it to prune")
     count = int(lm.head_dim * ratio)
     if count == 0:

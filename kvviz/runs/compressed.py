@@ -17,18 +17,21 @@ implementation would, turn by turn and step by step (docs/math.md §9).
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
 
 from kvviz import kv_cache
+from kvviz.edits import Edit
 from kvviz.errors import KvvizError
 from kvviz.hidden_log import HiddenLog, recording
 from kvviz.model import LoadedModel
 from kvviz.policies.base import Candidates, Policy, kept_share, received_attention, slots_kept
 from kvviz.runs.kivi import Kivi
+from kvviz.policies.reshaping import merging, think
 from kvviz.runs.reasons import Reasons
+from kvviz.runs.reshape import Reshape
 from kvviz.runs.rerotate import Rotary
 from kvviz.runs.timeline import Timeline
 from kvviz.sampling import Sampling
@@ -50,8 +53,16 @@ class RunSettings:
     every: int = 1
     kivi: Kivi | None = None
     positions: Literal["original", "rerotated"] = "original"
+    reshape: Reshape | None = None  # ThinK's prunings, merges of the evicted, at each prompt
 
     def __post_init__(self) -> None:
+        if self.reshape is not None and (self.reshape.think or self.reshape.merge):
+            if self.kivi is not None or self.positions == "rerotated":
+                raise KvvizError("pruning or merging runs without KIVI and with original positions (both rewrite the "
+                                 "cache kvviz keeps for them)")
+            if self.reshape.merge and (self.policy is None or self.mode not in ("prefill", "both")):
+                raise KvvizError("merging folds what a prompt's compression evicts: it needs a policy and mode prefill "
+                                 "or both (kvpress' MergingPress compresses the prompt)")
         if self.positions not in POSITIONS:
             raise KvvizError(f"positions must be 'original' or 'rerotated', got {self.positions!r}")
         if self.positions == "rerotated" and (self.policy is None or not self.policy.uniform or self.kivi):
@@ -82,6 +93,8 @@ class RunSettings:
             parts.append(f"{self.policy.name}, budget {self.budget}, {self.mode}{every}")
         if self.kivi is not None:
             parts.append(self.kivi.label)
+        if self.reshape is not None and self.reshape.label:
+            parts.append(self.reshape.label)
         where = " · original positions" if self.positions == "original" else \
             " · re-rotated positions (kept keys at the positions of their order in the cache)"
         return "; ".join(parts) + where
@@ -139,7 +152,24 @@ class CompressedSession:
             if self.keep < 1:
                 raise KvvizError(f"a budget of {budget} keeps no slot of this {len(self.session)}-slot prompt")
         self.steps = 0
-        self._compress(self.settings.mode in ("prefill", "both"))
+        evicted = self._compress(self.settings.mode in ("prefill", "both"))
+        reshape = self.settings.reshape
+        if reshape is not None and (reshape.think or reshape.merge):
+            self._reshape(reshape, evicted)
+
+    def _reshape(self, reshape: Reshape, evicted: torch.Tensor | None) -> None:
+        """ThinK's prunings and the merges of what the prompt's compression ``evicted`` (bool ``(L, KV, at)``), written
+        into the cache and kept by the timeline (kvviz.runs.reshape)."""
+        at = len(self.session)
+        prunings = think(self.session, reshape.think, reshape.think_window, at) if reshape.think else ()
+        merges = ()
+        if reshape.merge and evicted is not None:
+            kept = self.alive()
+            merges = tuple(replace(m, round=len(self.prompt_end) - 1) for m in merging(
+                self.session, evicted, at, reshape.merge_threshold, kept=kept))
+        if self.timeline.reshape(at, Edit(prunings=prunings, merges=merges, merge_rule=reshape.merge_rule)):
+            self.session.version += 1
+            self.session.memo.clear()
 
     def step(self, token: int | None = None) -> torch.Tensor:
         """Decode one step — of ``token`` instead of the chosen one when given (teacher forcing) — after the
@@ -165,7 +195,9 @@ class CompressedSession:
         n = len(self.session)
         return ~self.timeline.hidden(n, n) & ~self.lm.attention.outside(n, n)[:, None]
 
-    def _compress(self, evict: bool) -> None:
+    def _compress(self, evict: bool) -> torch.Tensor | None:
+        """Compress before the slot about to be processed, as the mode says; the slots it evicted now (bool
+        ``(L, KV, at)``), or None."""
         at = len(self.session)
         evicted = None
         if evict and self.settings.policy is not None:
@@ -183,6 +215,7 @@ class CompressedSession:
             self.session.memo.clear()
             if self.timeline.rotary is not None:  # the next token follows the kept ones
                 self.session.transcript.renumbered = self.timeline.kept_count(at)
+        return evicted
 
     def _computed(self, start: int) -> None:
         """Re-rotated runs: note the keys of the slots from ``start`` as computed."""

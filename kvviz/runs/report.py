@@ -66,6 +66,21 @@ def _quantized(result: PolicyRun) -> list[dict]:
     return runs
 
 
+def _reshaped(result: PolicyRun) -> dict | None:
+    """The run's prunings and merges: the settings, and per prompt (turn) the pruned channels per layer and KV head
+    and the merges ``[layer, kv_head, source, target, weight]``."""
+    reshape = result.settings.reshape
+    if reshape is None or not (reshape.think or reshape.merge):
+        return None
+    parts = result.last.forced.session.commits.parts
+    return {"think": reshape.think, "think_window": reshape.think_window, "merge": reshape.merge,
+            "merge_rule": reshape.merge_rule, "merge_threshold": reshape.merge_threshold,
+            "prompts": [{"pruned": [[list(p.channels) for p in part.prunings if p.layer == layer]
+                                    for layer in range(result.last.forced.session.lm.layers)] if part.prunings else [],
+                         "merges": [[m.layer, m.head, m.source, m.target, m.weight] for m in part.merges]}
+                        for _, part in parts]}
+
+
 def document(result: PolicyRun, blame: Blame | None = None) -> dict:
     """The run's document: the last turn's fields at the top level, every turn under ``turns``."""
     settings = result.settings
@@ -78,6 +93,7 @@ def document(result: PolicyRun, blame: Blame | None = None) -> dict:
         "budget": settings.budget, "mode": settings.mode, "every": settings.every,
         "kivi": settings.kivi.settings() if settings.kivi is not None else None,
         "positions": settings.positions,
+        "reshape": _reshaped(result),
         **{key: last[key] for key in ("prompt_ids", "kept_after_prompt", "full", "policy_run", "divergence", "steps")},
         "evictions": result.evictions(),
         "quantized": _quantized(result),

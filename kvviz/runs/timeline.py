@@ -41,6 +41,8 @@ class Timeline:
         self.quantized: list[int] = []  # slots 0..q-1 quantized after commit k
         self.originals: tuple[torch.Tensor, torch.Tensor] | None = None  # (L, KV, q, D): quantized slots as computed
         self._edits: dict[int, Edit] = {}
+        self.parts: list[tuple[int, Edit]] = []  # (commit, its prunings and merges), kvviz.runs.reshape
+        self.unshaped: tuple[torch.Tensor, torch.Tensor] | None = None  # (L, KV, m, D): slots 0..m-1 as computed
 
     # --- the CommitLog read side -----------------------------------------------------------------------------
 
@@ -58,8 +60,12 @@ class Timeline:
                 self._edits.pop(next(iter(self._edits)))
             evictions = Edit.from_evicted(self.evicted_at[:, :, : self.at[k]] <= k).evictions
             quantized = self.kivi.edit(range(self.quantized[k])) if self.kivi and self.quantized[k] else Edit()
+            parts = [part for j, part in self.parts if j <= k]
             self._edits[k] = Edit(evictions=evictions, key_bits=quantized.key_bits, value_bits=quantized.value_bits,
-                                  keys=quantized.keys, values=quantized.values)
+                                  keys=quantized.keys, values=quantized.values,
+                                  prunings=tuple(p for part in parts for p in part.prunings),
+                                  merges=tuple(m for part in parts for m in part.merges),
+                                  merge_rule=parts[0].merge_rule if parts else "average")
         return self._edits[k]
 
     @property
@@ -87,6 +93,8 @@ class Timeline:
         k = self.index(slot)
         if self.rotary is not None:
             return k
+        if self.parts:  # pruned keys (no KIVI then): the prunings in force
+            return sum(j <= k and bool(part.prunings) for j, part in self.parts)
         return self.quantized[k] if k >= 0 else 0
 
     def step_kv(self, layer: int, at: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,6 +116,8 @@ class Timeline:
         """Keys ``(KV, stop, D)`` of ``layer`` as the step of slot ``slot`` saw them."""
         if self.rotary is not None:
             return self._placed_keys(layer, slot, stop)
+        if self.parts:
+            return self.edit_at(slot).quantized_keys(self.original_kv(layer, stop)[0], layer)
         quantized = min(self.key_version(slot), stop)
         if not quantized:
             return self.original_kv(layer, stop)[0]
@@ -124,6 +134,10 @@ class Timeline:
     def original_kv(self, layer: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values ``(KV, stop, D)`` of ``layer`` as the model computed them (before quantization)."""
         keys, values = (t[0, :, :stop] for t in kv_cache.layer_kv(self.cache, layer))
+        if self.unshaped is not None:  # pruned or merged slots: as computed (runs that reshape quantize nothing)
+            m = min(self.unshaped[0].shape[2], stop)
+            return tuple(torch.cat([kept[layer, :, :m], live[:, m:]], dim=1) for kept, live in zip(self.unshaped,
+                                                                                                   (keys, values)))
         q = min(self.quantized[-1] if self.quantized else 0, stop)
         if not q:
             return keys, values
@@ -161,6 +175,30 @@ class Timeline:
             self.quantized[k] = quantize
         if self.rotary is not None:
             self._rerotate(k, at)
+        return True
+
+    def reshape(self, at: int, edit: Edit) -> bool:
+        """Prune and merge as ``edit`` says before the step of slot ``at`` (joining a compression made then), writing
+        the result into the live cache and keeping slots ``0..at-1`` as computed. Returns whether anything changed."""
+        if not edit.reshapes:
+            return False
+        if not (self.at and self.at[-1] == at):
+            self.at.append(at)
+            self.quantized.append(self.quantized[-1] if self.quantized else 0)
+            if self.evicted_at.shape[-1] < at:
+                self.evicted_at = torch.nn.functional.pad(self.evicted_at, (0, at - self.evicted_at.shape[-1]),
+                                                          value=NEVER)
+        k = len(self.at) - 1
+        live = [kv_cache.layer_kv(self.cache, layer) for layer in range(self.layers)]
+        held = 0 if self.unshaped is None else self.unshaped[0].shape[2]
+        added = tuple(torch.stack([kv[i][0, :, held:at] for kv in live]) for i in (0, 1))  # not reshaped before
+        self.unshaped = added if self.unshaped is None else tuple(
+            torch.cat([o, a], dim=2) for o, a in zip(self.unshaped, added))
+        for layer, (keys, values) in enumerate(live):
+            new_keys, new_values = edit.quantized(keys[0, :, :at], values[0, :, :at], layer)
+            keys[0, :, :at], values[0, :, :at] = new_keys, new_values
+        self.parts.append((k, edit))
+        self._edits.pop(k, None)
         return True
 
     def note_computed(self, positions: list[int]) -> None:
