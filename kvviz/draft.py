@@ -23,6 +23,7 @@ class EditDraft:
     policy_settings: dict[str, int | float] = field(default_factory=dict)  # the seeding policy's parameters
     keys: Quantizer = field(default_factory=lambda: Quantizer("channel"))
     values: Quantizer = field(default_factory=lambda: Quantizer("token"))
+    decided_by: tuple | None = None  # (policy, budget, at) that seeded the mask: why each slot went (not saved)
     prunings: tuple[Pruning, ...] = ()  # key channels pruned (ThinK)
     merges: tuple[Merge, ...] = ()  # evicted values merged into kept slots
     merge_rule: str = "average"
@@ -53,15 +54,18 @@ class EditDraft:
     def evict_many(self, slots: list[int]) -> None:
         self.evicted.update(slots)
 
-    def seed(self, policy_edit: Edit, name: str, settings: dict[str, int | float] | None = None) -> None:
-        """Start from a policy's mask (hand evictions are cleared; bit-widths stay)."""
+    def seed(self, policy_edit: Edit, name: str, settings: dict[str, int | float] | None = None,
+             decided_by: tuple | None = None) -> None:
+        """Start from a policy's mask (hand evictions are cleared; bit-widths stay); ``decided_by``: the
+        ``(policy, budget, at)`` that made it, so the strip can say why each slot went."""
         self.policy, self.policy_name, self.evicted = policy_edit, name, set()
         self.policy_settings = dict(settings or {})
+        self.decided_by = decided_by
 
     def clear(self) -> None:
         self.evicted, self.key_bits, self.value_bits, self.selected = set(), {}, {}, set()
         self.policy, self.policy_name, self.policy_settings = Edit(), "", {}
-        self.prunings, self.merges, self.merge_rule = (), (), "average"
+        self.prunings, self.merges, self.merge_rule, self.decided_by = (), (), "average", None
 
     def reshape(self, prunings: tuple[Pruning, ...] | None = None, merges: tuple[Merge, ...] | None = None,
                 rule: str | None = None) -> None:

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from kvviz.draft import EditDraft
+from kvviz.errors import KvvizError
 from kvviz.edits import Edit
 from kvviz.session import Session
 from kvviz.transcript import SEGMENTS
@@ -70,12 +71,13 @@ def shade(row: torch.Tensor, shading: str = "linear") -> list[float]:
 
 
 def strip_chips(session: Session, draft: EditDraft, at: int, layer: int, head: int | None,
-                shading: str = "linear") -> list[list]:
+                shading: str = "linear", reasons: dict[int, str] | None = None) -> list[list]:
     """One row per slot up to ``at``: ``[slot, text, segment code, turn, attention shade ∈ [0, 1] (see :func:`shade`),
     evicted 0/1/2 (no / everywhere / some layers or heads), key bits, value bits, selected 0/1, a control token the user
     typed 0/1, outside ``layer``'s sliding window at this step 0/1, committed eviction 0/1/2, committed key bits,
     committed value bits, (layer, KV head) pairs that evict the slot in the draft, the same committed, cached late
-    0/1 (the end-of-turn token that closed the previous reply, first cached by this turn's prefill)]`` — the draft's
+    0/1 (the end-of-turn token that closed the previous reply, first cached by this turn's prefill), why the policy
+    that seeded the draft evicted it (``reasons``' line, or "")]`` — the draft's
     columns are the edit being tried, the committed ones the cache as it stood after this step (the commits made up
     to then: part of the conversation, in force for the next step)."""
     if at < 0:
@@ -103,8 +105,31 @@ def strip_chips(session: Session, draft: EditDraft, at: int, layer: int, head: i
                       int(slot.slot in draft.selected), int(slot.slot in typed), int(slot.slot < start),
                       gone.get(slot.slot, 0), committed.key_bits.get(slot.slot, 16),
                       committed.value_bits.get(slot.slot, 16),
-                      *(int(counts[slot.slot]) if counts else 0 for counts in pairs), int(slot.slot in late)])
+                      *(int(counts[slot.slot]) if counts else 0 for counts in pairs), int(slot.slot in late),
+                      (reasons or {}).get(slot.slot, "")])
     return chips
+
+
+def strip_reasons(session: Session, draft: EditDraft, layer: int, head: int | None) -> dict[int, str]:
+    """Why the policy that seeded ``draft`` evicts each slot it evicts there: per slot, its fate in ``layer`` and the
+    KV head of query head ``head`` (every KV head of the layer for the mean of heads), at the step and budget it
+    decided for; empty when no policy seeded the draft or its step is no longer cached."""
+    if draft.decided_by is None:
+        return {}
+    policy, budget, at = draft.decided_by
+    if not 0 <= at < len(session):
+        return {}
+    try:  # the Policies tab's "why" shares this memo
+        decision = session.memoized("why", (repr(policy), repr(budget), at),
+                                    lambda: policy.decision(session, budget, at), keep=1)
+    except KvvizError:
+        return {}
+    lm = session.lm
+    kv_heads = range(lm.kv_heads) if head is None else [head // (lm.heads // lm.kv_heads)]
+    slots = {s for e in draft.policy.evictions for s in e.slots}
+    lines = [decision.reasons(layer, kv, slots) for kv in kv_heads]
+    return {slot: f"{draft.policy_name} at slot {at}, budget {budget}:\n" + "\n".join(
+        own[slot] for own in lines if slot in own) for slot in sorted(slots)}
 
 
 def find_slots(session: Session, at: int, query: str) -> list[int]:

@@ -143,3 +143,26 @@ def test_the_timeline_of_one_layer_and_kv_head_says_why_each_slot_went(lm):
     figure = figures.timeline(result, pieces, -1, layer, head)
     assert figure.data[0].customdata[slot][0] == text[slot]
     assert figures.timeline(result, pieces, -1, None, None).data[0].customdata is None  # all heads: shares only
+
+
+def test_the_strip_says_why_the_seeding_policy_evicted_each_slot(lm):
+    from kvviz.draft import EditDraft
+    from kvviz.view_data import strip_chips, strip_reasons
+
+    session = Session(lm)
+    session.add_user_turn(PROMPT)
+    at, policy = len(session) - 1, H2O()
+    draft = EditDraft()
+    draft.seed(policy.edit(session, 12, at), "h2o", policy.settings(), (policy, 12, at))
+    decision = policy.decision(session, 12, at)
+    reasons = strip_reasons(session, draft, 4, 7)  # query head 7 reads KV head 7 // 3 = 2
+    evicted = sorted(draft.evicted_somewhere())
+    assert sorted(reasons) == evicted
+    for slot in evicted[:10]:
+        row = next(r for r in decision.why(slot) if r.layer == 4 and r.kv_head == 2)
+        assert f"layer 4, KV head 2: {row.outcome}" in reasons[slot] and row.reason in reasons[slot]
+    chips = strip_chips(session, draft, at, 4, 7, reasons=reasons)
+    assert chips[evicted[0]][-1] == reasons[evicted[0]] and all(chip[-1] == "" for chip in chips if chip[0] not in reasons)
+    assert len(strip_reasons(session, draft, 4, None)[evicted[0]].splitlines()) == 1 + lm.kv_heads
+    draft.clear()
+    assert strip_reasons(session, draft, 4, 7) == {}

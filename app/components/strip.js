@@ -7,7 +7,7 @@ const SEGMENTS = ["history", "query", "generated"];
 
 function describe(chip, row, at) {
   const [slot, text, segment, turn, attention, evicted, keyBits, valueBits, selected, typed, outside,
-         gone, committedKeyBits, committedValueBits, draftPairs, committedPairs, late] = row;
+         gone, committedKeyBits, committedValueBits, draftPairs, committedPairs, late, why] = row;
   chip.className = "kv-chip kv-" + SEGMENTS[segment] + (evicted === 1 ? " kv-evicted" : "") +
     (evicted === 2 ? " kv-partial" : "") + (selected ? " kv-selected" : "") + (slot === at ? " kv-current" : "") +
     (typed ? " kv-typed" : "") + (outside ? " kv-outside" : "") + (late ? " kv-late" : "") +
@@ -24,7 +24,8 @@ function describe(chip, row, at) {
     (committedBits ? " · committed: K" + committedKeyBits + "/V" + committedValueBits : "") +
     (typed ? " · a control token typed by the user" : "") +
     (late ? " · ends turn " + turn + "'s reply: chosen then, cached by turn " + (turn + 1) + "'s prefill" : "") +
-    (outside ? " · outside this layer's sliding window: the layer no longer holds it" : "");
+    (outside ? " · outside this layer's sliding window: the layer no longer holds it" : "") +
+    (why ? "\n" + why : "");
   chip.textContent = text.replace(/\n/g, "↵").replace(/\t/g, "⇥") || "∅";
   const badge = (className, k, v) => {
     const sup = document.createElement("sup");

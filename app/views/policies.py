@@ -43,7 +43,8 @@ def render() -> None:
     left, right = st.columns(2)
     if left.button(f"Put {first}'s mask on the strip"):
         try:
-            state.draft().seed(policies[0].edit(session, budget, at), first, policies[0].settings())
+            state.draft().seed(policies[0].edit(session, budget, at), first, policies[0].settings(),
+                               (policies[0], budget, at))
         except KvvizError as exc:
             warn(exc)
         else:

@@ -12,7 +12,8 @@ from app.views import reshape
 from kvviz.attention_math import kv_head_of
 from kvviz.errors import KvvizError
 from kvviz.quant import Quantizer
-from kvviz.view_data import SHADINGS, commit_rows, find_slots, kept_per_head, strip_chips, window_start
+from kvviz.view_data import (SHADINGS, commit_rows, find_slots, kept_per_head, strip_chips, strip_reasons,
+                             window_start)
 
 BITS = [16, 8, 4, 3, 2]
 
@@ -62,7 +63,8 @@ def render() -> None:
     session, draft = state.session(), state.draft()
     at = state.step_slot()
     shading = st.session_state.get("shading", "linear")
-    chips = strip_chips(session, draft, at, st.session_state.layer, state.head(), shading)
+    reasons = strip_reasons(session, draft, st.session_state.layer, state.head())
+    chips = strip_chips(session, draft, at, st.session_state.layer, state.head(), shading, reasons)
     scale = {"linear": "relative to the strongest slot", "log": "log scale over six decades",
              "rank": "by rank"}[shading]
     if not st.session_state.large:  # a projector shows the strip without its legend: the speaker tells it

@@ -8,6 +8,7 @@ is at or past the budget: its score is under the threshold, or equal to it and l
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -66,6 +67,23 @@ class Decision:
                                     int(counts[layer, head]), bool(self.alive[layer, head, slot]),
                                     bool(self.evicted[layer, head, slot]), layer, head))
         return rows
+
+
+    def reasons(self, layer: int, kv_head: int, slots: Iterable[int]) -> dict[int, str]:
+        """One line per slot of ``slots`` (candidates of this decision) for one layer and KV head: its outcome, score
+        against the lowest kept score, rank and budget (what the strip's tooltips say)."""
+        threshold, count = float(self.threshold[layer, kv_head]), int(self.alive[layer, kv_head].sum())
+        budget = int(self.budgets[layer, kv_head])
+        lines = {}
+        for slot in slots:
+            if 0 <= slot < self.at:
+                why = explain(float(self.scores[layer, kv_head, slot]), threshold,
+                              int(self.rank[layer, kv_head, slot]) + 1, budget, count,
+                              bool(self.alive[layer, kv_head, slot]), bool(self.evicted[layer, kv_head, slot]),
+                              layer, kv_head)
+                score = "protected" if why.score == INF else f"score {why.score:.4g} vs lowest kept {why.threshold:.4g}"
+                lines[slot] = f"layer {layer}, KV head {kv_head}: {why.outcome} ({score}); {why.reason}"
+        return lines
 
 
 def explain(score: float, threshold: float, rank: int, budget: int, candidates: int, alive: bool, evicted: bool,
