@@ -174,3 +174,42 @@ def test_an_oversized_or_hostile_upload_is_refused_in_one_line_and_changes_nothi
     page.wait_for_function("!document.querySelector('[data-testid=stStatusWidget]')", timeout=120_000)
     assert "Traceback" not in page.locator("[data-testid=stApp]").inner_text()
     assert _page_state(page) == before
+
+
+def _idle(page) -> None:
+    page.wait_for_function("!document.querySelector('[data-testid=stStatusWidget]')", timeout=180_000)
+    page.wait_for_timeout(800)
+
+
+def _open_reshape(page) -> None:
+    if not page.get_by_role("button", name="Prune with ThinK").is_visible():
+        page.get_by_text("Prune key channels (ThinK) or merge evicted values").click()
+        _idle(page)
+
+
+def test_prune_and_merge_from_the_strip_and_a_policy_says_why_on_its_chips(page):
+    _idle(page)
+    chips = page.locator(".kv-chip")
+    target = chips.nth(chips.count() // 3)
+    target.scroll_into_view_if_needed()
+    target.click()
+    expect(page.locator(".kv-chip.kv-evicted")).to_have_count(1, timeout=120_000)
+    _idle(page)
+    _open_reshape(page)
+    page.get_by_role("button", name="Merge the evicted slots into their most similar kept slot").click()
+    _idle(page)
+    _open_reshape(page)
+    page.get_by_role("button", name="Prune with ThinK").click()
+    summary = page.get_by_text("key channels pruned in 90 (layer, KV head) pairs")
+    expect(summary).to_be_visible(timeout=120_000)
+    assert "merges (average)" in summary.inner_text()
+    assert page.locator("[data-testid=stException]").count() == 0
+    page.get_by_role("button", name="Clear edit").click()
+    _idle(page)
+    page.get_by_role("tab", name="Policies").click()
+    page.get_by_role("button", name="Put h2o's mask on the strip").click()
+    partial = page.locator(".kv-chip.kv-partial")
+    expect(partial.first).to_be_visible(timeout=120_000)
+    _idle(page)
+    title = partial.first.get_attribute("title")
+    assert "h2o at slot" in title and "lowest kept" in title, title
