@@ -31,6 +31,7 @@ CASES = [  # (press, kvpress arguments); each at every ratio of RATIOS
     ("ExpectedAttentionPress", {}), ("ExpectedAttentionPress", {"use_covariance": False, "n_future_positions": 64}),
     ("CURPress", {}), ("CURPress", {"leverage_type": "kv_avg", "local_window_size": 8}),
     ("CriticalKVPress", {"press": "KnormPress"}), ("CriticalKVPress", {"press": "CURPress", "first_stage_ratio": 0.3}),
+    ("ChunkKVPress", {"press": "SnapKVPress"}), ("CriticalKVPress", {"press": "SnapKVPress"}),
     ("KVzipPress", {}), ("KVzipPress", {"layerwise": True}),
     ("KVzipPress", {"kvzip_plus_normalization": True, "chunk_size": 128}),
 ]

@@ -14,7 +14,9 @@ import pytest
 import torch
 
 from kvviz.errors import KvvizError
-from kvviz.policies import AdaKV, KeyNorm, ObservedAttention, PyramidKV, RandomPolicy, SnapKV, StreamingLLM, TOVA
+from kvviz.policies import (AdaKV, ChunkKV, KeyNorm, ObservedAttention, PyramidKV, RandomPolicy, SnapKV, StreamingLLM,
+                            TOVA)
+from kvviz.policies.base import Candidates
 from kvviz.policies.base import Ratio, slots_kept
 from kvviz.policies.kvpress import PRESSES, from_kvpress, table
 from kvviz.policies.pyramid_kv import kvpress_pyramid
@@ -40,11 +42,12 @@ def test_a_ratio_rounds_as_kvpress_and_stands_for_the_fraction_kept():
 
 def test_presses_map_to_policies_with_kvpress_conventions():
     snap = from_kvpress("SnapKVPress", compression_ratio=0.5)
-    assert snap.policy == SnapKV(window=64, kernel=5, pooling="avg", window_kept="all") and snap.ratio.ratio == 0.5
-    assert from_kvpress("SnapKVPress", window_size="32", kernel_size="7").policy == SnapKV(32, 7, "avg", "all")
-    assert from_kvpress("PyramidKVPress").policy == PyramidKV(64, 5, "avg", "all", 20.0, "kvpress")
+    assert snap.policy == SnapKV(window=64, kernel=5, pooling="avg", window_kept="all", votes="mean") \
+        and snap.ratio.ratio == 0.5
+    assert from_kvpress("SnapKVPress", window_size="32", kernel_size="7").policy == SnapKV(32, 7, "avg", "all", "mean")
+    assert from_kvpress("PyramidKVPress").policy == PyramidKV(64, 5, "avg", "all", "mean", 20.0, "kvpress")
     assert from_kvpress("AdaKVPress", press="SnapKVPress", alpha_safeguard=0.1).policy == AdaKV(64, 5, "avg", "all",
-                                                                                                 0.1)
+                                                                                                 "mean", 0.1)
     assert from_kvpress("StreamingLLMPress", n_sink=2).policy == StreamingLLM(sinks=2)
     assert from_kvpress("TOVAPress").policy == TOVA(keep_last=True)
     assert from_kvpress("RandomPress", seed=3).policy == RandomPolicy(seed=3, per_head=True)
@@ -58,7 +61,7 @@ def test_presses_map_to_policies_with_kvpress_conventions():
 @pytest.mark.parametrize("call, words", [
     (lambda: from_kvpress("CriticalAdaKVPress"), "no exact kvviz counterpart; the nearest: critical_kv"),
     (lambda: from_kvpress("CriticalKVPress"), "wraps a press: give press=NAME"),
-    (lambda: from_kvpress("CriticalKVPress", press="SnapKVPress"), "over KnormPress, KeyDiffPress, CURPress only"),
+    (lambda: from_kvpress("CriticalKVPress", press="TOVAPress"), "over KnormPress, KeyDiffPress, CURPress, SnapKVPress only"),
     (lambda: from_kvpress("NoSuchPress"), "presses kvviz reproduces: StreamingLLMPress"),
     (lambda: from_kvpress("SnapKVPress", window=3), "argument 'window' has no kvviz counterpart"),
     (lambda: from_kvpress("AdaKVPress", press="KnormPress"), "over SnapKVPress only"),
@@ -230,3 +233,27 @@ def test_the_app_offers_presses_by_name_in_both_policy_pickers():
     assert result.settings.policy == from_kvpress("TOVAPress").policy and result.settings.budget.ratio == 0.5
     kept = int(result.last.steps[0].visible + 0.5)
     assert kept == max(1, int(result.last.prompt_end * 0.5))  # int(n·(1 − r)) of the prompt's slots
+
+
+def test_snapkv_in_kvpress_scale_and_the_wrappers_over_it(lm, prompt):
+    """``votes="mean"`` gives kvpress' SnapKV scores themselves (the window padded at the layer's maximum + 1 once a
+    wrapper pads it), and ChunkKV over it keeps the chunks kvpress' ChunkKVPress keeps by those scores."""
+    session, n = prompt
+    n -= 1  # a one-shot decision before the newest slot
+    reference = kvpress_snapkv_scores(session, n, 16, 5)  # (L, KV, n) float64
+    policy = from_kvpress("SnapKVPress", window_size=16).policy
+    alive = torch.ones(lm.layers, lm.kv_heads, n, dtype=torch.bool)
+    scores = policy.score(Candidates(session, n, n // 2, alive)).double()
+    before = slice(0, n - 16)
+    assert torch.allclose(scores[..., before], reference[..., before], rtol=1e-5, atol=1e-9)  # float32 sums, ≤ 1e-5
+    assert bool((scores[..., n - 16:] == float("inf")).all())
+    chunk = ChunkKV(inner="kvpress:SnapKVPress", chunk=20)  # SnapKV at kvpress' 64-slot window: recompute its scale
+    wide = kvpress_snapkv_scores(session, n, 64, 5).sum(1)  # (L, n): summed over the KV heads, as ChunkKVPress
+    starts = list(range(0, n, 20))
+    kept = chunk.decision(session, Ratio(0.5), n).evicted.logical_not()[:, 0]  # (L, n): alike in every KV head
+    for layer in range(lm.layers):
+        means = torch.stack([wide[layer, s: s + 20].mean() for s in starts])
+        chosen = sorted({s // 20 for s in kept[layer].nonzero()[:, 0].tolist()})
+        others = [c for c in range(len(starts)) if c not in chosen]
+        assert len(chosen) == max(1, int(len(starts) * 0.5)), layer  # the best chunks; equal means are ties
+        assert float(means[chosen].min()) >= float(means[others].max()) * (1 - 1e-5), layer

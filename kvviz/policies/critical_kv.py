@@ -22,7 +22,7 @@ from kvviz.policies.base import Candidates, TopkTies, checked_scores, choice
 from kvviz.policies.inner import inner_policy
 
 INNER = ("snapkv", "key_norm", "key_diff", "cur", "expected_attention", "tova", "h2o", "observed_attention", "lag_kv",
-         "streaming_llm", "kvpress:KnormPress", "kvpress:KeyDiffPress", "kvpress:CURPress")
+         "streaming_llm", "kvpress:KnormPress", "kvpress:KeyDiffPress", "kvpress:CURPress", "kvpress:SnapKVPress")
 
 
 @dataclass(frozen=True)

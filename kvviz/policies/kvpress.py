@@ -22,7 +22,7 @@ from kvviz.errors import KvvizError
 from kvviz.policies.base import Policy, Ratio
 from kvviz.policies.by_name import policy_named
 
-SNAPKV = {"window": 64, "kernel": 5, "pooling": "avg", "window_kept": "all"}
+SNAPKV = {"window": 64, "kernel": 5, "pooling": "avg", "window_kept": "all", "votes": "mean"}
 SNAPKV_ARGUMENTS = {"window_size": "window", "kernel_size": "kernel"}
 
 
@@ -66,7 +66,7 @@ NEAREST = {  # presses kvviz does not reproduce yet → the nearest kvviz policy
 WRAPPERS = ("AdaKVPress", "ChunkKVPress", "CriticalKVPress", "DecodingPress", "KeyRerotationPress")
 DECODING = {"compression_interval": 512, "target_size": 2048, "hidden_states_buffer_size": 256}  # kvpress' defaults
 SCORE_ONLY = ("KnormPress", "KeyDiffPress")  # scores of keys alone: no protected window, no queries, any cache order
-UNPROTECTED = (*SCORE_ONLY, "CURPress")  # scores with no protected window padded in their own scale (wrappers' inner)
+UNPROTECTED = (*SCORE_ONLY, "CURPress", "SnapKVPress")  # what kvviz's wrappers reproduce kvpress' wrappers over
 
 
 ADAKV = Press("ada_kv", {**SNAPKV_ARGUMENTS, "alpha_safeguard": "floor"}, SNAPKV)

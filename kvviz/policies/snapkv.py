@@ -10,7 +10,8 @@ it. Defaults here: window 32, kernel 7, max pooling.
 kvpress' ``SnapKVPress`` (window 64, kernel 5) is ``pooling="avg"`` (zero-padded average, as ``F.avg_pool1d``) with
 ``window_kept="all"``: the whole window is kept (as SnapKV's own code does), the rest of the budget goes to the best
 pooled slots before it. kvpress averages the votes over the window's rows and a group's query heads where kvviz sums
-them: the same order of slots.
+them: the same order of slots, and ``votes="mean"`` divides by the window's rows and the group's heads to give
+kvpress' very scores (the scale kvpress' wrappers pad the window in).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class SnapKV(Policy):
     kernel: int = 7  # width of the pooling over neighbouring slots
     pooling: str = choice("max", "avg")  # max, or avg (kvpress: zero-padded average)
     window_kept: str = choice("half", "all")  # the window while it fits in half the budget, or always (kvpress)
+    votes: str = choice("sum", "mean")  # summed over the window's rows and a group's heads, or averaged (kvpress)
 
     def __post_init__(self) -> None:
         positive(self, "window", "kernel")
@@ -47,5 +49,8 @@ class SnapKV(Policy):
             pool = torch.nn.functional.max_pool1d if self.pooling == "max" else torch.nn.functional.avg_pool1d
             before = pool(before, self.kernel, stride=1, padding=self.kernel // 2)
         pooled = torch.cat([before, votes[..., at - window:]], -1)
+        if self.votes == "mean":  # kvpress' scale: what a wrapper that pads the window in it (ChunkKV, CriticalKV) sees
+            lm = candidates.session.lm
+            pooled = pooled / (window * (lm.heads // lm.kv_heads))
         recent = window if self.window_kept == "all" else min(window, candidates.keep // 2)
         return protect(pooled, slice(at - recent, at)) if recent else pooled
