@@ -142,6 +142,9 @@ class Edit:
                 raise KvvizError(f"KV head {eviction.heads[-1]} does not exist (the model has {kv_heads})")
         self.keys.check(head_dim)
         self.values.check(head_dim)
+        for quantizer, table in ((self.keys, self.key_bits), (self.values, self.value_bits)):
+            for bits in set(table.values()):
+                quantizer.check_bits(bits)
         if self.reshapes or self.merge_rule != "average":
             check_parts(self.prunings, self.merges, self.merge_rule, at, layers, kv_heads, head_dim,
                         self.evicted_mask(at, layers, kv_heads))

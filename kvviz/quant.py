@@ -1,9 +1,13 @@
-"""Uniform quantizers for cached keys and values (docs/math.md §4), and the bytes they really take when packed.
+"""Quantizers for cached keys and values (docs/math.md §4), and the bytes they really take when packed.
 
 Granularity, KIVI style: ``channel`` shares one scale (and zero point) per (KV head, channel) across the quantized
 slots — keys have outlier channels, so this suits them; with ``block`` = G, KIVI's token-blocked groups: one scale per
 (KV head, channel, block of G slots ``bG..bG+G-1``). ``token`` shares one per (KV head, slot, group of ``group_size``
-channels) — this suits values. Scales and zero points are stored as fp16.
+channels) — this suits values. ``head`` shares one per KV head over the slots quantized together (an FP8 cache's
+per-head scale). Formats: ``int`` — uniform codes, scales and zero points stored as fp16; ``e4m3`` / ``e5m2`` —
+FP8, the engines' KV-cache dtypes (vLLM's ``kv_cache_dtype="fp8_e4m3"`` / ``"fp8_e5m2"``): ``x ≈ scale · fp8(x /
+scale)`` with ``scale = amax / max(format)`` over the group (dynamic scaling), torch's own float8 casts (round to
+nearest even, saturating at the format's maximum), 8 bits per element and one float32 scale per group.
 """
 
 from __future__ import annotations
@@ -16,8 +20,10 @@ import torch
 from kvviz.errors import KvvizError
 
 SUPPORTED_BITS = (16, 8, 4, 3, 2)
-Axis = Literal["channel", "token"]
+Axis = Literal["channel", "token", "head"]
+FORMATS = {"int": None, "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 PARAM_BYTES = 2  # one fp16 scale or zero point
+FP8_SCALE_BYTES = 4  # one float32 scale (as vLLM keeps k_scale / v_scale)
 _TINY = torch.finfo(torch.float32).tiny
 
 
@@ -31,10 +37,13 @@ class Quantizer:
     group_size: int | None = None
     symmetric: bool = False
     block: int | None = None
+    format: str = "int"  # "int", or FP8: "e4m3", "e5m2"
 
     def __post_init__(self) -> None:
-        if self.axis not in ("channel", "token"):
-            raise KvvizError(f"granularity must be 'channel' or 'token', got {self.axis!r}")
+        if self.axis not in ("channel", "token", "head"):
+            raise KvvizError(f"granularity must be 'channel', 'token' or 'head', got {self.axis!r}")
+        if self.format not in FORMATS:
+            raise KvvizError(f"the number format must be one of {', '.join(FORMATS)}, got {self.format!r}")
         if self.group_size is not None and (not isinstance(self.group_size, int) or self.group_size < 1):
             raise KvvizError(f"group size must be a positive integer, got {self.group_size!r}")
         if self.block is not None and (isinstance(self.block, bool) or not isinstance(self.block, int) or self.block < 1):
@@ -46,6 +55,16 @@ class Quantizer:
 
     def groups_per_slot(self, head_dim: int) -> int:
         return head_dim // (self.group_size or head_dim)
+
+    @property
+    def fp8(self) -> torch.dtype | None:
+        """The float8 dtype of an FP8 format, None for integer codes."""
+        return FORMATS[self.format]
+
+    def check_bits(self, bits: int) -> None:
+        """Refuse a bit-width this format cannot store (FP8: 8, or 16 for untouched)."""
+        if self.fp8 is not None and bits not in (8, 16):
+            raise KvvizError(f"FP8 ({self.format}) stores 8 bits per element; choose 8 (or 16: untouched), not {bits}")
 
 
 def check_bits(bits: object) -> int:
@@ -78,15 +97,28 @@ def fake_quantize_(
     if check_bits(bits) == 16 or x.numel() == 0:
         return x.copy_(source) if source is not x else x
     quantizer.check(x.shape[-1])
+    quantizer.check_bits(bits)
     if x.dtype != torch.float32 or source.dtype != torch.float32:  # half precision: round trip in float32
         return x.copy_(fake_quantize(source, bits, quantizer))
     if quantizer.axis == "token":
         kv, n, dim = x.shape
         grouped = (kv, n, quantizer.groups_per_slot(dim), -1)
-        _round_trip_(x.view(grouped), source.view(grouped), bits, quantizer.symmetric, reduce_dim=-1)
+        out, values, reduce_dim = x.view(grouped), source.view(grouped), -1
     else:
-        _round_trip_(x, source, bits, quantizer.symmetric, reduce_dim=1)
+        out, values, reduce_dim = x, source, (1 if quantizer.axis == "channel" else (1, 2))
+    if quantizer.fp8 is not None:
+        _fp8_round_trip_(out, values, quantizer.fp8, reduce_dim)
+    else:
+        _round_trip_(out, values, bits, quantizer.symmetric, reduce_dim)
     return x
+
+
+def _fp8_round_trip_(out: torch.Tensor, values: torch.Tensor, dtype: torch.dtype, reduce_dim) -> None:
+    """``out`` ← ``scale · fp8(values / scale)`` with ``scale = amax / max(dtype)`` per group (torch's cast: round to
+    nearest even, saturating at the maximum; a group of zeros gets the smallest positive scale)."""
+    scale = (values.abs().amax(reduce_dim, keepdim=True) / torch.finfo(dtype).max).clamp_min_(_TINY)
+    torch.div(values, scale, out=out)
+    out.copy_(out.to(dtype).float()).mul_(scale)
 
 
 def _round_trip_(out: torch.Tensor, values: torch.Tensor, bits: int, symmetric: bool, reduce_dim: int) -> None:
@@ -104,14 +136,21 @@ def _round_trip_(out: torch.Tensor, values: torch.Tensor, bits: int, symmetric: 
 
 
 def error_bound(x: torch.Tensor, bits: int, quantizer: Quantizer) -> torch.Tensor:
-    """The largest possible round-to-nearest error of each element of ``x`` ``(KV, n, D)``: half its group's scale."""
+    """The largest possible round-to-nearest error of each element of ``x`` ``(KV, n, D)``: half its group's scale
+    (FP8: half the format's spacing at the element, ``2^(e − m − 1)·scale`` for ``m`` mantissa bits and the element's
+    binary exponent ``e``, no lower than the smallest normal's)."""
     values = x.float()
     if quantizer.axis == "token":
         kv, n, dim = values.shape
         values = values.reshape(kv, n, quantizer.groups_per_slot(dim), -1)
         reduce_dim = -1
     else:
-        reduce_dim = 1
+        reduce_dim = 1 if quantizer.axis == "channel" else (1, 2)
+    if quantizer.fp8 is not None:
+        info, mantissa = torch.finfo(quantizer.fp8), {"e4m3": 3, "e5m2": 2}[quantizer.format]
+        scale = (values.abs().amax(reduce_dim, keepdim=True) / info.max).clamp_min(_TINY)
+        exponent = torch.log2((values / scale).abs().clamp_min(info.smallest_normal)).floor()
+        return (torch.exp2(exponent - mantissa - 1) * scale).expand_as(values).reshape(x.shape)
     if quantizer.symmetric:
         half = values.abs().amax(reduce_dim, keepdim=True) / (2 ** (bits - 1) - 1) / 2
     else:
@@ -130,9 +169,12 @@ def packed_bytes(slots: int, bits: int, head_dim: int, quantizer: Quantizer, nat
     if bits == 16:
         return slots * head_dim * native_bytes
     codes = -(-slots * head_dim * bits // 8)  # bit-packed, rounded up to whole bytes
-    params = 1 if quantizer.symmetric else 2
+    params = 1 if quantizer.symmetric or quantizer.fp8 is not None else 2
+    blocks = 1 if quantizer.block is None else -(-slots // quantizer.block)
     if quantizer.axis == "channel":
-        groups = head_dim * (1 if quantizer.block is None else -(-slots // quantizer.block))
+        groups = head_dim * blocks
+    elif quantizer.axis == "head":
+        groups = blocks
     else:
         groups = slots * quantizer.groups_per_slot(head_dim)
-    return codes + groups * params * PARAM_BYTES
+    return codes + groups * params * (FP8_SCALE_BYTES if quantizer.fp8 is not None else PARAM_BYTES)

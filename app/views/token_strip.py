@@ -152,8 +152,8 @@ def apply_quantizers() -> str | None:
     what-if is computed first); returns why they do not fit the model, or None."""
     ss, draft, head_dim = st.session_state, state.draft(), state.session().lm.head_dim
     try:
-        draft.keys = Quantizer(ss.key_axis, int(ss.group) or None, ss.symmetric)
-        draft.values = Quantizer(ss.value_axis, int(ss.group) or None, ss.symmetric)
+        draft.keys = Quantizer(ss.key_axis, int(ss.group) or None, ss.symmetric, format=ss.number_format)
+        draft.values = Quantizer(ss.value_axis, int(ss.group) or None, ss.symmetric, format=ss.number_format)
         draft.keys.check(head_dim)
     except KvvizError as exc:
         return str(exc)
@@ -162,11 +162,16 @@ def apply_quantizers() -> str | None:
 
 def _quantizer_settings(head_dim: int) -> None:
     with st.expander("Quantizer settings (default KIVI: keys per channel, values per token)"):
-        cols = st.columns(4)
-        cols[0].selectbox("Keys", ["channel", "token"], key="key_axis")
-        cols[1].selectbox("Values", ["token", "channel"], key="value_axis")
+        cols = st.columns(5)
+        cols[0].selectbox("Keys", ["channel", "token", "head"], key="key_axis",
+                          help="one scale per channel, per slot, or per KV head (an FP8 cache's per-head scale)")
+        cols[1].selectbox("Values", ["token", "channel", "head"], key="value_axis")
         cols[2].number_input(f"Group size (channels; 0 = all {head_dim})", 0, head_dim, key="group")
         cols[3].toggle("Symmetric", key="symmetric")
+        cols[4].selectbox("Format", ["int", "e4m3", "e5m2"], key="number_format",
+                          help="int: uniform codes at the chosen bits · e4m3 / e5m2: FP8 as vLLM and SGLang cache it "
+                               "(kv_cache_dtype fp8_e4m3 / fp8_e5m2), 8 bits, one float32 scale per group, scaled "
+                               "to the group's largest value")
         problem = apply_quantizers()
         if problem:
             warn(problem)

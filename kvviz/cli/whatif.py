@@ -59,8 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--value-bits", default=None, help="bit-width of all values before --at")
     parser.add_argument("--bits-for", action="append", default=[], metavar="SPEC=B", help="bits for some slots")
     parser.add_argument("--group-size", type=int, default=None, help="channels per quantization group")
-    parser.add_argument("--key-axis", choices=("channel", "token"), default="channel")
-    parser.add_argument("--value-axis", choices=("channel", "token"), default="token")
+    parser.add_argument("--key-axis", choices=("channel", "token", "head"), default="channel")
+    parser.add_argument("--value-axis", choices=("channel", "token", "head"), default="token")
+    parser.add_argument("--format", choices=("int", "e4m3", "e5m2"), default="int",
+                        help="number format of the quantized slots: integer codes, or FP8 (with --bits 8)")
     parser.add_argument("--symmetric", action="store_true")
     parser.add_argument("--window", type=int, default=0, help="most recent slots kept at full precision")
     parser.add_argument("--policy", default=None, help="eviction policy: streaming_llm, h2o, snapkv, tova, pyramid_kv, ada_kv, key_norm, random, "
@@ -111,8 +113,8 @@ def build_edit(args: argparse.Namespace, session: Session, at: int) -> Edit:
         evictions = Edit.evict(parse_slots(args.evict), layers, heads).evictions
     hand = Edit(
         evictions=evictions, key_bits=key_bits, value_bits=value_bits, full_precision_window=args.window,
-        keys=Quantizer(args.key_axis, args.group_size, args.symmetric),
-        values=Quantizer(args.value_axis, args.group_size, args.symmetric),
+        keys=Quantizer(args.key_axis, args.group_size, args.symmetric, format=args.format),
+        values=Quantizer(args.value_axis, args.group_size, args.symmetric, format=args.format),
     )
     edit = edit.merged(hand)
     if args.merge:
