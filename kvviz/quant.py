@@ -4,7 +4,7 @@ Granularity, KIVI style: ``channel`` shares one scale (and zero point) per (KV h
 slots — keys have outlier channels, so this suits them; with ``block`` = G, KIVI's token-blocked groups: one scale per
 (KV head, channel, block of G slots ``bG..bG+G-1``). ``token`` shares one per (KV head, slot, group of ``group_size``
 channels) — this suits values. ``head`` shares one per KV head over the slots quantized together (an FP8 cache's
-per-head scale). Formats: ``int`` — uniform codes, scales and zero points stored as fp16; ``e4m3`` / ``e5m2`` —
+per-head scale), ``tensor`` one per layer over its KV heads too (vLLM's per-layer ``k_scale`` / ``v_scale``). Formats: ``int`` — uniform codes, scales and zero points stored as fp16; ``e4m3`` / ``e5m2`` —
 FP8, the engines' KV-cache dtypes (vLLM's ``kv_cache_dtype="fp8_e4m3"`` / ``"fp8_e5m2"``): ``x ≈ scale · fp8(x /
 scale)`` with ``scale = amax / max(format)`` over the group (dynamic scaling), torch's own float8 casts (round to
 nearest even, saturating at the format's maximum), 8 bits per element and one float32 scale per group.
@@ -20,7 +20,7 @@ import torch
 from kvviz.errors import KvvizError
 
 SUPPORTED_BITS = (16, 8, 4, 3, 2)
-Axis = Literal["channel", "token", "head"]
+Axis = Literal["channel", "token", "head", "tensor"]
 FORMATS = {"int": None, "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 PARAM_BYTES = 2  # one fp16 scale or zero point
 FP8_SCALE_BYTES = 4  # one float32 scale (as vLLM keeps k_scale / v_scale)
@@ -40,8 +40,8 @@ class Quantizer:
     format: str = "int"  # "int", or FP8: "e4m3", "e5m2"
 
     def __post_init__(self) -> None:
-        if self.axis not in ("channel", "token", "head"):
-            raise KvvizError(f"granularity must be 'channel', 'token' or 'head', got {self.axis!r}")
+        if self.axis not in ("channel", "token", "head", "tensor"):
+            raise KvvizError(f"granularity must be 'channel', 'token', 'head' or 'tensor', got {self.axis!r}")
         if self.format not in FORMATS:
             raise KvvizError(f"the number format must be one of {', '.join(FORMATS)}, got {self.format!r}")
         if self.group_size is not None and (not isinstance(self.group_size, int) or self.group_size < 1):
@@ -105,7 +105,7 @@ def fake_quantize_(
         grouped = (kv, n, quantizer.groups_per_slot(dim), -1)
         out, values, reduce_dim = x.view(grouped), source.view(grouped), -1
     else:
-        out, values, reduce_dim = x, source, (1 if quantizer.axis == "channel" else (1, 2))
+        out, values, reduce_dim = x, source, {"channel": 1, "head": (1, 2), "tensor": (0, 1, 2)}[quantizer.axis]
     if quantizer.fp8 is not None:
         _fp8_round_trip_(out, values, quantizer.fp8, reduce_dim)
     else:
@@ -145,7 +145,7 @@ def error_bound(x: torch.Tensor, bits: int, quantizer: Quantizer) -> torch.Tenso
         values = values.reshape(kv, n, quantizer.groups_per_slot(dim), -1)
         reduce_dim = -1
     else:
-        reduce_dim = 1 if quantizer.axis == "channel" else (1, 2)
+        reduce_dim = {"channel": 1, "head": (1, 2), "tensor": (0, 1, 2)}[quantizer.axis]
     if quantizer.fp8 is not None:
         info, mantissa = torch.finfo(quantizer.fp8), {"e4m3": 3, "e5m2": 2}[quantizer.format]
         scale = (values.abs().amax(reduce_dim, keepdim=True) / info.max).clamp_min(_TINY)
@@ -156,6 +156,12 @@ def error_bound(x: torch.Tensor, bits: int, quantizer: Quantizer) -> torch.Tenso
     else:
         half = (values.amax(reduce_dim, keepdim=True) - values.amin(reduce_dim, keepdim=True)) / (2**bits - 1) / 2
     return half.expand_as(values).reshape(x.shape)
+
+
+def layer_scale_bytes(quantizer: Quantizer) -> int:
+    """Bytes of the one scale (and zero point) a ``tensor`` quantizer keeps per layer."""
+    params = 1 if quantizer.symmetric or quantizer.fp8 is not None else 2
+    return params * (FP8_SCALE_BYTES if quantizer.fp8 is not None else PARAM_BYTES)
 
 
 def packed_bytes(slots: int, bits: int, head_dim: int, quantizer: Quantizer, native_bytes: int) -> int:
@@ -175,6 +181,8 @@ def packed_bytes(slots: int, bits: int, head_dim: int, quantizer: Quantizer, nat
         groups = head_dim * blocks
     elif quantizer.axis == "head":
         groups = blocks
+    elif quantizer.axis == "tensor":  # one scale per layer, shared by its KV heads: counted by layer_scale_bytes
+        groups = 0
     else:
         groups = slots * quantizer.groups_per_slot(head_dim)
     return codes + groups * params * (FP8_SCALE_BYTES if quantizer.fp8 is not None else PARAM_BYTES)

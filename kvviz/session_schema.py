@@ -66,7 +66,7 @@ def schema(lm: Geometry) -> dict:
     slot, token = _integer(0, window - 1), _integer(0, vocab - 1)
     number = {"type": "number"}
     optional_ints = lambda high: {"anyOf": [{"type": "null"}, _list(_integer(0, high - 1), high)]}  # noqa: E731
-    quantizer = _object({"axis": {"enum": ["channel", "token", "head"]}, "format": {"enum": ["int", "e4m3", "e5m2"]},
+    quantizer = _object({"axis": {"enum": ["channel", "token", "head", "tensor"]}, "format": {"enum": ["int", "e4m3", "e5m2"]},
                          "group_size": {"anyOf": [{"type": "null"}, _integer(1, lm.head_dim)]},
                          "symmetric": {"type": "boolean"},
                          "block": {"anyOf": [{"type": "null"}, _integer(1, 1 << 20)]}}, ("axis",))

@@ -23,7 +23,7 @@ from kvviz.whatif import what_if
 from tests.rounding import logit_rounding, probability_rounding
 
 DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
-DIMS = {"head": (1, 2), "channel": 1}
+DIMS = {"head": (1, 2), "channel": 1, "tensor": (0, 1, 2)}
 PROMPT = "My cat is called Whiskers and my dog is called Rex. What is my cat called?"
 
 
@@ -38,7 +38,7 @@ def reference(x: torch.Tensor, fmt: str, axis: str) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
-@pytest.mark.parametrize("axis", ["head", "token", "channel"])
+@pytest.mark.parametrize("axis", ["head", "token", "channel", "tensor"])
 def test_the_round_trip_is_torchs_own_fp8_cast(fmt, axis):
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(3, 40, 64, generator=generator) * torch.rand(3, 1, 64, generator=generator) * 30
@@ -57,6 +57,7 @@ def test_fp8_bytes_are_one_per_element_and_a_float32_scale_per_group():
     assert packed_bytes(100, 8, 64, head, 2) == 100 * 64 + 4
     assert packed_bytes(100, 8, 64, token, 2) == 100 * 64 + 100 * 4
     assert packed_bytes(100, 8, 64, Quantizer(axis="channel", format="e4m3"), 2) == 100 * 64 + 64 * 4
+    assert packed_bytes(100, 8, 64, Quantizer(axis="tensor", format="e4m3"), 2) == 100 * 64  # its scale: per layer
 
 
 @pytest.fixture(scope="module")
@@ -66,11 +67,11 @@ def chat(lm) -> Session:
     return session
 
 
-@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
-def test_an_fp8_what_if_equals_a_cache_holding_fp8_values(lm, chat, fmt):
+@pytest.mark.parametrize("fmt, axis", [("e4m3", "head"), ("e5m2", "head"), ("e4m3", "tensor")])
+def test_an_fp8_what_if_equals_a_cache_holding_fp8_values(lm, chat, fmt, axis):
     at = len(chat) - 1
-    edit = Edit.quantize(range(at), 8, keys=Quantizer("head", format=fmt), values=Quantizer("head", format=fmt))
-    tensors = [tuple(reference(t[0, :, :at].float(), fmt, "head")[None] for t in kv_cache.layer_kv(chat.cache, layer))
+    edit = Edit.quantize(range(at), 8, keys=Quantizer(axis, format=fmt), values=Quantizer(axis, format=fmt))
+    tensors = [tuple(reference(t[0, :, :at].float(), fmt, axis)[None] for t in kv_cache.layer_kv(chat.cache, layer))
                for layer in range(lm.layers)]
     slot = chat.transcript.slots[at]
     with torch.no_grad():
@@ -83,11 +84,12 @@ def test_an_fp8_what_if_equals_a_cache_holding_fp8_values(lm, chat, fmt):
     for candidate in result.next_token.edited:
         assert candidate.prob == pytest.approx(float(probabilities[candidate.id]), rel=rel, abs=1e-12)
     assert result.next_token.kl > 0
-    assert result.memory.edited_bytes == lm.layers * lm.kv_heads * 2 * (at * lm.head_dim + 4)
+    scales = lm.layers * 2 * 4 * (lm.kv_heads if axis == "head" else 1)  # float32 scales: per KV head or per layer
+    assert result.memory.edited_bytes == lm.layers * lm.kv_heads * 2 * at * lm.head_dim + scales
     detail = result.detail  # docs/math.md §4: the two terms add up to the isolated change
     total = torch.tensor(detail.weight_term) + torch.tensor(detail.content_term)
     assert torch.allclose(total, torch.tensor(detail.delta_isolated), rtol=1e-6, atol=1e-9)
-    untouched = Edit(keys=Quantizer("head", format=fmt), values=Quantizer("head", format=fmt))
+    untouched = Edit(keys=Quantizer(axis, format=fmt), values=Quantizer(axis, format=fmt))
     assert what_if(chat, untouched, at=at).next_token.kl == 0
 
 

@@ -163,9 +163,9 @@ def apply_quantizers() -> str | None:
 def _quantizer_settings(head_dim: int) -> None:
     with st.expander("Quantizer settings (default KIVI: keys per channel, values per token)"):
         cols = st.columns(5)
-        cols[0].selectbox("Keys", ["channel", "token", "head"], key="key_axis",
-                          help="one scale per channel, per slot, or per KV head (an FP8 cache's per-head scale)")
-        cols[1].selectbox("Values", ["token", "channel", "head"], key="value_axis")
+        cols[0].selectbox("Keys", ["channel", "token", "head", "tensor"], key="key_axis",
+                          help="one scale per channel, per slot, per KV head or per layer (an FP8 cache's per-head or per-layer scale)")
+        cols[1].selectbox("Values", ["token", "channel", "head", "tensor"], key="value_axis")
         cols[2].number_input(f"Group size (channels; 0 = all {head_dim})", 0, head_dim, key="group")
         cols[3].toggle("Symmetric", key="symmetric")
         cols[4].selectbox("Format", ["int", "e4m3", "e5m2"], key="number_format",

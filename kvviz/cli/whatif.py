@@ -59,8 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--value-bits", default=None, help="bit-width of all values before --at")
     parser.add_argument("--bits-for", action="append", default=[], metavar="SPEC=B", help="bits for some slots")
     parser.add_argument("--group-size", type=int, default=None, help="channels per quantization group")
-    parser.add_argument("--key-axis", choices=("channel", "token", "head"), default="channel")
-    parser.add_argument("--value-axis", choices=("channel", "token", "head"), default="token")
+    parser.add_argument("--key-axis", choices=("channel", "token", "head", "tensor"), default="channel")
+    parser.add_argument("--value-axis", choices=("channel", "token", "head", "tensor"), default="token")
     parser.add_argument("--format", choices=("int", "e4m3", "e5m2"), default="int",
                         help="number format of the quantized slots: integer codes, or FP8 (with --bits 8)")
     parser.add_argument("--symmetric", action="store_true")

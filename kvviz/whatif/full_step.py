@@ -140,7 +140,12 @@ class FullStep:
                 for layer, (own_keys, own_values) in enumerate(zip(*self.originals)):
                     keys[layer], values[layer] = reshaped(own_keys, own_values, layer, *plan[2])
                 source = None
-            pending.quantize_(keys.flatten(0, 1), values.flatten(0, 1), source=source)
+            if "tensor" in (edit.keys.axis, edit.values.axis):  # one scale per layer: quantized layer by layer
+                for layer in range(len(keys)):
+                    pending.quantize_(keys[layer], values[layer], source=None if source is None else tuple(
+                        t[layer] for t in self.originals))
+            else:
+                pending.quantize_(keys.flatten(0, 1), values.flatten(0, 1), source=source)
             self.finished = True
         self.edited = self.scratch
         return self._over("scratch")

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from kvviz.edits import Edit
-from kvviz.quant import packed_bytes
+from kvviz.quant import layer_scale_bytes, packed_bytes
 from kvviz.session import Session
 
 
@@ -86,6 +86,11 @@ def cache_memory(
             edited[None] += _packed(per_segment.sum(1), width, head_dim, quantizer, native)
             for index, name in enumerate(names):
                 edited[name] += _packed(per_segment[:, index], width, head_dim, quantizer, native)
+            if quantizer.axis == "tensor" and width < 16:  # one scale per layer holding some of these slots
+                layered = per_segment.view(layers, kv_heads, len(names)).sum(1) > 0  # (L, segments)
+                edited[None] += int(layered.any(1).sum()) * layer_scale_bytes(quantizer)
+                for index, name in enumerate(names):
+                    edited[name] += int(layered[:, index].sum()) * layer_scale_bytes(quantizer)
 
     key_bits = _widths(edit.key_bits, n)
     for pruning in edit.prunings:  # stored thin, as ThinK stores them: a pruned channel of a 16-bit key costs nothing
