@@ -20,6 +20,7 @@ from kvviz.runs.blame import blame, restore, variants
 from kvviz.runs.compressed import RunSettings
 from kvviz.runs.kivi import Kivi
 from kvviz.runs.policy_run import held_slots, run_policy
+from kvviz.runs.quanto import QuantoCache
 from kvviz.runs.reshape import Reshape
 from kvviz.whatif.metrics import compare
 
@@ -30,7 +31,7 @@ def render() -> None:
     turns = [turn["user"] for turn in session.turns]
     with st.form("policy-run"):
         cols = st.columns([3, 2, 2, 2, 2])
-        offered = ["(none: KIVI only)", *names(classes)]
+        offered = ["(none: a quantized cache only)", *names(classes)]
         name = cols[0].selectbox("Policy", offered, index=offered.index("h2o"),
                                  help="kvviz's policies, then kvpress' presses by their own names (kvpress:…), with "
                                       "the settings that reproduce them; kvpress compresses once after the prompt "
@@ -50,6 +51,10 @@ def render() -> None:
         bits = quant[1].selectbox("KIVI bits", [2, 4], index=0)
         group = quant[2].number_input("Group G", min_value=1, value=32)
         residual = quant[3].number_input("Full-precision R", min_value=0, value=128)
+        quanto_bits = quant[0].selectbox("QuantizedCache (quanto)", ["off", "4 bits", "2 bits"],
+                                         help="The run's cache as transformers' QuantizedCache with the quanto backend: "
+                                              "the prompt quantized at once, then every R new slots all quantized "
+                                              "again together (R: Full-precision R; groups of 64 channels)")
         grouping = st.radio("Key scales", ["blocks", "shared"], horizontal=True,
                             help="blocks: one scale per channel and group of G slots (KIVI); shared: one for all")
         positions = st.radio("Positions", ["original", "rerotated"], horizontal=True,
@@ -77,8 +82,9 @@ def render() -> None:
                 policy = build(classes, name, params)
             kivi = Kivi(bits, bits, int(group), int(residual), grouping) if kivi_on else None
             reshape = Reshape(float(think_share), merge=merge_on, merge_rule=rule) if think_share or merge_on else None
-            settings = RunSettings(policy, Ratio(float(ratio)) if ratio > 0 else int(budget), mode, int(every), kivi,
-                                   positions, reshape)
+            quanto = None if quanto_bits == "off" else QuantoCache(int(quanto_bits[0]), 64, max(int(residual), 1))
+            run_budget = None if policy is None else Ratio(float(ratio)) if ratio > 0 else int(budget)
+            settings = RunSettings(policy, run_budget, mode, int(every), kivi, positions, reshape, quanto)
             lines = [line for line in prompt.splitlines() if line.strip()]
             state.make_room(held_slots(session.lm, lines, int(max_new)))
             with st.spinner("Running the full cache and the policy side by side…"):

@@ -38,6 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "most similar kept slots (kvpress' MergingPress; modes prefill, both)")
     parser.add_argument("--merge-rule", choices=("average", "add"), default="average")
     parser.add_argument("--merge-threshold", type=float, default=0.0, help="least key similarity to merge")
+    parser.add_argument("--scheme", default=None, metavar="quanto-4|quanto-2",
+                        help="the run's cache as transformers' QuantizedCache with the quanto backend at 4 or 2 bits")
+    parser.add_argument("--residual", type=positive, default=128, help="QuantizedCache's residual_length")
+    parser.add_argument("--q-group-size", type=positive, default=64, help="QuantizedCache's q_group_size")
     parser.add_argument("--blame-step", type=int, default=None, help="step to blame (default: the divergence)")
     parser.add_argument("--blame-unit", choices=("slot", "word"), default="slot")
     parser.add_argument("--why", type=int, action="append", default=[], metavar="SLOT",
@@ -88,8 +92,11 @@ def _policy(args: argparse.Namespace, classes: dict) -> tuple[object, object, st
 def run(args: argparse.Namespace) -> None:
     if any(not text.strip() for text in args.turn):
         raise KvvizError("a turn is empty; type some text")
-    if args.policy is None and args.kivi_bits is None:
-        raise KvvizError("give --policy (with --budget), --kivi-bits, or both")
+    if args.policy is None and args.kivi_bits is None and args.scheme is None:
+        raise KvvizError("give --policy (with --budget), --kivi-bits or --scheme, or a policy with one of them")
+    if args.scheme is not None and args.scheme not in ("quanto-4", "quanto-2"):
+        raise KvvizError(f"--scheme {args.scheme!r}: policy runs take quanto-4 or quanto-2 (transformers' "
+                         "QuantizedCache); other schemes are for what-ifs")
     if args.blame_step is not None and args.policy is None:
         raise KvvizError("--blame-step needs a policy: blame puts evicted slots back")
     from kvviz.model import load_model
@@ -107,7 +114,10 @@ def run(args: argparse.Namespace) -> None:
 
     reshape = Reshape(args.think, args.think_window, args.merge, args.merge_rule, args.merge_threshold) \
         if args.think or args.merge else None
-    settings = RunSettings(policy, budget, mode, every, kivi, positions, reshape)
+    from kvviz.runs.quanto import QuantoCache
+
+    quanto = None if args.scheme is None else QuantoCache(int(args.scheme[-1]), args.q_group_size, args.residual)
+    settings = RunSettings(policy, budget, mode, every, kivi, positions, reshape, quanto)
     result = run_policy(load_model(args.model), args.turn, settings, args.max_new_tokens)
     last = result.last
     step = args.blame_step if args.blame_step is not None else last.divergence

@@ -31,6 +31,7 @@ from kvviz.policies.base import Candidates, Policy, kept_share, received_attenti
 from kvviz.runs.kivi import Kivi
 from kvviz.policies.reshaping import merging, think
 from kvviz.runs.reasons import Reasons
+from kvviz.runs.quanto import QuantoCache
 from kvviz.runs.reshape import Reshape
 from kvviz.runs.rerotate import Rotary
 from kvviz.runs.timeline import Timeline
@@ -54,8 +55,13 @@ class RunSettings:
     kivi: Kivi | None = None
     positions: Literal["original", "rerotated"] = "original"
     reshape: Reshape | None = None  # ThinK's prunings, merges of the evicted, at each prompt
+    quanto: QuantoCache | None = None  # transformers' QuantizedCache (quanto backend) as the run's cache
 
     def __post_init__(self) -> None:
+        if self.quanto is not None and (self.kivi is not None or self.positions == "rerotated" or (
+                self.reshape is not None and (self.reshape.think or self.reshape.merge))):
+            raise KvvizError("a QuantizedCache run quantizes as transformers' QuantizedCache does: without KIVI, "
+                             "pruning or merging, at original positions")
         if self.reshape is not None and (self.reshape.think or self.reshape.merge):
             if self.kivi is not None or self.positions == "rerotated":
                 raise KvvizError("pruning or merging runs without KIVI and with original positions (both rewrite the "
@@ -72,8 +78,8 @@ class RunSettings:
             raise KvvizError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
             raise KvvizError(f"every must be a positive integer, got {self.every!r}")
-        if self.policy is None and self.kivi is None:
-            raise KvvizError("a run needs a policy, KIVI quantization, or both")
+        if self.policy is None and self.kivi is None and self.quanto is None:
+            raise KvvizError("a run needs a policy, a quantized cache (KIVI or QuantizedCache), or both")
         if self.policy is not None:
             if self.budget is None:
                 raise KvvizError("a policy run needs a budget (a slot count or a fraction)")
@@ -93,6 +99,8 @@ class RunSettings:
             parts.append(f"{self.policy.name}, budget {self.budget}, {self.mode}{every}")
         if self.kivi is not None:
             parts.append(self.kivi.label)
+        if self.quanto is not None:
+            parts.append(self.quanto.label)
         if self.reshape is not None and self.reshape.label:
             parts.append(self.reshape.label)
         where = " · original positions" if self.positions == "original" else \
@@ -120,6 +128,10 @@ class CompressedSession:
         reads = settings.policy is not None and settings.policy.reads_hidden
         self.hidden = HiddenLog(lm.layers) if reads else None  # the attention inputs, for policies that read them
         self.scratch: dict = {}  # what the policy keeps between this run's decisions (Candidates.scratch)
+        self.residual: int | None = None  # QuantizedCache: slots in its full-precision residual (None: nothing yet)
+        if settings.quanto is not None:
+            settings.quanto.check(lm.head_dim)
+            self.timeline.quanto = settings.quanto
 
     def __len__(self) -> int:
         return len(self.session)
@@ -153,6 +165,7 @@ class CompressedSession:
                 raise KvvizError(f"a budget of {budget} keeps no slot of this {len(self.session)}-slot prompt")
         self.steps = 0
         evicted = self._compress(self.settings.mode in ("prefill", "both"))
+        self._quanto(len(self.session) - start)
         reshape = self.settings.reshape
         if reshape is not None and (reshape.think or reshape.merge):
             self._reshape(reshape, evicted)
@@ -186,7 +199,23 @@ class CompressedSession:
         self._computed(len(self.session) - 1)
         self._received(slice(len(self.session) - 1, len(self.session)))
         self.steps += 1
+        self._quanto(1)
         return self.session.logits
+
+    def _quanto(self, added: int) -> None:
+        """QuantizedCache after a pass that added ``added`` slots (they attended unquantized): the first pass's K/V
+        are quantized at once; later ones join the residual, and once it would reach ``residual_length``
+        everything is quantized again together (kvviz.runs.quanto)."""
+        quanto = self.settings.quanto
+        if quanto is None:
+            return
+        if self.residual is not None and self.residual + added < quanto.residual_length:
+            self.residual += added
+            return
+        self.timeline.flush(len(self.session), len(self.session))
+        self.residual = 0
+        self.session.version += 1
+        self.session.memo.clear()
 
     # --- compression -----------------------------------------------------------------------------------------
 

@@ -92,6 +92,7 @@ def document(result: PolicyRun, blame: Blame | None = None) -> dict:
         "params": policy.settings() if policy is not None else {},
         "budget": settings.budget, "mode": settings.mode, "every": settings.every,
         "kivi": settings.kivi.settings() if settings.kivi is not None else None,
+        "quanto": settings.quanto.settings() if settings.quanto is not None else None,
         "positions": settings.positions,
         "reshape": _reshaped(result),
         **{key: last[key] for key in ("prompt_ids", "kept_after_prompt", "full", "policy_run", "divergence", "steps")},

@@ -42,6 +42,8 @@ class Timeline:
         self.originals: tuple[torch.Tensor, torch.Tensor] | None = None  # (L, KV, q, D): quantized slots as computed
         self._edits: dict[int, Edit] = {}
         self.parts: list[tuple[int, Edit]] = []  # (commit, its prunings and merges), kvviz.runs.reshape
+        self.quanto = None  # a QuantizedCache run's settings (kvviz.runs.quanto)
+        self.flushes: list[tuple[int, int]] = []  # (commit, slots 0..upto-1 quantized again then)
         self.unshaped: tuple[torch.Tensor, torch.Tensor] | None = None  # (L, KV, m, D): slots 0..m-1 as computed
 
     # --- the CommitLog read side -----------------------------------------------------------------------------
@@ -93,6 +95,8 @@ class Timeline:
         k = self.index(slot)
         if self.rotary is not None:
             return k
+        if self.flushes:
+            return sum(j <= k for j, _ in self.flushes)
         if self.parts:  # pruned keys (no KIVI then): the prunings in force
             return sum(j <= k and bool(part.prunings) for j, part in self.parts)
         return self.quantized[k] if k >= 0 else 0
@@ -100,6 +104,8 @@ class Timeline:
     def step_kv(self, layer: int, at: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values ``(KV, at, D)`` of the slots before ``at`` as the step of slot ``at`` saw them, before
         quantization: re-rotated to the positions they held then."""
+        if self.flushes:  # QuantizedCache: its states cannot be rebuilt by an Edit; the step's own K/V
+            return self.quanto_kv(layer, self.index(at), at)
         keys, values = self.original_kv(layer, at)
         return (self._placed_keys(layer, at, at), values) if self.rotary is not None else (keys, values)
 
@@ -116,6 +122,8 @@ class Timeline:
         """Keys ``(KV, stop, D)`` of ``layer`` as the step of slot ``slot`` saw them."""
         if self.rotary is not None:
             return self._placed_keys(layer, slot, stop)
+        if self.flushes:
+            return self.quanto_kv(layer, self.index(slot), stop)[0]
         if self.parts:
             return self.edit_at(slot).quantized_keys(self.original_kv(layer, stop)[0], layer)
         quantized = min(self.key_version(slot), stop)
@@ -182,13 +190,7 @@ class Timeline:
         the result into the live cache and keeping slots ``0..at-1`` as computed. Returns whether anything changed."""
         if not edit.reshapes:
             return False
-        if not (self.at and self.at[-1] == at):
-            self.at.append(at)
-            self.quantized.append(self.quantized[-1] if self.quantized else 0)
-            if self.evicted_at.shape[-1] < at:
-                self.evicted_at = torch.nn.functional.pad(self.evicted_at, (0, at - self.evicted_at.shape[-1]),
-                                                          value=NEVER)
-        k = len(self.at) - 1
+        k = self._commit_at(at)
         live = [kv_cache.layer_kv(self.cache, layer) for layer in range(self.layers)]
         held = 0 if self.unshaped is None else self.unshaped[0].shape[2]
         added = tuple(torch.stack([kv[i][0, :, held:at] for kv in live]) for i in (0, 1))  # not reshaped before
@@ -200,6 +202,40 @@ class Timeline:
         self.parts.append((k, edit))
         self._edits.pop(k, None)
         return True
+
+    def flush(self, at: int, upto: int) -> None:
+        """QuantizedCache's flush before the step of slot ``at``: slots ``0..upto-1`` quantized together from what the
+        live cache holds (the earlier flushes' values rounded again), keeping them as computed first."""
+        self._commit_at(at)
+        live = [kv_cache.layer_kv(self.cache, layer) for layer in range(self.layers)]
+        held = 0 if self.unshaped is None else self.unshaped[0].shape[2]
+        if upto > held:
+            added = tuple(torch.stack([kv[i][0, :, held:upto] for kv in live]) for i in (0, 1))
+            self.unshaped = added if self.unshaped is None else tuple(
+                torch.cat([o, a], dim=2) for o, a in zip(self.unshaped, added))
+        for keys, values in live:
+            keys[0, :, :upto], values[0, :, :upto] = self.quanto.flushed(keys[0, :, :upto], values[0, :, :upto])
+        self.flushes.append((len(self.at) - 1, upto))
+
+    def quanto_kv(self, layer: int, k: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values ``(KV, stop, D)`` of ``layer`` as QuantizedCache held them under commit ``k``: the flushes
+        up to it replayed in order on the K/V as computed (quanto's groups are per slot, so a prefix is its own)."""
+        keys, values = (t.clone() for t in self.original_kv(layer, stop))
+        for j, upto in self.flushes:
+            if j <= k:
+                m = min(upto, stop)
+                keys[:, :m], values[:, :m] = self.quanto.flushed(keys[:, :m], values[:, :m])
+        return keys, values
+
+    def _commit_at(self, at: int) -> int:
+        """The commit made before the step of slot ``at`` (a new one unless one was made then)."""
+        if not (self.at and self.at[-1] == at):
+            self.at.append(at)
+            self.quantized.append(self.quantized[-1] if self.quantized else 0)
+            if self.evicted_at.shape[-1] < at:
+                self.evicted_at = torch.nn.functional.pad(self.evicted_at, (0, at - self.evicted_at.shape[-1]),
+                                                          value=NEVER)
+        return len(self.at) - 1
 
     def note_computed(self, positions: list[int]) -> None:
         """Re-rotated runs, after a forward pass: keep the new slots' keys as computed, at ``positions``."""

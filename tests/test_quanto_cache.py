@@ -1,0 +1,100 @@
+"""A policy run whose cache is transformers' ``QuantizedCache`` (quanto backend), against transformers' own
+QuantizedCache driven through the same model, step by step, teacher-forced on the reference's greedy tokens.
+
+Both sides run the same weights and attention kernel; only the cache differs, so the comparison is of the cache's
+schedule (prompt quantized at once, a residual, flushes that quantize everything again) and of quanto's rounding,
+which kvviz reproduces with the same floating-point operations (checked bit for bit below). The K/V the two caches
+receive are the same up to the float32 rounding of the forward passes (ε_z, tests/rounding.py, at the logits); a
+value that sits within that rounding of a quantization boundary could land one step away, so the logits are
+compared at ε_z and the greedy tokens must agree.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from kvviz.errors import KvvizError
+from kvviz.quant import fake_quantize
+from kvviz.runs.compressed import CompressedSession, RunSettings
+from kvviz.runs.quanto import QuantoCache
+from tests.rounding import logit_rounding
+
+quanto = pytest.importorskip("optimum.quanto", reason="optimum-quanto is not installed: QuantizedCache's quanto "
+                                                       "backend cannot be compared (pip install optimum-quanto)")
+PROMPT = "My cat is called Whiskers and my dog is called Rex. The cat sleeps on the red sofa. What is my cat called?"
+
+
+@pytest.mark.parametrize("bits, group", [(4, 64), (2, 32)])
+def test_quantos_axis_0_rounding_is_kvvizs_per_token_quantizer(bits, group):
+    x = torch.randn(1, 3, 37, 64, generator=torch.Generator().manual_seed(bits)) * 3
+    qtype = quanto.qint4 if bits == 4 else quanto.qint2
+    scale, shift = quanto.MaxOptimizer()(x, qtype, 0, group)
+    theirs = quanto.quantize_weight(x, qtype, 0, scale, shift, group).dequantize()
+    assert torch.equal(theirs[0], fake_quantize(x[0], bits, QuantoCache(bits, group).quantizer))
+
+
+@pytest.mark.parametrize("bits, group, residual", [(4, 64, 8), (2, 32, 5)])
+def test_a_quantized_cache_run_steps_as_transformers_quantized_cache(lm, bits, group, residual):
+    from transformers import QuantizedCache
+
+    run = CompressedSession(lm, RunSettings(quanto=QuantoCache(bits, group, residual)))
+    run.add_turn(PROMPT)
+    ids, n = run.session.transcript.ids, len(run.session)
+    cache = QuantizedCache(backend="quanto", config=lm.model.config, nbits=bits, axis_key=0, axis_value=0,
+                           q_group_size=group, residual_length=residual)
+    with torch.no_grad():
+        logits = lm.model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True).logits[0, -1].float()
+    eps = logit_rounding(lm.config, logits)
+    assert float((run.session.logits - logits).abs().max()) <= eps
+    for step in range(2 * residual + 3):  # across flushes
+        token = int(logits.argmax())
+        ours = run.step(token)
+        with torch.no_grad():
+            logits = lm.model(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[n + step]]), cache=cache,
+                              use_cache=True).logits[0, -1].float()
+        assert float((ours - logits).abs().max()) <= eps, step
+        assert int(ours.argmax()) == int(logits.argmax()), step
+    for layer in (0, 7, lm.layers - 1):  # the same cache state: transformers' quantized part and residual
+        own = cache.layers[layer]
+        rest = [own.keys, own.values] if own.keys.dim() == 4 else [own.keys.new_zeros(1, lm.kv_heads, 0, 64)] * 2
+        for theirs, quantized, live in zip(rest, (own._quantized_keys, own._quantized_values),
+                                           run.session.layer_kv(layer)):
+            state = torch.cat([quantized.dequantize(), theirs], 2)[0]  # (KV, n, D)
+            assert state.shape == live[:, : len(run.session)].shape
+            close = (state - live[:, : state.shape[1]]).abs() <= 1e-5 * state.abs().clamp(min=1)
+            assert float(close.float().mean()) > 0.999  # a rare value at a rounding boundary may land a step away
+    timeline = run.session.commits
+    assert len(timeline.flushes) == 1 + (2 * residual + 3) // residual
+    for layer in (0, lm.layers - 1):  # the timeline rebuilds the live cache from the K/V as computed
+        rebuilt = timeline.quanto_kv(layer, len(timeline.at) - 1, len(run.session))
+        assert all(torch.equal(a, b[:, : len(run.session)]) for a, b in zip(rebuilt, run.session.layer_kv(layer)))
+
+
+def test_quantized_cache_settings_are_refused_in_one_line():
+    with pytest.raises(KvvizError, match="nbits 2 or 4"):
+        QuantoCache(nbits=3)
+    with pytest.raises(KvvizError, match="axis_key=0 and axis_value=0"):
+        QuantoCache(axis_key=-1)
+    from kvviz.runs.kivi import Kivi
+
+    with pytest.raises(KvvizError, match="without KIVI"):
+        RunSettings(kivi=Kivi(2, 2, 32, 128), quanto=QuantoCache())
+
+
+def test_the_page_runs_a_quantized_cache_alone():
+    from tests.test_app import assert_clean, open_view, start
+
+    app = start()
+    app.chat_input[0].set_value(PROMPT).run()
+    open_view(app, "Policy run")
+    next(s for s in app.selectbox if s.label == "Policy").select("(none: a quantized cache only)")
+    next(s for s in app.selectbox if s.label == "QuantizedCache (quanto)").select("2 bits")
+    next(n for n in app.number_input if n.label == "Full-precision R").set_value(8)
+    app.button[[b.label for b in app.button].index("Run the policy")].click().run()
+    assert_clean(app)
+    settings = app.session_state["policy_run"].settings
+    assert settings.policy is None and settings.quanto == QuantoCache(2, 64, 8)
+    assert any("QuantizedCache (quanto) 2 bits" in re.sub(r"\\(.)", r"\1", c.value) for c in app.caption)
