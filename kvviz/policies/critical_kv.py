@@ -35,12 +35,10 @@ class CriticalKV(TopkTies):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name, low in (("first_stage", 0), ("epsilon", 0)):
+        for name, high in (("first_stage", 1), ("epsilon", float("inf"))):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low or (
-                    name == "first_stage" and value > 1):
-                raise KvvizError(f"critical_kv's {name} must be a number in [0, {'1' if name == 'first_stage' else '∞'})"
-                                 f", got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= high:
+                raise KvvizError(f"critical_kv's {name} must be a number from 0 to {high:g}, got {value!r}")
 
     def score(self, candidates: Candidates) -> torch.Tensor:
         lm = candidates.session.lm

@@ -61,10 +61,8 @@ class KVZip(Policy):
         position = session.transcript.slots[at - 1].position + 1
         cached = [tuple(t[:, :, :at] for t in kv_cache.layer_kv(session.cache, layer)) for layer in range(lm.layers)]
         alive = candidates.alive.to(lm.device)
-        opening, suffix = template_parts(lm.tokenizer)
-        prefix = len(opening) if self.skip_template and ids[: len(opening)] == opening else 0
-        for start, stop, repeat in self.passes(lm.tokenizer, ids, prefix, suffix):
-            probe = _Repeat(self, start, stop, min(self.sinks, start), alive, scores, lm.scaling)
+        for start, stop, repeat in self.passes(lm.tokenizer, ids):
+            probe = _Repeat(start, stop, min(self.sinks, start), alive, scores, lm.scaling)
             log = HiddenLog(lm.layers)
             if self.plus:
                 probe.hidden, probe.modules = log, [layer.self_attn for layer in lm.model.model.layers]
@@ -74,8 +72,11 @@ class KVZip(Policy):
                          cache=kv_cache.build(lm.model.config, cached), use_cache=True, logits_to_keep=1)
         return protect(scores, slice(0, min(self.sinks, at)))
 
-    def passes(self, tokenizer, ids: list[int], prefix: int, suffix: list[int]) -> list[tuple[int, int, list[int]]]:
-        """Each reconstruction pass: the slots ``start..stop`` it repeats and the ids it feeds."""
+    def passes(self, tokenizer, ids: list[int]) -> list[tuple[int, int, list[int]]]:
+        """Each reconstruction pass over the context ``ids``: the slots ``start..stop`` it repeats and the ids it
+        feeds (the chat template's opening is left out with ``skip_template``)."""
+        opening, suffix = template_parts(tokenizer)
+        prefix = len(opening) if self.skip_template and ids[: len(opening)] == opening else 0
         starts = list(range(prefix, len(ids), self.chunk))
         first, later = (tokenizer.encode(t, add_special_tokens=False) for t in (FIRST, LATER))
         return [(s, min(s + self.chunk, len(ids)), (first if s == prefix else later + ids[max(prefix, s - OVERLAP): s])
@@ -83,9 +84,7 @@ class KVZip(Policy):
 
     def cost(self, tokenizer, ids: list[int]) -> int:
         """Tokens the reconstruction passes feed for the context ``ids`` (one decision)."""
-        opening, suffix = template_parts(tokenizer)
-        prefix = len(opening) if self.skip_template and ids[: len(opening)] == opening else 0
-        return sum(len(repeat) for *_, repeat in self.passes(tokenizer, ids, prefix, suffix))
+        return sum(len(repeat) for *_, repeat in self.passes(tokenizer, ids))
 
     def extra_tokens(self, session, at: int) -> int:
         return self.cost(session.lm.tokenizer, session.transcript.ids[:at])
@@ -109,9 +108,8 @@ class _Repeat(Probe):
     """Scores one reconstruction pass: per layer, the attention of the repeated tokens to the slots ``start..stop``
     (softmax over the sinks, those slots and the repeated tokens), maxed over rows and a group's query heads."""
 
-    def __init__(self, policy: KVZip, start: int, stop: int, sinks: int, alive: torch.Tensor, scores: torch.Tensor,
-                 scaling: float):
-        self.policy, self.start, self.stop, self.sinks = policy, start, stop, sinks
+    def __init__(self, start: int, stop: int, sinks: int, alive: torch.Tensor, scores: torch.Tensor, scaling: float):
+        self.start, self.stop, self.sinks = start, stop, sinks
         self.alive, self.scores, self.scaling = alive, scores, scaling
         self.hidden: HiddenLog | None = None  # KVzip+: the repeat tokens' attention inputs, recorded as they pass
         self.modules: list[torch.nn.Module] = []

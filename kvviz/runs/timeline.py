@@ -191,11 +191,7 @@ class Timeline:
         if not edit.reshapes:
             return False
         k = self._commit_at(at)
-        live = [kv_cache.layer_kv(self.cache, layer) for layer in range(self.layers)]
-        held = 0 if self.unshaped is None else self.unshaped[0].shape[2]
-        added = tuple(torch.stack([kv[i][0, :, held:at] for kv in live]) for i in (0, 1))  # not reshaped before
-        self.unshaped = added if self.unshaped is None else tuple(
-            torch.cat([o, a], dim=2) for o, a in zip(self.unshaped, added))
+        live = self._keep_computed(at)
         for layer, (keys, values) in enumerate(live):
             new_keys, new_values = edit.quantized(keys[0, :, :at], values[0, :, :at], layer)
             keys[0, :, :at], values[0, :, :at] = new_keys, new_values
@@ -207,12 +203,7 @@ class Timeline:
         """QuantizedCache's flush before the step of slot ``at``: slots ``0..upto-1`` quantized together from what the
         live cache holds (the earlier flushes' values rounded again), keeping them as computed first."""
         self._commit_at(at)
-        live = [kv_cache.layer_kv(self.cache, layer) for layer in range(self.layers)]
-        held = 0 if self.unshaped is None else self.unshaped[0].shape[2]
-        if upto > held:
-            added = tuple(torch.stack([kv[i][0, :, held:upto] for kv in live]) for i in (0, 1))
-            self.unshaped = added if self.unshaped is None else tuple(
-                torch.cat([o, a], dim=2) for o, a in zip(self.unshaped, added))
+        live = self._keep_computed(upto)
         for keys, values in live:
             keys[0, :, :upto], values[0, :, :upto] = self.quanto.flushed(keys[0, :, :upto], values[0, :, :upto])
         self.flushes.append((len(self.at) - 1, upto))
@@ -226,6 +217,17 @@ class Timeline:
                 m = min(upto, stop)
                 keys[:, :m], values[:, :m] = self.quanto.flushed(keys[:, :m], values[:, :m])
         return keys, values
+
+    def _keep_computed(self, upto: int) -> list:
+        """Keep slots ``0..upto-1`` as computed (those not kept yet are still so in the live cache) before they are
+        rewritten; returns every layer's live ``(keys, values)``."""
+        live = [kv_cache.layer_kv(self.cache, layer) for layer in range(self.layers)]
+        held = 0 if self.unshaped is None else self.unshaped[0].shape[2]
+        if upto > held:
+            added = tuple(torch.stack([kv[i][0, :, held:upto] for kv in live]) for i in (0, 1))
+            self.unshaped = added if self.unshaped is None else tuple(
+                torch.cat([o, a], dim=2) for o, a in zip(self.unshaped, added))
+        return live
 
     def _commit_at(self, at: int) -> int:
         """The commit made before the step of slot ``at`` (a new one unless one was made then)."""
