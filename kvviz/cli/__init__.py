@@ -1,4 +1,4 @@
-"""Command line: ``python -m kvviz {prepare,chat,replay,whatif,export-page,policy-run,sweep,bench} …``, one module per command. Errors are one line on
+"""Command line: ``python -m kvviz {prepare,chat,replay,whatif,quant-compare,export-page,policy-run,sweep,bench} …``, one module per command. Errors are one line on
 stderr and a non-zero exit status, never a traceback."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from kvviz.cli import bench, chat, export_page, policy_run, prepare, replay, sweep, whatif
+from kvviz.cli import bench, chat, export_page, policy_run, prepare, quant_compare, replay, sweep, whatif
 from kvviz.errors import KvvizError
 
 COMMANDS = {
@@ -15,6 +15,7 @@ COMMANDS = {
     "chat": (chat, "run turns and print the transcript of the cache"),
     "replay": (replay, "replay a session file (the app's import checks) and print its transcript"),
     "whatif": (whatif, "replay a chat, then compare the full and an edited cache at a step"),
+    "quant-compare": (quant_compare, "replay a chat, then several quantization schemes at one step, one row each"),
     "export-page": (export_page, "a session file as one standalone HTML page that opens offline"),
     "policy-run": (policy_run, "answer with the full cache and with a policy compressing it as it runs; blame"),
     "sweep": (sweep, "policy runs over many prompts × policies × budgets into one table, resumable"),

@@ -38,8 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "most similar kept slots (kvpress' MergingPress; modes prefill, both)")
     parser.add_argument("--merge-rule", choices=("average", "add"), default="average")
     parser.add_argument("--merge-threshold", type=float, default=0.0, help="least key similarity to merge")
-    parser.add_argument("--scheme", default=None, metavar="quanto-4|quanto-2",
-                        help="the run's cache as transformers' QuantizedCache with the quanto backend at 4 or 2 bits")
+    parser.add_argument("--scheme", default=None, metavar="NAME",
+                        help="the run's cache as a scheme: quanto-4 / quanto-2 (transformers' QuantizedCache, quanto "
+                             "backend, with --residual and --q-group-size), kivi-4 / kivi-2 (KIVI, G 32, R 128)")
     parser.add_argument("--residual", type=positive, default=128, help="QuantizedCache's residual_length")
     parser.add_argument("--q-group-size", type=positive, default=64, help="QuantizedCache's q_group_size")
     parser.add_argument("--blame-step", type=int, default=None, help="step to blame (default: the divergence)")
@@ -94,9 +95,12 @@ def run(args: argparse.Namespace) -> None:
         raise KvvizError("a turn is empty; type some text")
     if args.policy is None and args.kivi_bits is None and args.scheme is None:
         raise KvvizError("give --policy (with --budget), --kivi-bits or --scheme, or a policy with one of them")
-    if args.scheme is not None and args.scheme not in ("quanto-4", "quanto-2"):
-        raise KvvizError(f"--scheme {args.scheme!r}: policy runs take quanto-4 or quanto-2 (transformers' "
-                         "QuantizedCache); other schemes are for what-ifs")
+    if args.scheme is not None:
+        from kvviz.schemes import run_cache
+
+        run_cache(args.scheme)  # refused before the model loads
+        if args.scheme.startswith("kivi") and args.kivi_bits is not None:
+            raise KvvizError("give --scheme kivi-N or --kivi-bits, not both")
     if args.blame_step is not None and args.policy is None:
         raise KvvizError("--blame-step needs a policy: blame puts evicted slots back")
     from kvviz.model import load_model
@@ -114,9 +118,13 @@ def run(args: argparse.Namespace) -> None:
 
     reshape = Reshape(args.think, args.think_window, args.merge, args.merge_rule, args.merge_threshold) \
         if args.think or args.merge else None
-    from kvviz.runs.quanto import QuantoCache
 
-    quanto = None if args.scheme is None else QuantoCache(int(args.scheme[-1]), args.q_group_size, args.residual)
+    quanto = None
+    if args.scheme is not None:
+        from kvviz.schemes import run_cache
+
+        scheme_kivi, quanto = run_cache(args.scheme, args.q_group_size, args.residual)
+        kivi = kivi or scheme_kivi
     settings = RunSettings(policy, budget, mode, every, kivi, positions, reshape, quanto)
     result = run_policy(load_model(args.model), args.turn, settings, args.max_new_tokens)
     last = result.last

@@ -20,6 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ratio", action="append", default=[], type=float,
                         help="kvpress' compression ratio, the fraction removed, as a budget (repeatable; "
                              "int(n·(1 − R)) kept, as kvpress rounds)")
+    parser.add_argument("--scheme", action="append", default=[], metavar="NAME",
+                        help="the run's cache as a quantization scheme (repeatable, an axis beside --policy): "
+                             "fp16, kivi-4, kivi-2, quanto-4, quanto-2")
     parser.add_argument("--mode", choices=("prefill", "decode", "both", "after_steps"), default="decode")
     parser.add_argument("--every", type=positive, default=1, help="compress every N decode steps")
     parser.add_argument("--max-new-tokens", type=positive, default=32, metavar="N")
@@ -41,7 +44,7 @@ def run(args: argparse.Namespace) -> None:
     if not budgets:
         raise KvvizError("give at least one --budget or --ratio")
     spec = SweepSpec(args.prompts, tuple(args.policy), budgets, args.mode, args.every, args.max_new_tokens,
-                     args.limit, args.model)
+                     args.limit, args.model, schemes=tuple(args.scheme))
     table = run_sweep(spec, args.out, args.workers, args.ray, progress=not args.no_progress)
     if table.empty:
         raise KvvizError("the sweep produced no rows")
@@ -49,5 +52,6 @@ def run(args: argparse.Namespace) -> None:
     worst = table.sort_values("kl_mean", ascending=False).head(10)
     for row in worst.itertuples():
         match = f"  answer {'kept' if row.policy_match else 'lost'}" if row.full_match in (True,) else ""
-        print(f"  {row.prompt_id:<18} {row.policy:<14} budget {row.budget!s:<5} KL {row.kl_mean:.3f}  "
+        scheme = f" {row.scheme}" if args.scheme else ""
+        print(f"  {row.prompt_id:<18} {row.policy:<14}{scheme} budget {row.budget!s:<5} KL {row.kl_mean:.3f}  "
               f"top-1 {row.top1_agreement:.0%}{match}")

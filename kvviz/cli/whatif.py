@@ -64,6 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=("int", "e4m3", "e5m2"), default="int",
                         help="number format of the quantized slots: integer codes, or FP8 (with --bits 8)")
     parser.add_argument("--symmetric", action="store_true")
+    parser.add_argument("--scheme", default=None, metavar="NAME",
+                        help="store the slots before --at as a named scheme does (int4-token, kivi-2, fp8-e4m3-head, "
+                             "quanto-4, …: see quant-compare), instead of the bit and axis flags")
     parser.add_argument("--window", type=int, default=0, help="most recent slots kept at full precision")
     parser.add_argument("--policy", default=None, help="eviction policy: streaming_llm, h2o, snapkv, tova, pyramid_kv, ada_kv, key_norm, random, "
                         "observed_attention, key_diff, lag_kv, chunk_kv, expected_attention, cur, critical_kv, kv_zip")
@@ -116,6 +119,16 @@ def build_edit(args: argparse.Namespace, session: Session, at: int) -> Edit:
         keys=Quantizer(args.key_axis, args.group_size, args.symmetric, format=args.format),
         values=Quantizer(args.value_axis, args.group_size, args.symmetric, format=args.format),
     )
+    if args.scheme is not None:
+        from dataclasses import replace
+
+        from kvviz.schemes import Scheme
+
+        if key_bits or value_bits or args.window:
+            raise KvvizError("--scheme says how every slot is stored; drop --bits, --key-bits, --value-bits, "
+                             "--bits-for and --window")
+        stored = Scheme(args.scheme).edit([e.added for e in session.transcript.growth], at)
+        hand = replace(stored, evictions=hand.evictions)
     edit = edit.merged(hand)
     if args.merge:
         from dataclasses import replace

@@ -16,7 +16,8 @@ Row = dict[str, object]
 
 @dataclass(frozen=True)
 class Case:
-    """A prompt × policy × budget, with the run's mode and reply length."""
+    """A prompt × policy × budget (× cache scheme: ``kivi-N`` / ``quanto-N``, None for the model's own cache), with
+    the run's mode and reply length."""
 
     prompt: Prompt
     policy: str
@@ -24,18 +25,20 @@ class Case:
     mode: str = "decode"
     every: int = 1
     max_new_tokens: int = 32
+    scheme: str | None = None
 
     @property
     def key(self) -> str:
         """Names the case's row (a resumed sweep skips the keys it has)."""
-        return f"{self.prompt.id}|{self.policy}|{self.budget!r}|{self.mode}|{self.every}|{self.max_new_tokens}"
+        return f"{self.prompt.id}|{self.policy}|{self.budget!r}|{self.mode}|{self.every}|{self.max_new_tokens}" + (
+            f"|{self.scheme}" if self.scheme else "")
 
 
 def cases_for(prompts: list[Prompt], policies: list[str], budgets: list[int | float], mode: str = "decode",
-              every: int = 1, max_new_tokens: int = 32) -> list[Case]:
-    """Every prompt × policy × budget, prompt by prompt."""
-    return [Case(prompt, policy, budget, mode, every, max_new_tokens)
-            for prompt, policy, budget in product(prompts, policies, budgets)]
+              every: int = 1, max_new_tokens: int = 32, schemes: list[str | None] | None = None) -> list[Case]:
+    """Every prompt × policy × budget × scheme (default: the model's own cache only), prompt by prompt."""
+    return [Case(prompt, policy, budget, mode, every, max_new_tokens, scheme)
+            for prompt, policy, budget, scheme in product(prompts, policies, budgets, schemes or [None])]
 
 
 def by_prompt(cases: list[Case]) -> list[list[Case]]:
@@ -78,8 +81,11 @@ def run_case(lm: LoadedModel, case: Case, share: bool = True) -> Row:
     from kvviz.runs.compressed import RunSettings
     from kvviz.runs.policy_run import run_policy
     from kvviz.runs.report import make_policy
+    from kvviz.schemes import run_cache
 
-    settings = RunSettings(make_policy(available(), case.policy, {}), case.budget, case.mode, case.every)
+    kivi, quanto = run_cache(case.scheme) if case.scheme else (None, None)
+    settings = RunSettings(make_policy(available(), case.policy, {}), case.budget, case.mode, case.every, kivi,
+                           quanto=quanto)
     full = full_side(lm, case) if share else None
     last = run_policy(lm, case.prompt.turns, settings, case.max_new_tokens, full=full).last
     kls = [step.kl for step in last.steps]
@@ -87,7 +93,7 @@ def run_case(lm: LoadedModel, case: Case, share: bool = True) -> Row:
         "key": case.key, "prompt_id": case.prompt.id, "family": case.prompt.family, "policy": case.policy,
         "budget": case.budget, "fraction": isinstance(case.budget, float),
         "ratio": case.budget.ratio if isinstance(case.budget, Ratio) else None, "mode": case.mode, "every": case.every, "max_new_tokens": case.max_new_tokens,
-        "prompt_slots": len(last.prompt_ids), "steps": len(kls),
+        "scheme": case.scheme or "fp16", "prompt_slots": len(last.prompt_ids), "steps": len(kls),
         "kl_mean": sum(kls) / len(kls) if kls else 0.0, "kl_max": max(kls, default=0.0),
         "top1_agreement": sum(s.top1_agree for s in last.steps) / len(kls) if kls else 1.0,
         "divergence": last.divergence, "answer_changed": last.changed,
@@ -105,4 +111,6 @@ def case_of(row: Row) -> Case:
     else:
         budget = float(row["budget"]) if row["fraction"] else int(row["budget"])
     prompt = Prompt(str(row["prompt_id"]), tuple(json.loads(row["turns"])), row.get("expected"), str(row["family"]))
-    return Case(prompt, str(row["policy"]), budget, str(row["mode"]), int(row["every"]), int(row["max_new_tokens"]))
+    scheme = row.get("scheme")
+    return Case(prompt, str(row["policy"]), budget, str(row["mode"]), int(row["every"]), int(row["max_new_tokens"]),
+                scheme if isinstance(scheme, str) and scheme != "fp16" else None)

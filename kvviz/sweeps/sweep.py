@@ -38,10 +38,11 @@ class SweepSpec:
     limit: int | None = None
     model: str | None = None
     extra: dict = field(default_factory=dict)
+    schemes: tuple[str, ...] = ()  # cache schemes (kivi-N, quanto-N) as an axis; none: the model's own cache
 
     def cases(self) -> list[Case]:
         return cases_for(load_prompts(self.prompts, self.limit), list(self.policies), list(self.budgets), self.mode,
-                         self.every, self.max_new_tokens)
+                         self.every, self.max_new_tokens, [s if s != "fp16" else None for s in self.schemes])
 
 
 def run_sweep(spec: SweepSpec, out: str | os.PathLike, workers: int = 1, ray: str | None = None,
@@ -53,8 +54,12 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike, workers: int = 1, ray: st
     from kvviz.runs.report import make_policy
 
     cases = spec.cases()
-    for name in spec.policies:  # refuse an unknown policy before anything runs
+    for name in spec.policies:  # refuse an unknown policy or scheme before anything runs
         make_policy(available(), name, {})
+    from kvviz.schemes import run_cache
+
+    for name in spec.schemes:
+        run_cache(name)
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     _check_manifest(folder, spec, len(cases))
@@ -116,6 +121,8 @@ def _check_manifest(folder: Path, spec: SweepSpec, count: int) -> None:
             held = json.loads(manifest.read_text())
         except json.JSONDecodeError:
             held = None
+        if isinstance(held, dict) and isinstance(held.get("spec"), dict):
+            held["spec"].setdefault("schemes", [])  # a sweep written before schemes were an axis
         if held != json.loads(json.dumps(settings)):
             raise KvvizError(f"{folder} holds another sweep (its manifest.json differs); pass another --out")
         return

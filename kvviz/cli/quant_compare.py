@@ -1,0 +1,42 @@
+"""``python -m kvviz quant-compare``: replay a chat, then several quantization schemes at one step, one row each."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from kvviz.cli.common import add_chat_arguments, replay_chat
+from kvviz.errors import KvvizError
+
+COLUMNS = ("scheme", "kl", "tv", "top1", "bytes", "delta_o", "weight_term", "content_term")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_chat_arguments(parser)
+    parser.add_argument("--scheme", action="append", default=[], metavar="NAME",
+                        help="a scheme (repeatable): fp16, int{8,4,3,2}-token, int{8,4,3,2}-channel, kivi-{4,2}, "
+                             "fp8-{e4m3,e5m2}-{head,tensor}, quanto-{4,2}")
+    parser.add_argument("--at", type=int, default=None, help="slot whose step is re-run (default: the newest)")
+
+
+def run(args: argparse.Namespace) -> None:
+    from kvviz.schemes import schemes
+
+    chosen = schemes(args.scheme)  # refused before the model loads
+    session = replay_chat(args)
+    from kvviz.whatif.schemes import compare_schemes
+
+    at = len(session) - 1 if args.at is None else args.at
+    if not 0 <= at < len(session):
+        raise KvvizError(f"slot {at} is not cached (the cache holds slots 0..{len(session) - 1})")
+    rows = compare_schemes(session, chosen, at)
+    if args.json:
+        print(json.dumps({"at": at, "rows": [row.to_dict() for row in rows]}, ensure_ascii=False))
+        return
+    print(f"step of slot {at}: {len(rows)} scheme{'s' if len(rows) != 1 else ''}, KL in nats, bytes of the cache "
+          f"(16-bit: {rows[0].full_bytes:,})")
+    print("  ".join(f"{name:>14}" for name in COLUMNS))
+    for row in rows:
+        cells = (row.scheme, f"{row.kl:.4g}", f"{row.tv:.4g}", row.top1, f"{row.bytes:,}", f"{row.delta_o:.4g}",
+                 f"{row.weight_term:.4g}", f"{row.content_term:.4g}")
+        print("  ".join(f"{cell:>14}" for cell in cells))

@@ -1,0 +1,127 @@
+"""Quantization schemes by name — the caches people deploy, as one :class:`Edit` at a step (docs/math.md §4).
+
+A scheme says how every slot before the step is stored; names are what ``quant-compare``, ``whatif --scheme`` and
+the app's comparison take:
+
+- ``fp16`` — nothing quantized (the identity: KL exactly 0).
+- ``int{8,4,3,2}-token`` — keys and values per token (one scale and zero point per slot and KV head).
+- ``int{8,4,3,2}-channel`` — KIVI's granularity without its window: keys per channel, values per token.
+- ``kivi-{4,2}`` — KIVI as a run holds the cache at that step (kvviz.runs.kivi, G = 32, R = 128): whole groups of
+  32 slots older than the newest 128 quantized, keys per channel within their group, values per token.
+- ``fp8-{e4m3,e5m2}-{head,tensor}`` — an FP8 cache (vLLM's ``kv_cache_dtype``), one dynamic scale per KV head or
+  per layer.
+- ``quanto-{4,2}`` — transformers' ``QuantizedCache`` (quanto, ``q_group_size`` 64, ``residual_length`` 128) as it
+  would hold this chat at that step: the passes of the growth log replayed through its flush rule, the slots of the
+  last flush quantized per token in groups of 64 channels, the residual after it at full precision. It rounds each
+  slot once; QuantizedCache rounds again at every later flush (float32 ulps of a dequantized value) — a policy run
+  with ``--scheme quanto-N`` reproduces those flushes exactly (kvviz.runs.quanto).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvviz.edits import Edit
+from kvviz.errors import KvvizError
+from kvviz.quant import Quantizer
+from kvviz.runs.kivi import Kivi
+from kvviz.runs.quanto import QuantoCache
+
+_PATTERNS = {
+    "fp16": re.compile(r"fp16"),
+    "int": re.compile(r"int(8|4|3|2)-(token|channel)"),
+    "kivi": re.compile(r"kivi-(4|2)"),
+    "fp8": re.compile(r"fp8-(e4m3|e5m2)-(head|tensor)"),
+    "quanto": re.compile(r"quanto-(4|2)"),
+}
+EXAMPLES = ("fp16", "int4-token", "int2-channel", "kivi-2", "fp8-e4m3-head", "fp8-e5m2-tensor", "quanto-4")
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """One named scheme; :meth:`edit` gives its :class:`Edit` before the step of a slot."""
+
+    name: str
+
+    def __post_init__(self) -> None:
+        if not any(p.fullmatch(self.name) for p in _PATTERNS.values()):
+            raise KvvizError(f"unknown quantization scheme {self.name!r}; schemes look like {', '.join(EXAMPLES)}")
+
+    @property
+    def family(self) -> str:
+        return next(kind for kind, p in _PATTERNS.items() if p.fullmatch(self.name))
+
+    @property
+    def label(self) -> str:
+        family, parts = self.family, self.name.split("-")
+        if family == "fp16":
+            return "16 bits (nothing quantized)"
+        if family == "int":
+            bits, axis = parts[0][3:], parts[1]
+            return f"int{bits}, keys per {axis}, values per token"
+        if family == "kivi":
+            return Kivi(int(parts[1]), int(parts[1])).label
+        if family == "fp8":
+            return f"FP8 {parts[1]}, one dynamic scale per {'KV head' if parts[2] == 'head' else 'layer'}"
+        return QuantoCache(int(parts[1])).label
+
+    def edit(self, passes: Sequence[int], at: int) -> Edit:
+        """The Edit of this scheme before the step of slot ``at``; ``passes`` are the slots each forward pass added
+        (the transcript's growth log, for ``quanto``'s flushes)."""
+        family, parts = self.family, self.name.split("-")
+        slots = range(at)
+        if family == "fp16":
+            return Edit()
+        if family == "int":
+            bits = int(parts[0][3:])
+            return Edit.quantize(slots, bits, keys=Quantizer(parts[1]), values=Quantizer("token"))
+        if family == "kivi":
+            kivi = Kivi(int(parts[1]), int(parts[1]))
+            return kivi.edit(range(kivi.quantized_prefix(at)))
+        if family == "fp8":
+            quantizer = Quantizer(parts[2], format=parts[1])
+            return Edit.quantize(slots, 8, keys=quantizer, values=quantizer)
+        quanto = QuantoCache(int(parts[1]))
+        return Edit.quantize(range(quanto_prefix(passes, at, quanto.residual_length)), quanto.nbits,
+                             keys=quanto.quantizer, values=quanto.quantizer)
+
+
+def run_cache(name: str, q_group_size: int = 64, residual: int = 128) -> tuple[Kivi | None, QuantoCache | None]:
+    """The cache a policy run keeps for scheme ``name`` (``kivi``, ``kivi-N`` and ``quanto-N``: quantized as the
+    run goes): its ``(kivi, quanto)`` settings; ``fp16`` is the model's own cache. Other schemes are what-if only."""
+    family, bits = Scheme(name).family, name.rpartition("-")[2]
+    if family == "fp16":
+        return None, None
+    if family == "kivi":
+        return Kivi(int(bits), int(bits)), None
+    if family == "quanto":
+        return None, QuantoCache(int(bits), q_group_size, residual)
+    raise KvvizError(f"a policy run's cache takes fp16, kivi-4, kivi-2, quanto-4 or quanto-2; {name} is for what-ifs "
+                     "(whatif --scheme, quant-compare)")
+
+
+def quanto_prefix(passes: Sequence[int], at: int, residual_length: int) -> int:
+    """How many leading slots QuantizedCache holds quantized before the step of slot ``at``: the passes (slots
+    added by each) that end by ``at`` replayed through its rule — the first pass is quantized at once, a later one
+    joins the residual unless that would reach ``residual_length``, then everything is quantized again."""
+    end, residual, prefix = 0, None, 0
+    for added in passes:
+        if end + added > at:
+            break
+        end += added
+        if residual is not None and residual + added < residual_length:
+            residual += added
+        else:
+            residual, prefix = 0, end
+    return prefix
+
+
+def schemes(names: Sequence[str]) -> list[Scheme]:
+    """The schemes of ``names``, each checked; refuses an empty list and repeats."""
+    if not names:
+        raise KvvizError(f"give at least one scheme, e.g. {', '.join(EXAMPLES[1:4])}")
+    if len(set(names)) != len(names):
+        raise KvvizError("a scheme is named twice")
+    return [Scheme(name) for name in names]

@@ -1,0 +1,57 @@
+"""Several quantization schemes (:mod:`kvviz.schemes`) at the same step, side by side: one what-if each."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from kvviz.schemes import Scheme
+from kvviz.session import Session
+from kvviz.whatif.step import WhatIf, what_if
+
+
+@dataclass(frozen=True)
+class SchemeRow:
+    """What one scheme does to the step of slot ``at``: KL (nats) and total variation of the next-token
+    distribution, whether the top-1 token changes (``top1`` full → edited), the cache's bytes as the scheme stores
+    them, and the quantization split of docs/math.md §4 over all layers and query heads: ``delta_o`` is the
+    Frobenius norm of the isolated output changes ``Δo`` ``(L, H, D)``, ``weight_term`` and ``content_term`` those
+    of its two terms (``Δo`` = weight term + content term, as vectors); ``quantized``: the slots it rounds."""
+
+    scheme: str
+    label: str
+    kl: float
+    tv: float
+    top1_changed: bool
+    top1: str
+    bytes: int
+    full_bytes: int
+    delta_o: float
+    weight_term: float
+    content_term: float
+    quantized: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def scheme_row(scheme: Scheme, result: WhatIf) -> SchemeRow:
+    """The row of one scheme's what-if result."""
+    nt, edit = result.next_token, result.edit
+    frobenius = lambda name: float(result.heads[name].double().square().sum().sqrt())  # noqa: E731
+    return SchemeRow(scheme.name, scheme.label, nt.kl, nt.tv, nt.top1_changed,
+                     f"{nt.full[0].text!r} → {nt.edited[0].text!r}", result.memory.edited_bytes,
+                     result.memory.full_bytes, frobenius("delta_isolated"), frobenius("weight_term"),
+                     frobenius("content_term"), len(set(edit.key_bits) | set(edit.value_bits)))
+
+
+def compare_schemes(session: Session, schemes: list[Scheme], at: int | None = None, topk: int = 5
+                    ) -> list[SchemeRow]:
+    """One :class:`SchemeRow` per scheme at the step of slot ``at`` (default: the newest); the session is never
+    modified. A scheme the model cannot take is refused (:class:`~kvviz.errors.KvvizError`) before any is run."""
+    at = len(session) - 1 if at is None else at
+    passes = [event.added for event in session.transcript.growth]
+    edits = [scheme.edit(passes, at) for scheme in schemes]
+    lm = session.lm
+    for edit in edits:
+        edit.validate(at, lm.layers, lm.kv_heads, lm.head_dim)
+    return [scheme_row(scheme, what_if(session, edit, at, topk=topk)) for scheme, edit in zip(schemes, edits)]
