@@ -239,7 +239,7 @@ def model_path() -> str | None:
     return st.session_state.get("model_path")
 
 
-KEPT = ("toy", "comparison", "policy_run", "policy_blame", "tour")  # shown until replaced; recomputed, not saved
+KEPT = ("toy", "comparison", "schemes", "policy_run", "policy_blame", "tour")  # shown until replaced; recomputed, not saved
 
 
 def keep(name: str, value) -> None:

@@ -55,3 +55,20 @@ def test_a_policy_run_from_the_page_prunes_and_merges_at_the_prompt():
     parts = result.last.forced.session.commits.parts
     assert parts and parts[0][1].merges and parts[0][1].prunings
     assert any("ThinK prunes 25" in c.value for c in app.caption), [c.value for c in app.caption][:8]
+
+
+def test_schemes_compared_from_the_page_are_the_librarys_rows():
+    from kvviz.schemes import schemes
+    from kvviz.whatif.schemes import compare_schemes
+
+    app = start()
+    app.chat_input[0].set_value("My cat is called Whiskers and my dog is called Rex. What is my cat called?").run()
+    app.multiselect(key="schemes_chosen").set_value(["fp16", "fp8-e4m3-head", "quanto-2"]).run()
+    button(app, "Compare the schemes").click().run()
+    assert_clean(app)
+    session = app.session_state["session"]
+    version, at, rows = app.session_state["schemes"]
+    assert rows == compare_schemes(session, schemes(["fp16", "fp8-e4m3-head", "quanto-2"]), at)
+    table = next(d for d in app.dataframe if "KL (nats)" in d.value.columns).value
+    assert list(table["Scheme"]) == ["fp16", "fp8-e4m3-head", "quanto-2"] and table["KL (nats)"][0] == 0
+    assert not session.commits.stack and version == session.version  # comparing changes nothing

@@ -8,7 +8,7 @@ import streamlit as st
 from app import state
 from app.plain import plain, warn
 from app.components.strip import clicked, parse_click, token_strip
-from app.views import reshape
+from app.views import reshape, schemes
 from kvviz.attention_math import kv_head_of
 from kvviz.errors import KvvizError
 from kvviz.quant import Quantizer
@@ -198,6 +198,7 @@ def _picker(draft, session, at) -> None:
     cols[5].button("Clear edit", on_click=lambda: state.draft().clear())
     _quantizer_settings(session.lm.head_dim)
     reshape.render(session, draft, at)
+    schemes.render(session, at)
     try:
         summary = draft.edit(at)
     except KvvizError as exc:

@@ -1,0 +1,52 @@
+"""Quantization schemes side by side at the current step: each as the whole cache before the step, one what-if
+each (kvviz.whatif.schemes)."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import state
+from app.plain import warn
+from kvviz.errors import KvvizError
+from kvviz.schemes import schemes
+from kvviz.whatif.schemes import compare_schemes
+
+OFFERED = ["fp16", "int8-token", "int4-token", "int4-channel", "int2-channel", "kivi-4", "kivi-2", "fp8-e4m3-head",
+           "fp8-e4m3-tensor", "fp8-e5m2-head", "fp8-e5m2-tensor", "quanto-4", "quanto-2"]
+DEFAULT = ["int4-token", "kivi-2", "fp8-e4m3-head", "quanto-4"]
+HEADERS = {"scheme": "Scheme", "kl": "KL (nats)", "tv": "TV", "top1": "Top-1 (full → scheme)", "bytes": "Cache bytes",
+           "delta_o": "‖Δo‖", "weight_term": "Weight term", "content_term": "Content term", "quantized": "Slots rounded",
+           "label": "What it stores"}
+
+
+def render(session, at: int) -> None:
+    """The expander under the edit tools: pick schemes, compare, one row each."""
+    with st.expander("Compare quantization schemes at this step (int, KIVI, FP8, transformers' QuantizedCache)"):
+        chosen = st.multiselect("Schemes", OFFERED, DEFAULT, key="schemes_chosen",
+                                help="Each stores every slot before this step its way; kivi and quanto hold the cache "
+                                     "as a KIVI run or transformers' QuantizedCache would at this step (their recent "
+                                     "slots stay at full precision)")
+        if st.button("Compare the schemes", disabled=not chosen or at < 1, key="schemes_compare"):
+            try:
+                rows = compare_schemes(session, schemes(chosen), at)
+            except KvvizError as exc:
+                warn(exc)
+            else:
+                state.keep("schemes", (session.version, at, rows))
+        kept = state.kept("schemes")
+        if not kept:
+            return
+        version, when, rows = kept
+        if (version, when) != (session.version, at):
+            st.caption(f"These rows are of the step of slot {when}" + (" before the cache changed" if version !=
+                       session.version else "") + "; compare again for this one.")
+        table = [{HEADERS[name]: value for name, value in row.to_dict().items() if name in HEADERS} for row in rows]
+        st.dataframe(table, hide_index=True, column_config={
+            HEADERS["kl"]: st.column_config.NumberColumn(format="%.4g"),
+            HEADERS["tv"]: st.column_config.NumberColumn(format="%.4g"),
+            HEADERS["bytes"]: st.column_config.NumberColumn(format="%d"),
+            **{HEADERS[k]: st.column_config.NumberColumn(format="%.4g") for k in ("delta_o", "weight_term",
+                                                                                   "content_term")}})
+        st.caption(f"Cache bytes as computed: {rows[0].full_bytes:,}. ‖Δo‖ = the isolated change of every layer's "
+                   "attention output over its query heads; it splits exactly into the weight term (keys rounded move "
+                   "the weights) and the content term (values rounded), as vectors.")
