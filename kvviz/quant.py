@@ -12,7 +12,8 @@ nearest even, saturating at the format's maximum), 8 bits per element and one fl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Literal
 
 import torch
@@ -38,6 +39,8 @@ class Quantizer:
     symmetric: bool = False
     block: int | None = None
     format: str = "int"  # "int", or FP8: "e4m3", "e5m2"
+    rotation: str = "none"  # "hadamard": rounded in the basis of a normalised Hadamard matrix (QuaRot), then back
+    outliers: int = 0  # channels per KV head kept exact: the largest max |x| over the slots quantized together
 
     def __post_init__(self) -> None:
         if self.axis not in ("channel", "token", "head", "tensor"):
@@ -48,13 +51,30 @@ class Quantizer:
             raise KvvizError(f"group size must be a positive integer, got {self.group_size!r}")
         if self.block is not None and (isinstance(self.block, bool) or not isinstance(self.block, int) or self.block < 1):
             raise KvvizError(f"the block of slots must be a positive integer, got {self.block!r}")
+        if self.rotation not in ("none", "hadamard"):
+            raise KvvizError(f"the rotation must be 'none' or 'hadamard', got {self.rotation!r}")
+        if isinstance(self.outliers, bool) or not isinstance(self.outliers, int) or self.outliers < 0:
+            raise KvvizError(f"the outlier channels kept must be a non-negative integer, got {self.outliers!r}")
+        if self.outliers and self.rotation != "none":
+            raise KvvizError("keep outlier channels or rotate (Hadamard), not both: a rotation spreads the outliers")
 
     def check(self, head_dim: int) -> None:
-        if self.group_size is not None and head_dim % self.group_size:
-            raise KvvizError(f"group size {self.group_size} does not divide the head dimension {head_dim}")
+        if self.outliers >= head_dim:
+            raise KvvizError(f"{self.outliers} outlier channels leave none of the head's {head_dim} to quantize")
+        rounded = head_dim - self.outliers  # the channels rounded
+        if self.group_size is not None and rounded % self.group_size:
+            raise KvvizError(f"group size {self.group_size} does not divide the head dimension {head_dim}" + (
+                f" less its {self.outliers} outlier channels" if self.outliers else ""))
+        if self.rotation == "hadamard" and head_dim & (head_dim - 1):
+            raise KvvizError(f"a Hadamard rotation needs a power-of-two head dimension, not {head_dim}")
 
     def groups_per_slot(self, head_dim: int) -> int:
         return head_dim // (self.group_size or head_dim)
+
+    @property
+    def plain(self) -> Quantizer:
+        """This quantizer without its rotation or outlier channels (what rounds the rest)."""
+        return replace(self, rotation="none", outliers=0)
 
     @property
     def fp8(self) -> torch.dtype | None:
@@ -100,6 +120,18 @@ def fake_quantize_(
     quantizer.check_bits(bits)
     if x.dtype != torch.float32 or source.dtype != torch.float32:  # half precision: round trip in float32
         return x.copy_(fake_quantize(source, bits, quantizer))
+    if quantizer.rotation == "hadamard":  # QuaRot: round x·H, store; read back (x·H)^·H (H symmetric, H·H = I)
+        h = hadamard(x.shape[-1], x.device)
+        rotated = source @ h
+        fake_quantize_(rotated, bits, quantizer.plain)
+        return torch.matmul(rotated, h, out=x) if x.is_contiguous() else x.copy_(rotated @ h)
+    if quantizer.outliers:  # the outlier channels as they are, the others rounded without them
+        rest = rest_channels(source, quantizer.outliers)  # (KV, D − k) per KV head
+        index = rest[:, None].expand(-1, source.shape[1], -1)
+        rounded = fake_quantize(source.gather(-1, index), bits, quantizer.plain)
+        if x is not source:
+            x.copy_(source)
+        return x.scatter_(-1, index, rounded)
     if quantizer.axis == "token":
         kv, n, dim = x.shape
         grouped = (kv, n, quantizer.groups_per_slot(dim), -1)
@@ -111,6 +143,28 @@ def fake_quantize_(
     else:
         _round_trip_(out, values, bits, quantizer.symmetric, reduce_dim)
     return x
+
+
+@lru_cache(maxsize=8)
+def _hadamard(dim: int, device: str) -> torch.Tensor:
+    h = torch.ones(1, 1)
+    while h.shape[0] < dim:  # Sylvester: [[H, H], [H, −H]]
+        h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
+    return (h / dim**0.5).to(device)
+
+
+def hadamard(dim: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The normalised Sylvester Hadamard matrix ``(dim, dim)`` float32: symmetric and orthogonal (``H·H = I``);
+    ``dim`` a power of two."""
+    return _hadamard(dim, str(device))
+
+
+def rest_channels(x: torch.Tensor, outliers: int) -> torch.Tensor:
+    """Per KV head, the channels of ``x`` ``(KV, n, D)`` other than the ``outliers`` with the largest max |x| over
+    the slots (ties: the lower channel is the outlier), ascending: long ``(KV, D − outliers)``."""
+    peak = x.abs().amax(1)  # (KV, D)
+    order = torch.sort(peak, dim=-1, descending=True, stable=True).indices
+    return order[:, outliers:].sort(-1).values
 
 
 def _fp8_round_trip_(out: torch.Tensor, values: torch.Tensor, dtype: torch.dtype, reduce_dim) -> None:
@@ -139,6 +193,14 @@ def error_bound(x: torch.Tensor, bits: int, quantizer: Quantizer) -> torch.Tenso
     """The largest possible round-to-nearest error of each element of ``x`` ``(KV, n, D)``: half its group's scale
     (FP8: half the format's spacing at the element, ``2^(e − m − 1)·scale`` for ``m`` mantissa bits and the element's
     binary exponent ``e``, no lower than the smallest normal's)."""
+    if quantizer.rotation == "hadamard":  # e = e_r·H: |e_i| ≤ Σ_j |e_r,j|·|H_ji| = Σ_j |e_r,j| / √D
+        rotated = error_bound(x.float() @ hadamard(x.shape[-1], x.device), bits, quantizer.plain)
+        return (rotated.sum(-1, keepdim=True) / x.shape[-1] ** 0.5).expand(x.shape).clone()
+    if quantizer.outliers:
+        rest = rest_channels(x.float(), quantizer.outliers)
+        index = rest[:, None].expand(-1, x.shape[1], -1)
+        bound = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        return bound.scatter_(-1, index, error_bound(x.float().gather(-1, index), bits, quantizer.plain))
     values = x.float()
     if quantizer.axis == "token":
         kv, n, dim = values.shape
@@ -174,6 +236,10 @@ def packed_bytes(slots: int, bits: int, head_dim: int, quantizer: Quantizer, nat
         return 0
     if bits == 16:
         return slots * head_dim * native_bytes
+    if quantizer.outliers:  # the outlier channels at the model's dtype, one byte naming each, the rest rounded
+        kept = quantizer.outliers
+        return slots * kept * native_bytes + kept + packed_bytes(slots, bits, head_dim - kept, quantizer.plain,
+                                                                 native_bytes)
     codes = -(-slots * head_dim * bits // 8)  # bit-packed, rounded up to whole bytes
     params = 1 if quantizer.symmetric or quantizer.fp8 is not None else 2
     blocks = 1 if quantizer.block is None else -(-slots // quantizer.block)

@@ -15,6 +15,11 @@ the app's comparison take:
   last flush quantized per token in groups of 64 channels, the residual after it at full precision. It rounds each
   slot once; QuantizedCache rounds again at every later flush (float32 ulps of a dequantized value) — a policy run
   with ``--scheme quanto-N`` reproduces those flushes exactly (kvviz.runs.quanto).
+
+The ``int`` and ``fp8`` schemes take outlier handling as a suffix, for keys and values alike: ``+hadamard`` rounds
+each slot's head vector in the basis of a normalised Hadamard matrix and rotates it back (QuaRot), ``+outliersK``
+keeps the K channels with the largest magnitude per KV head exact and rounds the rest without them (KVQuant's
+dense-and-sparse split, per channel), e.g. ``int2-token+outliers4``, ``int4-token+hadamard``.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ _PATTERNS = {
     "fp8": re.compile(r"fp8-(e4m3|e5m2)-(head|tensor)"),
     "quanto": re.compile(r"quanto-(4|2)"),
 }
+_SUFFIX = re.compile(r"hadamard|outliers([1-9][0-9]?)")
 EXAMPLES = ("fp16", "int4-token", "int2-channel", "kivi-2", "fp8-e4m3-head", "fp8-e5m2-tensor", "quanto-4")
 
 
@@ -46,16 +52,40 @@ class Scheme:
     name: str
 
     def __post_init__(self) -> None:
-        if not any(p.fullmatch(self.name) for p in _PATTERNS.values()):
-            raise KvvizError(f"unknown quantization scheme {self.name!r}; schemes look like {', '.join(EXAMPLES)}")
+        base, _, suffix = self.name.partition("+")
+        if not any(p.fullmatch(base) for p in _PATTERNS.values()):
+            raise KvvizError(f"unknown quantization scheme {self.name!r}; schemes look like {', '.join(EXAMPLES)}, "
+                             "int4-token+hadamard, int2-token+outliers4")
+        if suffix and (not _SUFFIX.fullmatch(suffix) or self.family not in ("int", "fp8")):
+            raise KvvizError(f"{self.name!r}: an int or fp8 scheme takes +hadamard or +outliersK (K channels kept "
+                             "exact), e.g. int2-token+outliers4")
+
+    @property
+    def base(self) -> str:
+        return self.name.partition("+")[0]
 
     @property
     def family(self) -> str:
-        return next(kind for kind, p in _PATTERNS.items() if p.fullmatch(self.name))
+        return next(kind for kind, p in _PATTERNS.items() if p.fullmatch(self.base))
+
+    @property
+    def outlier_settings(self) -> dict:
+        """The quantizer fields of the suffix: ``rotation`` or ``outliers``."""
+        suffix = self.name.partition("+")[2]
+        if suffix == "hadamard":
+            return {"rotation": "hadamard"}
+        return {"outliers": int(suffix[len("outliers"):])} if suffix else {}
 
     @property
     def label(self) -> str:
-        family, parts = self.family, self.name.split("-")
+        suffix = self.outlier_settings
+        extra = (", rounded after a Hadamard rotation" if "rotation" in suffix else
+                 f", the {suffix['outliers']} largest channels per KV head exact" if suffix else "")
+        return self._base_label + extra
+
+    @property
+    def _base_label(self) -> str:
+        family, parts = self.family, self.base.split("-")
         if family == "fp16":
             return "16 bits (nothing quantized)"
         if family == "int":
@@ -70,18 +100,18 @@ class Scheme:
     def edit(self, passes: Sequence[int], at: int) -> Edit:
         """The Edit of this scheme before the step of slot ``at``; ``passes`` are the slots each forward pass added
         (the transcript's growth log, for ``quanto``'s flushes)."""
-        family, parts = self.family, self.name.split("-")
+        family, parts, extra = self.family, self.base.split("-"), self.outlier_settings
         slots = range(at)
         if family == "fp16":
             return Edit()
         if family == "int":
             bits = int(parts[0][3:])
-            return Edit.quantize(slots, bits, keys=Quantizer(parts[1]), values=Quantizer("token"))
+            return Edit.quantize(slots, bits, keys=Quantizer(parts[1], **extra), values=Quantizer("token", **extra))
         if family == "kivi":
             kivi = Kivi(int(parts[1]), int(parts[1]))
             return kivi.edit(range(kivi.quantized_prefix(at)))
         if family == "fp8":
-            quantizer = Quantizer(parts[2], format=parts[1])
+            quantizer = Quantizer(parts[2], format=parts[1], **extra)
             return Edit.quantize(slots, 8, keys=quantizer, values=quantizer)
         quanto = QuantoCache(int(parts[1]))
         return Edit.quantize(range(quanto_prefix(passes, at, quanto.residual_length)), quanto.nbits,

@@ -68,7 +68,8 @@ def schema(lm: Geometry) -> dict:
     optional_ints = lambda high: {"anyOf": [{"type": "null"}, _list(_integer(0, high - 1), high)]}  # noqa: E731
     quantizer = _object({"axis": {"enum": ["channel", "token", "head", "tensor"]}, "format": {"enum": ["int", "e4m3", "e5m2"]},
                          "group_size": {"anyOf": [{"type": "null"}, _integer(1, lm.head_dim)]},
-                         "symmetric": {"type": "boolean"},
+                         "symmetric": {"type": "boolean"}, "rotation": {"enum": ["none", "hadamard"]},
+                         "outliers": _integer(0, lm.head_dim - 1),
                          "block": {"anyOf": [{"type": "null"}, _integer(1, 1 << 20)]}}, ("axis",))
     bits = {"type": "object", "maxProperties": window, "propertyNames": {"pattern": "^(0|[1-9][0-9]{0,5})$"},
             "additionalProperties": _integer(2, 16)}  # which widths exist: Edit.from_dict, before the replay

@@ -11,7 +11,8 @@ from kvviz.errors import KvvizError
 from kvviz.schemes import schemes
 from kvviz.whatif.schemes import compare_schemes
 
-OFFERED = ["fp16", "int8-token", "int4-token", "int4-channel", "int2-channel", "kivi-4", "kivi-2", "fp8-e4m3-head",
+OFFERED = ["fp16", "int8-token", "int4-token", "int4-channel", "int2-token", "int2-token+hadamard",
+           "int2-token+outliers4", "int2-channel", "int2-channel+outliers4", "kivi-4", "kivi-2", "fp8-e4m3-head",
            "fp8-e4m3-tensor", "fp8-e5m2-head", "fp8-e5m2-tensor", "quanto-4", "quanto-2"]
 DEFAULT = ["int4-token", "kivi-2", "fp8-e4m3-head", "quanto-4"]
 HEADERS = {"scheme": "Scheme", "kl": "KL (nats)", "tv": "TV", "top1": "Top-1 (full → scheme)", "bytes": "Cache bytes",

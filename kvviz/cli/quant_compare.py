@@ -33,8 +33,8 @@ def run(args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps({"at": at, "rows": [row.to_dict() for row in rows]}, ensure_ascii=False))
         return
-    print(f"step of slot {at}: {len(rows)} scheme{'s' if len(rows) != 1 else ''}, KL in nats, bytes of the cache "
-          f"(16-bit: {rows[0].full_bytes:,})")
+    print(f"step of slot {at}: {len(rows)} scheme{'s' if len(rows) != 1 else ''}, KL in nats; the cache as computed "
+          f"takes {rows[0].full_bytes:,} bytes")
     print("  ".join(f"{name:>14}" for name in COLUMNS))
     for row in rows:
         cells = (row.scheme, f"{row.kl:.4g}", f"{row.tv:.4g}", row.top1, f"{row.bytes:,}", f"{row.delta_o:.4g}",
