@@ -16,7 +16,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from app import housekeeping, launch, server_memory, state  # noqa: E402
 from app.plain import plain, warn  # noqa: E402
-from app.views import (attention, chat, growth, guide, held, policies, policy_run, sidebar, sweeps,  # noqa: E402
+from app.views import (attention, channels, chat, growth, guide, held, policies, policy_run, sidebar, sweeps,  # noqa: E402
                        token_strip, tour, toy, whatif)
 from kvviz.errors import KvvizError  # noqa: E402
 from kvviz.model import load_model  # noqa: E402
@@ -117,7 +117,7 @@ def editor() -> None:
     state.end_run()
 
 
-VIEWS = {"Attention": attention, "Cache growth": growth, "Policies": policies, "Policy run": policy_run,
+VIEWS = {"Attention": attention, "Cache growth": growth, "Channels": channels, "Policies": policies, "Policy run": policy_run,
          "Sweeps": sweeps}
 
 

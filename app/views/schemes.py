@@ -15,8 +15,8 @@ OFFERED = ["fp16", "int8-token", "int4-token", "int4-channel", "int2-token", "in
            "int2-token+outliers4", "int2-channel", "int2-channel+outliers4", "kivi-4", "kivi-2", "fp8-e4m3-head",
            "fp8-e4m3-tensor", "fp8-e5m2-head", "fp8-e5m2-tensor", "quanto-4", "quanto-2"]
 DEFAULT = ["int4-token", "kivi-2", "fp8-e4m3-head", "quanto-4"]
-HEADERS = {"scheme": "Scheme", "kl": "KL (nats)", "tv": "TV", "top1": "Top-1 (full → scheme)", "bytes": "Cache bytes",
-           "delta_o": "‖Δo‖", "weight_term": "Weight term", "content_term": "Content term", "quantized": "Slots rounded",
+HEADERS = {"scheme": "Scheme", "quantized": "Slots rounded", "kl": "KL (nats)", "tv": "TV", "top1": "Top-1 (full → scheme)", "bytes": "Cache bytes",
+           "delta_o": "‖Δo‖", "weight_term": "Weight term", "content_term": "Content term",
            "label": "What it stores"}
 
 
@@ -41,13 +41,18 @@ def render(session, at: int) -> None:
         if (version, when) != (session.version, at):
             st.caption(f"These rows are of the step of slot {when}" + (" before the cache changed" if version !=
                        session.version else "") + "; compare again for this one.")
-        table = [{HEADERS[name]: value for name, value in row.to_dict().items() if name in HEADERS} for row in rows]
+        table = [{header: row.to_dict()[name] for name, header in HEADERS.items()} for row in rows]
         st.dataframe(table, hide_index=True, column_config={
             HEADERS["kl"]: st.column_config.NumberColumn(format="%.4g"),
             HEADERS["tv"]: st.column_config.NumberColumn(format="%.4g"),
             HEADERS["bytes"]: st.column_config.NumberColumn(format="%d"),
             **{HEADERS[k]: st.column_config.NumberColumn(format="%.4g") for k in ("delta_o", "weight_term",
                                                                                    "content_term")}})
+        idle = [row.scheme for row in rows if row.quantized == 0 and row.scheme != "fp16"]
+        if idle:
+            st.caption(f"{', '.join(idle)} round{'s' if len(idle) == 1 else ''} nothing before this step: their "
+                       "recent slots stay at full precision (KIVI's 128; QuantizedCache quantizes a prompt only after "
+                       "its own pass, and then its residual of 128).")
         st.caption(f"Cache bytes as computed: {rows[0].full_bytes:,}. ‖Δo‖ = the isolated change of every layer's "
                    "attention output over its query heads; it splits exactly into the weight term (keys rounded move "
                    "the weights) and the content term (values rounded), as vectors.")
