@@ -31,6 +31,8 @@ class TourStep:
     toy: dict | None = None  # {"alpha": [...], "evict": [[...], ...]} as a toy demo: §3's numbers, the first eviction's
     # as {toy_rho} and {toy_renorm}
     look: str = ""  # where to look on the page (shown under the caption)
+    view: str = ""  # a view tab the step opens (e.g. "Channels")
+    channels: list[int] | None = None  # [layer, kv_head] of the Channels view: {outliers}, {outlier_layers}, …
     expect: dict = field(default_factory=dict)  # {"min_kl", "max_kl", "min_rho", "top1_changed", ...}: checked
 
 
@@ -94,7 +96,8 @@ def _draft(session: Session, step: TourStep, at: int) -> EditDraft:
         spec = step.quantize
         slots = range(at) if spec["slots"] == "history" else [s for s in spec["slots"] if s < at]
         draft.set_bits(list(slots), spec["key_bits"], spec.get("value_bits", spec["key_bits"]))
-        draft.keys = Quantizer(axis=spec.get("keys", "channel"))
+        draft.keys = Quantizer(axis=spec.get("keys", "channel"), outliers=spec.get("outliers", 0),
+                               rotation=spec.get("rotation", "none"))
     return draft
 
 
@@ -127,6 +130,14 @@ def stage(session: Session, step: TourStep) -> Stage:
                     "weight_term": float(heads["weight_term"][layer, head]),
                     "content_term": float(heads["content_term"][layer, head]),
                     "full_top": nt.full[0].text, "edited_top": nt.edited[0].text}
+    if step.channels:
+        from kvviz.channels import channels, outliers_by_layer
+
+        channel_layer, kv_head = step.channels
+        found = outliers_by_layer(session, at)
+        numbers |= {"channel_layer": channel_layer, "kv_head": kv_head, "layers": len(found),
+                    "outliers": ", ".join(map(str, channels(session, channel_layer, kv_head, at).outliers)) or "none",
+                    "outlier_layers": sum(any(row) for row in found)}
     if step.toy:
         toy = toy_example(step.toy["alpha"], step.toy["evict"][0])
         numbers |= {"toy_rho": toy["rho"],

@@ -59,6 +59,12 @@ def test_a_tour_plays_start_to_end_in_the_app(index):
         kept = app.session_state["tour"]
         assert kept["caption"] in [m.value for m in app.markdown]
         assert app.session_state["layer"] == stage(app.session_state["session"], tour.steps[number]).layer
+        step = tour.steps[number]
+        if step.view:  # the step opens the view it talks about, on the layer and KV head it names
+            assert app.session_state["view"] == step.view
+            if step.channels:
+                assert [app.session_state["channels_layer"], app.session_state["channels_kv_head"]] == step.channels
+                assert any(c.value.startswith("Outlier key channels here: ") for c in app.caption)
         if number < len(tour.steps) - 1:
             next(b for b in app.button if b.label == "Next").click().run()
     next(b for b in app.button if b.label == "Back").click().run()

@@ -37,6 +37,10 @@ def go(tour: Tour, index: int, session) -> None:
         scenario = Scenario(name="Toy numbers", description="α, ρ and α′ = α/(1−ρ)", toy=step.toy)
         toy = (scenario, [toy_example(step.toy["alpha"], evict) for evict in step.toy["evict"]])
     state.keep("toy", toy)
+    if step.view:  # opened before the tabs are drawn (app/main.py)
+        st.session_state["open_view"] = step.view
+    if step.channels:
+        st.session_state["channels_layer"], st.session_state["channels_kv_head"] = step.channels
     state.keep("tour", {"tour": tour, "index": index, "caption": shown.caption(step, lambda t: code(visible(t))),
                         "look": step.look, "session": session})
 
