@@ -31,7 +31,10 @@ def planned(quick: bool = False, browser: bool = True) -> dict[str, Callable[[Be
     rows |= {} if quick else {"whatif evict 4096": lambda b: b.whatif(4096), "whatif evict 8000": lambda b: b.whatif(8000),
                               "click during prefill 8000": lambda b: b.click_during_prefill()}
     rows |= {"whatif quant 1024": lambda b: b.whatif(1024, quantize=True),
-             "whatif fp8 1024": lambda b: b.whatif(1024, quantize=True, fp8=True), f"memory {memory}": lambda b: b.memory(memory)}
+             "whatif fp8 1024": lambda b: b.whatif(1024, quantize=True, fp8=True),
+             "whatif quanto-4 1024": lambda b: b.whatif(1024, quantize=True, scheme="quanto-4"),
+             "whatif int4-token+hadamard 1024": lambda b: b.whatif(1024, quantize=True, scheme="int4-token+hadamard"),
+             f"memory {memory}": lambda b: b.memory(memory)}
     rows |= {"policy run decode 64, h2o, 1k": policy_rows.policy_run, "blame 32 slots at 1k": policy_rows.blame_row}
     rows |= {} if quick else {"policy run decode 64, key_diff, 1k": policy_rows.key_diff_run,
                               "policy run decode 64, lag_kv, 1k": policy_rows.lag_kv_run,

@@ -101,15 +101,22 @@ class Bench:
 
         return step, lambda: kv_cache.build(self.plain.config, prefix)
 
-    def whatif(self, count: int, quantize: bool = False, cold: bool = False, fp8: bool = False) -> Row:
+    def whatif(self, count: int, quantize: bool = False, cold: bool = False, fp8: bool = False,
+               scheme: str | None = None) -> Row:
         """A what-if at the newest slot. Warm (the interactive path): the full run of that step is already kept by
         the session, as after the first click. Cold: the session's memo is cleared before each run, so it runs the
         full and the edited pass (two decode steps by design; its target is twice the warm one's). ``fp8``: the
-        quantization is an FP8 e4m3 cache with one scale per KV head, at 8 bits."""
+        quantization is an FP8 e4m3 cache with one scale per KV head, at 8 bits; ``scheme``: a named scheme's
+        quantizers and bit-width (kvviz.schemes), on the whole history."""
         session = self._context(count)
         at = len(session) - 1
         bits, settings = (8, {"keys": Quantizer("head", format="e4m3"), "values": Quantizer("head", format="e4m3")}) \
             if fp8 else (4, {})
+        if scheme is not None:
+            from kvviz.schemes import Scheme
+
+            shown = Scheme(scheme).edit([at], at)  # one pass before the step: the whole history as the scheme stores it
+            bits, settings = max(shown.key_bits.values()), {"keys": shown.keys, "values": shown.values}
         edit = Edit.quantize(range(at), bits, **settings) if quantize else Edit.evict(range(at // 2, at // 2 + 10))
         # quantizing: the history at 4 bits, every other run all but slot 0, so that each run quantizes (a run on the
         # quantization the previous one left in the session's kept cache would reuse it)
@@ -117,7 +124,8 @@ class Bench:
         step, cache = self._plain_step(session)
         ours, plain = paired_times(lambda _: what_if(session, next(edits)), step, max(self.repeats, 11),  # short
                                     ours_setup=session.memo.clear if cold else lambda: None, theirs_setup=cache)
-        name = f"whatif {'fp8' if fp8 else 'quant' if quantize else 'evict'} {count}{' cold' if cold else ''}"
+        kind = scheme or ('fp8' if fp8 else 'quant' if quantize else 'evict')
+        name = f"whatif {kind} {count}{' cold' if cold else ''}"
         return row(name, ours, plain, (1.5 if quantize else 1.3) * (2 if cold else 1))
 
     def click_during_prefill(self, count: int = 1024, long: int = 8000) -> Row:
