@@ -55,7 +55,7 @@ def test_rows_are_chosen_by_name_and_a_pattern_that_names_no_row_is_refused():
     names = list(planned())
     assert names[0] == "load" and "whatif quant 1024" in names and any("browser" in name for name in names)
     assert chosen(names, []) == names
-    assert chosen(names, ["quant"]) == ["whatif quant 1024"]
+    assert chosen(names, ["quant 1024"]) == ["whatif quant 1024"]
     assert chosen(names, ["memory", "prefill"]) == ["prefill 256", "prefill 1024", "prefill 4096", "prefill 8000",
                                                    "click during prefill 8000", "memory 4096",
                                                    "policy run prefill 64, kv_zip, 1k"]
