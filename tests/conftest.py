@@ -61,6 +61,27 @@ def removed_step(session: Session, at: int, evicted: list[int], renumber: bool =
     return out.logits[0, -1].float()
 
 
+def assert_what_if_is_the_stored_cache(session: Session, result, tensors: list) -> None:
+    """``result`` (a what-if of slot ``result.at``'s step) against that step run on a cache holding ``tensors`` (per
+    layer ``(1, KV, at, D)`` K/V, as the test stored them): the same logits up to the summation order, so each
+    edited top-k probability within (e^{2ε} − 1)·p of the reference's (tests/rounding.py); and §4's two terms add up
+    to the isolated change of the detail head (float64 sums of float32 terms: rtol 1e-6)."""
+    from tests.rounding import probability_rounding
+
+    slot, lm = session.transcript.slots[result.at], session.lm
+    with torch.no_grad():
+        out = lm.model(input_ids=torch.tensor([[slot.id]]), position_ids=torch.tensor([[slot.position]]),
+                       cache=kv_cache.build(lm.config, tensors), use_cache=True)
+    logits = out.logits[0, -1].double()
+    probabilities = torch.softmax(logits, -1)
+    rel = probability_rounding(logit_rounding(lm.config, logits))
+    for candidate in result.next_token.edited:
+        assert candidate.prob == pytest.approx(float(probabilities[candidate.id]), rel=rel, abs=1e-12)
+    detail = result.detail
+    total = torch.tensor(detail.weight_term) + torch.tensor(detail.content_term)
+    assert torch.allclose(total, torch.tensor(detail.delta_isolated), rtol=1e-6, atol=1e-9)
+
+
 def committed_eviction_gaps(lm: LoadedModel, steps: int) -> tuple[Session, list[float]]:
     """One turn, an eviction of slots 20..29 committed, then ``steps`` decode steps; per step, the max |Δ logit| of the
     session against the same steps on a cache with those slots physically removed (true positions)."""

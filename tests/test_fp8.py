@@ -20,7 +20,7 @@ from kvviz.quant import Quantizer, error_bound, fake_quantize, packed_bytes
 from kvviz.session import Session
 from kvviz.session_file import export_session, import_session
 from kvviz.whatif import what_if
-from tests.rounding import logit_rounding, probability_rounding
+from tests.conftest import assert_what_if_is_the_stored_cache
 
 DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 DIMS = {"head": (1, 2), "channel": 1, "tensor": (0, 1, 2)}
@@ -73,22 +73,11 @@ def test_an_fp8_what_if_equals_a_cache_holding_fp8_values(lm, chat, fmt, axis):
     edit = Edit.quantize(range(at), 8, keys=Quantizer(axis, format=fmt), values=Quantizer(axis, format=fmt))
     tensors = [tuple(reference(t[0, :, :at].float(), fmt, axis)[None] for t in kv_cache.layer_kv(chat.cache, layer))
                for layer in range(lm.layers)]
-    slot = chat.transcript.slots[at]
-    with torch.no_grad():
-        out = lm.model(input_ids=torch.tensor([[slot.id]]), position_ids=torch.tensor([[slot.position]]),
-                       cache=kv_cache.build(lm.config, tensors), use_cache=True)
-    logits = out.logits[0, -1].double()
     result = what_if(chat, edit, at=at, topk=20)
-    probabilities = torch.softmax(logits, -1)
-    rel = probability_rounding(logit_rounding(lm.config, logits))
-    for candidate in result.next_token.edited:
-        assert candidate.prob == pytest.approx(float(probabilities[candidate.id]), rel=rel, abs=1e-12)
+    assert_what_if_is_the_stored_cache(chat, result, tensors)
     assert result.next_token.kl > 0
     scales = lm.layers * 2 * 4 * (lm.kv_heads if axis == "head" else 1)  # float32 scales: per KV head or per layer
     assert result.memory.edited_bytes == lm.layers * lm.kv_heads * 2 * at * lm.head_dim + scales
-    detail = result.detail  # docs/math.md §4: the two terms add up to the isolated change
-    total = torch.tensor(detail.weight_term) + torch.tensor(detail.content_term)
-    assert torch.allclose(total, torch.tensor(detail.delta_isolated), rtol=1e-6, atol=1e-9)
     untouched = Edit(keys=Quantizer(axis, format=fmt), values=Quantizer(axis, format=fmt))
     assert what_if(chat, untouched, at=at).next_token.kl == 0
 

@@ -22,7 +22,7 @@ from kvviz.schemes import Scheme, schemes
 from kvviz.session import Session
 from kvviz.session_file import export_session, import_session
 from kvviz.whatif import what_if
-from tests.rounding import logit_rounding, probability_rounding
+from tests.conftest import assert_what_if_is_the_stored_cache
 
 U = 2.0**-24
 PROMPT = "My cat is called Whiskers and my dog is called Rex. What is my cat called?"
@@ -144,19 +144,7 @@ def test_a_what_if_equals_a_cache_holding_the_tests_own_kv(lm, chat, quantizer):
 
     tensors = [tuple(stored(t[0, :, :at].float())[None] for t in kv_cache.layer_kv(chat.cache, layer))
                for layer in range(lm.layers)]
-    slot = chat.transcript.slots[at]
-    with torch.no_grad():
-        out = lm.model(input_ids=torch.tensor([[slot.id]]), position_ids=torch.tensor([[slot.position]]),
-                       cache=kv_cache.build(lm.config, tensors), use_cache=True)
-    logits = out.logits[0, -1].double()
-    result = what_if(chat, edit, at=at, topk=20)
-    probabilities = torch.softmax(logits, -1)
-    rel = probability_rounding(logit_rounding(lm.config, logits))
-    for candidate in result.next_token.edited:
-        assert candidate.prob == pytest.approx(float(probabilities[candidate.id]), rel=rel, abs=1e-12)
-    detail = result.detail  # the two terms add up to the isolated change
-    total = torch.tensor(detail.weight_term) + torch.tensor(detail.content_term)
-    assert torch.allclose(total, torch.tensor(detail.delta_isolated), rtol=1e-6, atol=1e-9)
+    assert_what_if_is_the_stored_cache(chat, what_if(chat, edit, at=at, topk=20), tensors)
 
 
 def test_outlier_schemes_help_two_bit_keys_on_the_bundled_model(chat):
