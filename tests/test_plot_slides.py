@@ -138,3 +138,19 @@ def test_policy_run_slides_show_the_apps_numbers(lm, run):
 def test_a_caption_is_broken_into_lines_at_its_separators():
     heading = slides.heading("T", " · ".join(["x" * 60] * 3))
     assert heading["subtitle"] == [f"{'x' * 60} · {'x' * 60}", "x" * 60]
+
+
+def test_the_channel_slide_shows_the_channel_views_numbers(chat):
+    from kvviz.channels import channels
+    from kvviz.figures.channel_maps import channel_map
+
+    at = len(chat) - 1
+    view = channels(chat, 18, 2, at)
+    texts = [s.text for s in chat.transcript.slots[:at]]
+    caption = plot_slides.caption(chat.lm.name, at, chat.commits.edit_at(at))
+    spec = plot_slides.channel_slide(view.keys_pre.numpy(), texts, view.outliers, "keys before RoPE", caption)
+    shown = channel_map(view.keys_pre, texts, "t", view.outliers).data[0].z  # the app's map, slot by slot
+    cells = {(v["slot"], v["channel"]): v["magnitude"] for v in _values(spec, 0)}
+    assert cells == {(s, c): shown[s][c] for s in range(at) for c in range(chat.lm.head_dim)}
+    assert [v["channel"] for v in _values(spec, 1)] == view.outliers and view.outliers
+    _check_renders(spec, caption)

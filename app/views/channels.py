@@ -7,8 +7,10 @@ import streamlit as st
 
 from app import state
 from app.plain import warn
+from app.views.slide_download import slide_popover
 from kvviz.channels import OUTLIER_FACTOR, channels, outliers_by_layer
 from kvviz.errors import KvvizError
+from kvviz.figures import plot_slides
 from kvviz.figures.channel_maps import channel_errors, channel_map
 from kvviz.figures.slides import PLOTLY_CONFIG
 
@@ -36,10 +38,14 @@ def render() -> None:
         if view.keys_pre is not None and st.toggle("Keys as cached (after RoPE)", key="channels_post"):
             matrix, stage = view.keys, "after RoPE, as cached"
         title = f"|k| {stage}: layer {view.layer}, KV head {view.kv_head}, slots 0–{at - 1}"
-        st.plotly_chart(channel_map(matrix, texts, title, view.outliers), key="channels_map", config=PLOTLY_CONFIG)
+        marked = view.outliers
     else:
+        matrix, marked = view.values, []
         title = f"|v|: layer {view.layer}, KV head {view.kv_head}, slots 0–{at - 1}"
-        st.plotly_chart(channel_map(view.values, texts, title, []), key="channels_map", config=PLOTLY_CONFIG)
+    st.plotly_chart(channel_map(matrix, texts, title, marked), key="channels_map", config=PLOTLY_CONFIG)
+    caption = plot_slides.caption(lm.name, at, session.commits.edit_at(at))
+    slide_popover("channels", lambda: plot_slides.channel_slide(matrix.numpy(), texts, marked, title, caption),
+                  f"kvviz-channels-{view.layer}-{view.kv_head}-{kind}")
     named = ", ".join(map(str, view.outliers)) or "none"
     st.caption(f"Outlier key channels here: {named} (largest |k| at least {OUTLIER_FACTOR:g}× the median channel's). "
                "A per-token scale must stretch to reach them, so the other channels get few codes; a per-channel "

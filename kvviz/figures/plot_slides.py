@@ -201,3 +201,23 @@ def bit_widths_slide(result: PolicyRun, pieces: list[str], turn: int, caption_te
     kivi = result.settings.kivi
     colour = {"title": "key bits", "scale": {"domain": [kivi.key_bits, 16], "range": ["#f2994a", "#2f80ed"]}}
     return _slot_grid(bits_grid(result, turn), pieces, "bits", colour, f"Bit-widths: {kivi.label}", caption_text)
+
+
+def channel_slide(magnitudes: np.ndarray, texts: list[str], outliers: list[int], title: str,
+                  caption_text: str) -> dict:
+    """The Channels view's map for a slide: ``magnitudes`` ``(n, D)`` (slots down, channels across, tokens on the
+    axis up to :data:`TOKEN_AXIS` slots) with a red triangle over each outlier channel."""
+    n, dim = magnitudes.shape
+    values = [{"slot": s, "channel": c, "magnitude": float(magnitudes[s, c])} for s in range(n) for c in range(dim)]
+    y_axis = _slot_axis(texts[:n], "slot", labelAngle=0) if n <= TOKEN_AXIS else {"title": "slot"}
+    marks = [{"data": {"values": values}, "mark": "rect", "encoding": {
+        "x": {"field": "channel", "type": "ordinal", "axis": {"title": "channel", "labelAngle": 0,
+                                                              "values": list(range(0, dim, 8))}},
+        "y": {"field": "slot", "type": "ordinal", "axis": y_axis},
+        "color": {"field": "magnitude", "type": "quantitative", "title": "|x|", "scale": {"scheme": "viridis"}}}}]
+    if outliers:
+        marks.append({"data": {"values": [{"channel": c} for c in outliers]},
+                      "mark": {"type": "point", "shape": "triangle-down", "filled": True, "color": "#d62728",
+                               "size": 120, "yOffset": -10},
+                      "encoding": {"x": {"field": "channel", "type": "ordinal"}, "y": {"datum": 0, "type": "ordinal"}}})
+    return _framed({"width": PLOT_WIDTH, "height": PLOT_HEIGHT, "layer": marks}, title, caption_text)
