@@ -64,8 +64,11 @@ def running_app(env: dict[str, str] | None = None, startup_s: float = 120, cwd: 
 def browser_page(url: str, width: int = 1500, height: int = 1400, args: tuple[str, ...] = ()) -> Iterator:
     """A Playwright page on ``url`` in headless Chromium (with extra command-line ``args``); ``page.dialogs`` collects
     (and dismisses) any dialog."""
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
+    # a loaded machine (CI beside other jobs) can take longer than expect's 5 s default for one rerun: a wait for a
+    # condition, not a timing check (none of the checks asserts how fast)
+    expect.set_options(timeout=60_000)
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=[*CHROMIUM_ARGS, *args])
         page = browser.new_page(viewport={"width": width, "height": height})

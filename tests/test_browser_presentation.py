@@ -44,11 +44,14 @@ def test_one_projector_screen_holds_the_numbers_the_strip_and_both_tables(tmp_pa
         page.wait_for_function(IDLE, timeout=120_000)
         page.locator("[data-testid=stSidebarHeader] button").first.click()  # the sidebar folded away
         page.wait_for_timeout(800)
-        page.locator("[data-testid=stMetric]").first.evaluate(  # the speaker scrolls to the numbers
-            "e => { e.scrollIntoView({block: 'start'}); "
-            "document.querySelector('[data-testid=stAppScrollToBottomContainer]').scrollTop -= 70; }")
-        page.wait_for_timeout(500)
-        boxes = page.evaluate(BOXES)
+        for _ in range(20):  # on a loaded machine the page may still be laying out (and keep to the bottom) at first
+            page.locator("[data-testid=stMetric]").first.evaluate(  # the speaker scrolls to the numbers
+                "e => { e.scrollIntoView({block: 'start'}); "
+                "document.querySelector('[data-testid=stAppScrollToBottomContainer]').scrollTop -= 70; }")
+            page.wait_for_timeout(500)
+            boxes = page.evaluate(BOXES)
+            if boxes["metrics"] and boxes["metrics"][0]["top"] >= boxes["header"]["bottom"] - 10:
+                break  # the scroll held
         page.screenshot(path=str(ROOT / "assets" / "browser-test-presentation.png"))  # ignored by git
         assert boxes["value"] >= 1.2 * normal  # the numbers scale with the rest (36 → 44 px)
         top, bottom = boxes["header"]["bottom"] - 10, boxes["chat"]["top"]
