@@ -140,8 +140,8 @@ class Edit:
                 raise KvvizError(f"layer {eviction.layers[-1]} does not exist (the model has {layers})")
             if eviction.heads and eviction.heads[-1] >= kv_heads:
                 raise KvvizError(f"KV head {eviction.heads[-1]} does not exist (the model has {kv_heads})")
-        self.keys.check(head_dim)
-        self.values.check(head_dim)
+        self.keys.check_model(layers, kv_heads, head_dim)
+        self.values.check_model(layers, kv_heads, head_dim)
         for quantizer, table in ((self.keys, self.key_bits), (self.values, self.value_bits)):
             for bits in set(table.values()):
                 quantizer.check_bits(bits)
@@ -186,12 +186,12 @@ class Edit:
         """New ``(KV, n, D)`` keys and values of ``layer`` as this edit stores them: pruned and merged, then each
         slot fake-quantized at its bit-width (slots sharing a bit-width are quantized together, which matters for
         per-channel scales); what it leaves alone is returned as it is. ``layer`` is needed only by an edit that
-        prunes or merges (they are per layer)."""
+        prunes or merges (they are per layer) or quantizes with static scales (per layer and KV head)."""
         if self.reshapes:
             if layer is None:
                 raise ValueError("an edit that prunes or merges needs the layer of the K/V it is applied to")
             keys, values = reshaped(keys, values, layer, self.prunings, self.merges, self.merge_rule)
-        return self._quantized(keys, "key"), self._quantized(values, "value")
+        return self._quantized(keys, "key", layer), self._quantized(values, "value", layer)
 
     def quantized_keys(self, keys: torch.Tensor, layer: int | None = None) -> torch.Tensor:
         """New ``(KV, n, D)`` keys of ``layer`` as this edit stores them (pruned, then quantized)."""
@@ -199,40 +199,42 @@ class Edit:
             if layer is None:
                 raise ValueError("an edit that prunes needs the layer of the keys it is applied to")
             keys = reshaped(keys, keys[:, :0], layer, self.prunings, (), self.merge_rule)[0]
-        return self._quantized(keys, "key")
+        return self._quantized(keys, "key", layer)
 
-    def quantize_(self, keys: torch.Tensor, values: torch.Tensor, source: tuple[torch.Tensor, torch.Tensor] | None = None
-                  ) -> None:
+    def quantize_(self, keys: torch.Tensor, values: torch.Tensor, source: tuple[torch.Tensor, torch.Tensor] | None = None,
+                  layer: int | None = None) -> None:
         """:meth:`quantized` in place, on tensors the caller owns (e.g. the slots of a cache built for one run); with
         ``source`` (keys, values of the same shapes), its quantized slots are written into them instead (one pass
-        less than a copy and a quantization)."""
-        self._quantize_(keys, "key", None if source is None else source[0])
-        self._quantize_(values, "value", None if source is None else source[1])
+        less than a copy and a quantization). ``layer``: that of the ``(KV, n, D)`` K/V, or None for every layer's
+        rows ``(L·KV, n, D)`` (static scales need to know which)."""
+        self._quantize_(keys, "key", None if source is None else source[0], layer)
+        self._quantize_(values, "value", None if source is None else source[1], layer)
 
-    def _quantized(self, x: torch.Tensor, kind: str) -> torch.Tensor:
+    def _quantized(self, x: torch.Tensor, kind: str, layer: int | None) -> torch.Tensor:
         if not self.groups(kind, x.shape[1]):
             return x
         out = x.clone()
-        self._quantize_(out, kind)
+        self._quantize_(out, kind, layer=layer)
         return out
 
-    def _quantize_(self, x: torch.Tensor, kind: str, source: torch.Tensor | None = None) -> None:
+    def _quantize_(self, x: torch.Tensor, kind: str, source: torch.Tensor | None = None, layer: int | None = None
+                   ) -> None:
         quantizer = self.keys if kind == "key" else self.values
         source = x if source is None else source
         for width, slots in self.groups(kind, x.shape[1]):
             if quantizer.axis == "channel" and quantizer.block:  # one scale per block of slots (KIVI)
                 for block in _blocks(range(x.shape[1])[slots] if isinstance(slots, slice) else slots, quantizer.block):
-                    self._quantize_part(x, block, width, quantizer, source)
+                    self._quantize_part(x, block, width, quantizer, source, layer)
                 continue
-            self._quantize_part(x, slots, width, quantizer, source)
+            self._quantize_part(x, slots, width, quantizer, source, layer)
 
     @staticmethod
     def _quantize_part(x: torch.Tensor, slots: slice | list[int], width: int, quantizer: Quantizer,
-                       source: torch.Tensor) -> None:
+                       source: torch.Tensor, layer: int | None) -> None:
         if isinstance(slots, slice):
-            fake_quantize_(x[:, slots], width, quantizer, source[:, slots])
+            fake_quantize_(x[:, slots], width, quantizer, source[:, slots], layer)
         else:
-            x[:, slots] = fake_quantize(source[:, slots], width, quantizer)
+            x[:, slots] = fake_quantize(source[:, slots], width, quantizer, layer)
 
     def groups(self, kind: str, n: int) -> list[tuple[int, slice | list[int]]]:
         """The slots below ``n`` that ``kind`` (``"key"`` or ``"value"``) stores at fewer than 16 bits, as

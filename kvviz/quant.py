@@ -7,18 +7,21 @@ channels) — this suits values. ``head`` shares one per KV head over the slots 
 per-head scale), ``tensor`` one per layer over its KV heads too (vLLM's per-layer ``k_scale`` / ``v_scale``). Formats: ``int`` — uniform codes, scales and zero points stored as fp16; ``e4m3`` / ``e5m2`` —
 FP8, the engines' KV-cache dtypes (vLLM's ``kv_cache_dtype="fp8_e4m3"`` / ``"fp8_e5m2"``): ``x ≈ scale · fp8(x /
 scale)`` with ``scale = amax / max(format)`` over the group (dynamic scaling), torch's own float8 casts (round to
-nearest even, saturating at the format's maximum), 8 bits per element and one float32 scale per group.
+nearest even, saturating at the format's maximum), 8 bits per element and one float32 scale per group. An FP8
+quantizer per KV head or per layer may instead hold *static* scales (``scales``: per layer, one per KV head), calibrated
+beforehand as vLLM's ``k_scale`` / ``v_scale`` are (kvviz.calibration); a value past ``scale · max(format)`` then
+saturates.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import lru_cache
 from typing import Literal
 
 import torch
 
 from kvviz.errors import KvvizError
+from kvviz.outlier_handling import hadamard, rest_channels
 
 SUPPORTED_BITS = (16, 8, 4, 3, 2)
 Axis = Literal["channel", "token", "head", "tensor"]
@@ -41,6 +44,7 @@ class Quantizer:
     format: str = "int"  # "int", or FP8: "e4m3", "e5m2"
     rotation: str = "none"  # "hadamard": rounded in the basis of a normalised Hadamard matrix (QuaRot), then back
     outliers: int = 0  # channels per KV head kept exact: the largest max |x| over the slots quantized together
+    scales: tuple[tuple[float, ...], ...] | None = None  # FP8 static scales, per layer one per KV head (else dynamic)
 
     def __post_init__(self) -> None:
         if self.axis not in ("channel", "token", "head", "tensor"):
@@ -57,6 +61,22 @@ class Quantizer:
             raise KvvizError(f"the outlier channels kept must be a non-negative integer, got {self.outliers!r}")
         if self.outliers and self.rotation != "none":
             raise KvvizError("keep outlier channels or rotate (Hadamard), not both: a rotation spreads the outliers")
+        if self.scales is not None:
+            self._check_scales()
+
+    def _check_scales(self) -> None:
+        if self.fp8 is None or self.axis not in ("head", "tensor") or self.rotation != "none" or self.outliers:
+            raise KvvizError("static scales are for FP8 (e4m3 / e5m2) per KV head or per layer, without a rotation or "
+                             "outlier channels: the engines calibrate one scale per layer or KV head")
+        try:
+            rows = tuple(tuple(float(s) for s in row) for row in self.scales)
+        except TypeError:
+            raise KvvizError("static scales are a list per layer of one scale per KV head") from None
+        if not rows or any(len(row) != len(rows[0]) or not row for row in rows) or \
+                not all(0 < s < float("inf") for row in rows for s in row):
+            raise KvvizError("static scales are a list per layer of one positive, finite scale per KV head, the same "
+                             "number of KV heads in every layer")
+        object.__setattr__(self, "scales", rows)
 
     def check(self, head_dim: int) -> None:
         if self.outliers >= head_dim:
@@ -67,6 +87,22 @@ class Quantizer:
                 f" less its {self.outliers} outlier channels" if self.outliers else ""))
         if self.rotation == "hadamard" and head_dim & (head_dim - 1):
             raise KvvizError(f"a Hadamard rotation needs a power-of-two head dimension, not {head_dim}")
+
+    def check_model(self, layers: int, kv_heads: int, head_dim: int) -> None:
+        """:meth:`check`, and static scales that fit a model of ``layers`` layers and ``kv_heads`` KV heads."""
+        self.check(head_dim)
+        if self.scales is not None and (len(self.scales), len(self.scales[0])) != (layers, kv_heads):
+            raise KvvizError(f"the static scales are for {len(self.scales)} layers of {len(self.scales[0])} KV heads; "
+                             f"this model has {layers} layers of {kv_heads}: calibrate on this model")
+
+    def static_scale(self, rows: int, layer: int | None, device: torch.device) -> torch.Tensor:
+        """The static scales for ``rows`` quantized rows ``(rows, 1, 1)`` float32: the KV heads of ``layer``, or,
+        with ``layer`` None, those of every layer in order (``rows`` = layers × KV heads)."""
+        table = self.scales if layer is None else self.scales[layer:layer + 1]
+        if layer is not None and layer >= len(self.scales) or len(table) * len(table[0]) != rows:
+            raise KvvizError(f"the static scales ({len(self.scales)} layers of {len(self.scales[0])} KV heads) do not "
+                             "fit this cache: calibrate on this model")
+        return torch.tensor(table, dtype=torch.float32, device=device).reshape(rows, 1, 1)
 
     def groups_per_slot(self, head_dim: int) -> int:
         return head_dim // (self.group_size or head_dim)
@@ -94,9 +130,10 @@ def check_bits(bits: object) -> int:
     return bits
 
 
-def fake_quantize(x: torch.Tensor, bits: int, quantizer: Quantizer) -> torch.Tensor:
-    """Quantize then dequantize ``x`` ``(KV, n, D)`` at ``bits``; returns a new tensor of the same shape and dtype
-    (``x`` itself at 16 bits).
+def fake_quantize(x: torch.Tensor, bits: int, quantizer: Quantizer, layer: int | None = None) -> torch.Tensor:
+    """Quantize then dequantize ``x`` ``(KV, n, D)`` (of ``layer``, for static scales; all layers' rows
+    ``(L·KV, n, D)`` with ``layer`` None) at ``bits``; returns a new tensor of the same shape and dtype (``x`` itself
+    at 16 bits).
 
     Asymmetric: ``scale = (max − min)/(2^b − 1)``, zero point ``min``. Symmetric: ``scale = max|x|/(2^(b−1) − 1)``.
     Every element's error is at most ``scale / 2`` of its group (round to nearest).
@@ -104,11 +141,11 @@ def fake_quantize(x: torch.Tensor, bits: int, quantizer: Quantizer) -> torch.Ten
     if check_bits(bits) == 16 or x.numel() == 0:
         return x
     values = x.float()
-    return fake_quantize_(torch.empty_like(values), bits, quantizer, source=values).to(x.dtype)
+    return fake_quantize_(torch.empty_like(values), bits, quantizer, source=values, layer=layer).to(x.dtype)
 
 
 def fake_quantize_(
-    x: torch.Tensor, bits: int, quantizer: Quantizer, source: torch.Tensor | None = None
+    x: torch.Tensor, bits: int, quantizer: Quantizer, source: torch.Tensor | None = None, layer: int | None = None
 ) -> torch.Tensor:
     """:func:`fake_quantize` in place (``x`` may be a view, e.g. some slots of a cache): ``x`` gets the round trip of
     ``source`` (same shape; default ``x`` itself) and is returned. In place saves the allocations and memory passes
@@ -119,7 +156,7 @@ def fake_quantize_(
     quantizer.check(x.shape[-1])
     quantizer.check_bits(bits)
     if x.dtype != torch.float32 or source.dtype != torch.float32:  # half precision: round trip in float32
-        return x.copy_(fake_quantize(source, bits, quantizer))
+        return x.copy_(fake_quantize(source, bits, quantizer, layer))
     if quantizer.rotation == "hadamard":  # QuaRot: round x·H, store; read back (x·H)^·H (H symmetric, H·H = I)
         h = hadamard(x.shape[-1], x.device)
         rotated = source @ h
@@ -138,40 +175,27 @@ def fake_quantize_(
         out, values, reduce_dim = x.view(grouped), source.view(grouped), -1
     else:
         out, values, reduce_dim = x, source, {"channel": 1, "head": (1, 2), "tensor": (0, 1, 2)}[quantizer.axis]
-    if quantizer.fp8 is not None:
+    if quantizer.scales is not None:
+        _fp8_cast_(out, values, quantizer.fp8, quantizer.static_scale(x.shape[0], layer, x.device))
+    elif quantizer.fp8 is not None:
         _fp8_round_trip_(out, values, quantizer.fp8, reduce_dim)
     else:
         _round_trip_(out, values, bits, quantizer.symmetric, reduce_dim)
     return x
 
 
-@lru_cache(maxsize=8)
-def _hadamard(dim: int, device: str) -> torch.Tensor:
-    h = torch.ones(1, 1)
-    while h.shape[0] < dim:  # Sylvester: [[H, H], [H, −H]]
-        h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
-    return (h / dim**0.5).to(device)
-
-
-def hadamard(dim: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """The normalised Sylvester Hadamard matrix ``(dim, dim)`` float32: symmetric and orthogonal (``H·H = I``);
-    ``dim`` a power of two."""
-    return _hadamard(dim, str(device))
-
-
-def rest_channels(x: torch.Tensor, outliers: int) -> torch.Tensor:
-    """Per KV head, the channels of ``x`` ``(KV, n, D)`` other than the ``outliers`` with the largest max |x| over
-    the slots (ties: the lower channel is the outlier), ascending: long ``(KV, D − outliers)``."""
-    peak = x.abs().amax(1)  # (KV, D)
-    order = torch.sort(peak, dim=-1, descending=True, stable=True).indices
-    return order[:, outliers:].sort(-1).values
-
-
 def _fp8_round_trip_(out: torch.Tensor, values: torch.Tensor, dtype: torch.dtype, reduce_dim) -> None:
     """``out`` ← ``scale · fp8(values / scale)`` with ``scale = amax / max(dtype)`` per group (torch's cast: round to
     nearest even, saturating at the maximum; a group of zeros gets the smallest positive scale)."""
     scale = (values.abs().amax(reduce_dim, keepdim=True) / torch.finfo(dtype).max).clamp_min_(_TINY)
-    torch.div(values, scale, out=out)
+    _fp8_cast_(out, values, dtype, scale)
+
+
+def _fp8_cast_(out: torch.Tensor, values: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor) -> None:
+    """``out`` ← ``scale · fp8(clamp(values / scale, ±max))``: saturated first, as vLLM's kernels do (torch's own
+    e5m2 cast overflows to inf), then torch's cast (round to nearest even)."""
+    top = torch.finfo(dtype).max
+    torch.div(values, scale, out=out).clamp_(-top, top)
     out.copy_(out.to(dtype).float()).mul_(scale)
 
 
@@ -189,10 +213,11 @@ def _round_trip_(out: torch.Tensor, values: torch.Tensor, bits: int, symmetric: 
     torch.sub(values, low, out=out).div_(scale).round_().mul_(scale).add_(low)
 
 
-def error_bound(x: torch.Tensor, bits: int, quantizer: Quantizer) -> torch.Tensor:
+def error_bound(x: torch.Tensor, bits: int, quantizer: Quantizer, layer: int | None = None) -> torch.Tensor:
     """The largest possible round-to-nearest error of each element of ``x`` ``(KV, n, D)``: half its group's scale
     (FP8: half the format's spacing at the element, ``2^(e − m − 1)·scale`` for ``m`` mantissa bits and the element's
-    binary exponent ``e``, no lower than the smallest normal's)."""
+    binary exponent ``e``, no lower than the smallest normal's; with static scales (of ``layer``), plus what
+    saturation cuts off, ``|x| − max · scale`` where positive)."""
     if quantizer.rotation == "hadamard":  # e = e_r·H: |e_i| ≤ Σ_j |e_r,j|·|H_ji| = Σ_j |e_r,j| / √D
         rotated = error_bound(x.float() @ hadamard(x.shape[-1], x.device), bits, quantizer.plain)
         return (rotated.sum(-1, keepdim=True) / x.shape[-1] ** 0.5).expand(x.shape).clone()
@@ -210,14 +235,28 @@ def error_bound(x: torch.Tensor, bits: int, quantizer: Quantizer) -> torch.Tenso
         reduce_dim = {"channel": 1, "head": (1, 2), "tensor": (0, 1, 2)}[quantizer.axis]
     if quantizer.fp8 is not None:
         info, mantissa = torch.finfo(quantizer.fp8), {"e4m3": 3, "e5m2": 2}[quantizer.format]
-        scale = (values.abs().amax(reduce_dim, keepdim=True) / info.max).clamp_min(_TINY)
-        exponent = torch.log2((values / scale).abs().clamp_min(info.smallest_normal)).floor()
-        return (torch.exp2(exponent - mantissa - 1) * scale).expand_as(values).reshape(x.shape)
+        if quantizer.scales is not None:
+            scale = quantizer.static_scale(x.shape[0], layer, x.device)
+            cut = (values.abs() - info.max * scale).clamp_min(0)  # saturated: the part past the largest code
+        else:
+            scale = (values.abs().amax(reduce_dim, keepdim=True) / info.max).clamp_min(_TINY)
+            cut = 0
+        exponent = torch.log2((values / scale).abs().clamp(info.smallest_normal, info.max)).floor()
+        return (torch.exp2(exponent - mantissa - 1) * scale + cut).expand_as(values).reshape(x.shape)
     if quantizer.symmetric:
         half = values.abs().amax(reduce_dim, keepdim=True) / (2 ** (bits - 1) - 1) / 2
     else:
         half = (values.amax(reduce_dim, keepdim=True) - values.amin(reduce_dim, keepdim=True)) / (2**bits - 1) / 2
     return half.expand_as(values).reshape(x.shape)
+
+
+def saturated(x: torch.Tensor, quantizer: Quantizer, layer: int | None = None) -> int:
+    """How many elements of ``x`` ``(KV, n, D)`` (of ``layer``) a quantizer with static scales clips: ``|x| >
+    scale · max(format)``; 0 for any other quantizer (a dynamic scale reaches its group's largest value)."""
+    if quantizer.scales is None or x.numel() == 0:
+        return 0
+    scale = quantizer.static_scale(x.shape[0], layer, x.device)
+    return int((x.float().abs() > scale * torch.finfo(quantizer.fp8).max).sum())
 
 
 def layer_scale_bytes(quantizer: Quantizer) -> int:

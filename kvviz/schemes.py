@@ -10,6 +10,9 @@ the app's comparison take:
   32 slots older than the newest 128 quantized, keys per channel within their group, values per token.
 - ``fp8-{e4m3,e5m2}-{head,tensor}`` — an FP8 cache (vLLM's ``kv_cache_dtype``), one dynamic scale per KV head or
   per layer.
+- ``fp8-{e4m3,e5m2}-{head,tensor}-static`` — the same with static scales calibrated on a calibration text
+  (kvviz.calibration: vLLM's checkpoint ``k_scale`` / ``v_scale``); ``fp8-{e4m3,e5m2}-unit`` — every scale 1.0, what
+  vLLM uses when a checkpoint has none. Values past the scale's range saturate.
 - ``quanto-{4,2}`` — transformers' ``QuantizedCache`` (quanto, ``q_group_size`` 64, ``residual_length`` 128) as it
   would hold this chat at that step: the passes of the growth log replayed through its flush rule, the slots of the
   last flush quantized per token in groups of 64 channels, the residual after it at full precision. It rounds each
@@ -28,6 +31,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvviz.calibration import Calibration
 from kvviz.edits import Edit
 from kvviz.errors import KvvizError
 from kvviz.quant import Quantizer
@@ -39,10 +43,12 @@ _PATTERNS = {
     "int": re.compile(r"int(8|4|3|2)-(token|channel)"),
     "kivi": re.compile(r"kivi-(4|2)"),
     "fp8": re.compile(r"fp8-(e4m3|e5m2)-(head|tensor)"),
+    "fp8static": re.compile(r"fp8-(e4m3|e5m2)-(head|tensor)-static|fp8-(e4m3|e5m2)-unit"),
     "quanto": re.compile(r"quanto-(4|2)"),
 }
 _SUFFIX = re.compile(r"hadamard|outliers([1-9][0-9]?)")
-EXAMPLES = ("fp16", "int4-token", "int2-channel", "kivi-2", "fp8-e4m3-head", "fp8-e5m2-tensor", "quanto-4")
+EXAMPLES = ("fp16", "int4-token", "int2-channel", "kivi-2", "fp8-e4m3-head", "fp8-e5m2-tensor", "fp8-e4m3-head-static",
+            "fp8-e4m3-unit", "quanto-4")
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,11 @@ class Scheme:
     @property
     def family(self) -> str:
         return next(kind for kind, p in _PATTERNS.items() if p.fullmatch(self.base))
+
+    @property
+    def static(self) -> bool:
+        """Whether its scales are static: calibrated (``…-static``) or 1.0 (``…-unit``)."""
+        return self.family == "fp8static"
 
     @property
     def outlier_settings(self) -> dict:
@@ -95,11 +106,14 @@ class Scheme:
             return Kivi(int(parts[1]), int(parts[1])).label
         if family == "fp8":
             return f"FP8 {parts[1]}, one dynamic scale per {'KV head' if parts[2] == 'head' else 'layer'}"
+        if family == "fp8static":
+            return (f"FP8 {parts[1]}, every scale 1.0 (vLLM without calibrated scales)" if parts[2] == "unit" else
+                    f"FP8 {parts[1]}, one static scale per {'KV head' if parts[2] == 'head' else 'layer'}, calibrated")
         return QuantoCache(int(parts[1])).label
 
-    def edit(self, passes: Sequence[int], at: int) -> Edit:
+    def edit(self, passes: Sequence[int], at: int, calibration: Calibration | None = None) -> Edit:
         """The Edit of this scheme before the step of slot ``at``; ``passes`` are the slots each forward pass added
-        (the transcript's growth log, for ``quanto``'s flushes)."""
+        (the transcript's growth log, for ``quanto``'s flushes); ``calibration`` gives a static scheme its scales."""
         family, parts, extra = self.family, self.base.split("-"), self.outlier_settings
         slots = range(at)
         if family == "fp16":
@@ -113,6 +127,11 @@ class Scheme:
         if family == "fp8":
             quantizer = Quantizer(parts[2], format=parts[1], **extra)
             return Edit.quantize(slots, 8, keys=quantizer, values=quantizer)
+        if family == "fp8static":
+            if calibration is None:
+                raise KvvizError(f"{self.name} needs a calibration (kvviz.calibration.calibrate) for its scales")
+            keys, values = calibration.quantizers(parts[1], parts[2])
+            return Edit.quantize(slots, 8, keys=keys, values=values)
         quanto = QuantoCache(int(parts[1]))
         return Edit.quantize(range(quanto_prefix(passes, at, quanto.residual_length)), quanto.nbits,
                              keys=quanto.quantizer, values=quanto.quantizer)

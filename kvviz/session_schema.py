@@ -70,7 +70,9 @@ def schema(lm: Geometry) -> dict:
                          "group_size": {"anyOf": [{"type": "null"}, _integer(1, lm.head_dim)]},
                          "symmetric": {"type": "boolean"}, "rotation": {"enum": ["none", "hadamard"]},
                          "outliers": _integer(0, lm.head_dim - 1),
-                         "block": {"anyOf": [{"type": "null"}, _integer(1, 1 << 20)]}}, ("axis",))
+                         "block": {"anyOf": [{"type": "null"}, _integer(1, 1 << 20)]},
+                         "scales": {"anyOf": [{"type": "null"}, _list(_list({"type": "number", "exclusiveMinimum": 0},
+                                                                             lm.kv_heads), lm.layers)]}}, ("axis",))
     bits = {"type": "object", "maxProperties": window, "propertyNames": {"pattern": "^(0|[1-9][0-9]{0,5})$"},
             "additionalProperties": _integer(2, 16)}  # which widths exist: Edit.from_dict, before the replay
     edit = _object({

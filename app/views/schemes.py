@@ -7,17 +7,19 @@ import streamlit as st
 
 from app import state
 from app.plain import warn
+from kvviz.calibration import CALIBRATION_TEXT
 from kvviz.errors import KvvizError
 from kvviz.schemes import schemes
 from kvviz.whatif.schemes import compare_schemes
 
 OFFERED = ["fp16", "int8-token", "int4-token", "int4-channel", "int2-token", "int2-token+hadamard",
            "int2-token+outliers4", "int2-channel", "int2-channel+outliers4", "kivi-4", "kivi-2", "fp8-e4m3-head",
-           "fp8-e4m3-tensor", "fp8-e5m2-head", "fp8-e5m2-tensor", "quanto-4", "quanto-2"]
+           "fp8-e4m3-tensor", "fp8-e5m2-head", "fp8-e5m2-tensor", "fp8-e4m3-head-static", "fp8-e4m3-tensor-static",
+           "fp8-e5m2-tensor-static", "fp8-e4m3-unit", "fp8-e5m2-unit", "quanto-4", "quanto-2"]
 DEFAULT = ["int4-token", "kivi-2", "fp8-e4m3-head", "quanto-4"]
 HEADERS = {"scheme": "Scheme", "quantized": "Slots rounded", "kl": "KL (nats)", "tv": "TV", "top1": "Top-1 (full → scheme)", "bytes": "Cache bytes",
            "delta_o": "‖Δo‖", "weight_term": "Weight term", "content_term": "Content term",
-           "label": "What it stores"}
+           "saturated": "Clipped (static scales)", "label": "What it stores"}
 
 
 def render(session, at: int) -> None:
@@ -27,9 +29,13 @@ def render(session, at: int) -> None:
                                 help="Each stores every slot before this step its way; kivi and quanto hold the cache "
                                      "as a KIVI run or transformers' QuantizedCache would at this step (their recent "
                                      "slots stay at full precision)")
+        if any(name.endswith("-static") for name in chosen):
+            st.text_area("Calibration text (sets the static FP8 scales)", CALIBRATION_TEXT, key="calibration_text",
+                         height=80)
         if st.button("Compare the schemes", disabled=not chosen or at < 1, key="schemes_compare"):
             try:
-                rows = compare_schemes(session, schemes(chosen), at)
+                rows = compare_schemes(session, schemes(chosen), at,
+                                       calibration_text=st.session_state.get("calibration_text", CALIBRATION_TEXT))
             except KvvizError as exc:
                 warn(exc)
             else:

@@ -10,6 +10,7 @@ from app.plain import plain, warn
 from app.components.strip import clicked, parse_click, token_strip
 from app.views import reshape, schemes
 from kvviz.attention_math import kv_head_of
+from kvviz.calibration import calibrate
 from kvviz.errors import KvvizError
 from kvviz.quant import Quantizer
 from kvviz.view_data import (SHADINGS, commit_rows, find_slots, kept_per_head, strip_chips, strip_reasons,
@@ -150,11 +151,17 @@ def _travel() -> None:
 def apply_quantizers() -> str | None:
     """Set the draft's quantizers from the settings (widget state, so this can run before the widgets are drawn: the
     what-if is computed first); returns why they do not fit the model, or None."""
-    ss, draft, head_dim = st.session_state, state.draft(), state.session().lm.head_dim
+    ss, draft, lm = st.session_state, state.draft(), state.session().lm
     try:
+        if ss.number_format != "int" and ss.fp8_scales != "dynamic":  # static: vLLM's calibrated k_scale / v_scale
+            calibration = calibrate(lm)
+            unit = ss.fp8_scales == "1.0"
+            draft.keys = calibration.quantizers(ss.number_format, "unit" if unit else ss.key_axis)[0]
+            draft.values = calibration.quantizers(ss.number_format, "unit" if unit else ss.value_axis)[1]
+            return None
         draft.keys = Quantizer(ss.key_axis, int(ss.group) or None, ss.symmetric, format=ss.number_format)
         draft.values = Quantizer(ss.value_axis, int(ss.group) or None, ss.symmetric, format=ss.number_format)
-        draft.keys.check(head_dim)
+        draft.keys.check(lm.head_dim)
     except KvvizError as exc:
         return str(exc)
     return None
@@ -162,7 +169,7 @@ def apply_quantizers() -> str | None:
 
 def _quantizer_settings(head_dim: int) -> None:
     with st.expander("Quantizer settings (default KIVI: keys per channel, values per token)"):
-        cols = st.columns(5)
+        cols = st.columns(6)
         cols[0].selectbox("Keys", ["channel", "token", "head", "tensor"], key="key_axis",
                           help="one scale per channel, per slot, per KV head or per layer (an FP8 cache's per-head or per-layer scale)")
         cols[1].selectbox("Values", ["token", "channel", "head", "tensor"], key="value_axis")
@@ -172,6 +179,11 @@ def _quantizer_settings(head_dim: int) -> None:
                           help="int: uniform codes at the chosen bits · e4m3 / e5m2: FP8 as vLLM and SGLang cache it "
                                "(kv_cache_dtype fp8_e4m3 / fp8_e5m2), 8 bits, one float32 scale per group, scaled "
                                "to the group's largest value")
+        cols[5].selectbox("FP8 scales", ["dynamic", "calibrated", "1.0"], key="fp8_scales",
+                          disabled=st.session_state.number_format == "int",
+                          help="dynamic: each group scaled to its largest value · calibrated: static scales per KV "
+                               "head or per layer from a calibration text, as vLLM reads k_scale / v_scale from a "
+                               "checkpoint (larger values saturate) · 1.0: vLLM's scale without calibration")
         problem = apply_quantizers()
         if problem:
             warn(problem)

@@ -8,14 +8,16 @@ import json
 from kvviz.cli.common import add_chat_arguments, replay_chat
 from kvviz.errors import KvvizError
 
-COLUMNS = ("scheme", "kl", "tv", "top1", "bytes", "delta_o", "weight_term", "content_term")
+COLUMNS = ("scheme", "kl", "tv", "top1", "bytes", "delta_o", "weight_term", "content_term", "saturated")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_chat_arguments(parser)
     parser.add_argument("--scheme", action="append", default=[], metavar="NAME",
                         help="a scheme (repeatable): fp16, int{8,4,3,2}-token, int{8,4,3,2}-channel, kivi-{4,2}, "
-                             "fp8-{e4m3,e5m2}-{head,tensor}, quanto-{4,2}")
+                             "fp8-{e4m3,e5m2}-{head,tensor}[-static], fp8-{e4m3,e5m2}-unit, quanto-{4,2}")
+    parser.add_argument("--calibration", default=None, metavar="TEXT",
+                        help="the text static FP8 schemes calibrate their scales on (default: a built-in paragraph)")
     parser.add_argument("--at", type=int, default=None, help="slot whose step is re-run (default: the newest)")
 
 
@@ -29,7 +31,9 @@ def run(args: argparse.Namespace) -> None:
     at = len(session) - 1 if args.at is None else args.at
     if not 0 <= at < len(session):
         raise KvvizError(f"slot {at} is not cached (the cache holds slots 0..{len(session) - 1})")
-    rows = compare_schemes(session, chosen, at)
+    from kvviz.calibration import CALIBRATION_TEXT
+
+    rows = compare_schemes(session, chosen, at, calibration_text=args.calibration or CALIBRATION_TEXT)
     if args.json:
         print(json.dumps({"at": at, "rows": [row.to_dict() for row in rows]}, ensure_ascii=False))
         return
@@ -38,5 +42,5 @@ def run(args: argparse.Namespace) -> None:
     print("  ".join(f"{name:>14}" for name in COLUMNS))
     for row in rows:
         cells = (row.scheme, f"{row.kl:.4g}", f"{row.tv:.4g}", row.top1, f"{row.bytes:,}", f"{row.delta_o:.4g}",
-                 f"{row.weight_term:.4g}", f"{row.content_term:.4g}")
+                 f"{row.weight_term:.4g}", f"{row.content_term:.4g}", f"{row.saturated:,}")
         print("  ".join(f"{cell:>14}" for cell in cells))

@@ -67,6 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scheme", default=None, metavar="NAME",
                         help="store the slots before --at as a named scheme does (int4-token, kivi-2, fp8-e4m3-head, "
                              "quanto-4, …: see quant-compare), instead of the bit and axis flags")
+    parser.add_argument("--calibration", default=None, metavar="TEXT",
+                        help="the text a static FP8 scheme (fp8-e4m3-head-static, …) calibrates its scales on "
+                             "(default: a built-in paragraph)")
     parser.add_argument("--window", type=int, default=0, help="most recent slots kept at full precision")
     parser.add_argument("--policy", default=None, help="eviction policy: streaming_llm, h2o, snapkv, tova, pyramid_kv, ada_kv, key_norm, random, "
                         "observed_attention, key_diff, lag_kv, chunk_kv, expected_attention, cur, critical_kv, kv_zip")
@@ -127,7 +130,13 @@ def build_edit(args: argparse.Namespace, session: Session, at: int) -> Edit:
         if key_bits or value_bits or args.window:
             raise KvvizError("--scheme says how every slot is stored; drop --bits, --key-bits, --value-bits, "
                              "--bits-for and --window")
-        stored = Scheme(args.scheme).edit([e.added for e in session.transcript.growth], at)
+        scheme = Scheme(args.scheme)
+        calibration = None
+        if scheme.static:
+            from kvviz.calibration import CALIBRATION_TEXT, calibrate
+
+            calibration = calibrate(session.lm, args.calibration or CALIBRATION_TEXT)
+        stored = scheme.edit([e.added for e in session.transcript.growth], at, calibration)
         hand = replace(stored, evictions=hand.evictions)
     edit = edit.merged(hand)
     if args.merge:

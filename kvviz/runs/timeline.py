@@ -274,4 +274,4 @@ class Timeline:
         edit = self.kivi.edit(range(first, new))
         for layer, (keys, values) in enumerate(live):
             edit.quantize_(keys[0, :, :new], values[0, :, :new],
-                           source=(self.originals[0][layer], self.originals[1][layer]))
+                           source=(self.originals[0][layer], self.originals[1][layer]), layer=layer)

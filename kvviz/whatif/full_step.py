@@ -143,7 +143,7 @@ class FullStep:
             if "tensor" in (edit.keys.axis, edit.values.axis):  # one scale per layer: quantized layer by layer
                 for layer in range(len(keys)):
                     pending.quantize_(keys[layer], values[layer], source=None if source is None else tuple(
-                        t[layer] for t in self.originals))
+                        t[layer] for t in self.originals), layer=layer)
             else:
                 pending.quantize_(keys.flatten(0, 1), values.flatten(0, 1), source=source)
             self.finished = True

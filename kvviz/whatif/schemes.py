@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from kvviz.calibration import CALIBRATION_TEXT, calibrate
+from kvviz.edits import Edit
+from kvviz.quant import saturated
 from kvviz.schemes import Scheme
 from kvviz.session import Session
 from kvviz.whatif.step import WhatIf, what_if
@@ -15,7 +18,8 @@ class SchemeRow:
     distribution, whether the top-1 token changes (``top1`` full → edited), the cache's bytes as the scheme stores
     them, and the quantization split of docs/math.md §4 over all layers and query heads: ``delta_o`` is the
     Frobenius norm of the isolated output changes ``Δo`` ``(L, H, D)``, ``weight_term`` and ``content_term`` those
-    of its two terms (``Δo`` = weight term + content term, as vectors); ``quantized``: the slots it rounds."""
+    of its two terms (``Δo`` = weight term + content term, as vectors); ``quantized``: the slots it rounds;
+    ``saturated``: the elements (keys and values) past a static scale's range, clipped (0 for dynamic scales)."""
 
     scheme: str
     label: str
@@ -29,29 +33,45 @@ class SchemeRow:
     weight_term: float
     content_term: float
     quantized: int
+    saturated: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def scheme_row(scheme: Scheme, result: WhatIf) -> SchemeRow:
-    """The row of one scheme's what-if result."""
+def scheme_row(scheme: Scheme, result: WhatIf, saturated: int = 0) -> SchemeRow:
+    """The row of one scheme's what-if result (``saturated``: see :class:`SchemeRow`)."""
     nt, edit = result.next_token, result.edit
     frobenius = lambda name: float(result.heads[name].double().square().sum().sqrt())  # noqa: E731
     return SchemeRow(scheme.name, scheme.label, nt.kl, nt.tv, nt.top1_changed,
                      f"{nt.full[0].text!r} → {nt.edited[0].text!r}", result.memory.edited_bytes,
                      result.memory.full_bytes, frobenius("delta_isolated"), frobenius("weight_term"),
-                     frobenius("content_term"), len(set(edit.key_bits) | set(edit.value_bits)))
+                     frobenius("content_term"), len(set(edit.key_bits) | set(edit.value_bits)), saturated)
 
 
-def compare_schemes(session: Session, schemes: list[Scheme], at: int | None = None, topk: int = 5
-                    ) -> list[SchemeRow]:
+def compare_schemes(session: Session, schemes: list[Scheme], at: int | None = None, topk: int = 5,
+                    calibration_text: str = CALIBRATION_TEXT) -> list[SchemeRow]:
     """One :class:`SchemeRow` per scheme at the step of slot ``at`` (default: the newest); the session is never
-    modified. A scheme the model cannot take is refused (:class:`~kvviz.errors.KvvizError`) before any is run."""
+    modified; static FP8 schemes take their scales from ``calibration_text``. A scheme the model cannot take is
+    refused (:class:`~kvviz.errors.KvvizError`) before any is run."""
     at = len(session) - 1 if at is None else at
     passes = [event.added for event in session.transcript.growth]
-    edits = [scheme.edit(passes, at) for scheme in schemes]
+    calibration = calibrate(session.lm, calibration_text) if any(s.static for s in schemes) else None
+    edits = [scheme.edit(passes, at, calibration) for scheme in schemes]
     lm = session.lm
     for edit in edits:
         edit.validate(at, lm.layers, lm.kv_heads, lm.head_dim)
-    return [scheme_row(scheme, what_if(session, edit, at, topk=topk)) for scheme, edit in zip(schemes, edits)]
+    return [scheme_row(scheme, what_if(session, edit, at, topk=topk), clipped(session, edit, at))
+            for scheme, edit in zip(schemes, edits)]
+
+
+def clipped(session: Session, edit: Edit, at: int) -> int:
+    """Elements of the slots ``edit`` quantizes (keys and values, every layer) that its static scales clip."""
+    if edit.keys.scales is None and edit.values.scales is None:
+        return 0
+    count = 0
+    for layer in range(session.lm.layers):
+        keys, values = session.commits.step_kv(layer, at)
+        count += saturated(keys[:, sorted(edit.key_bits)], edit.keys, layer)
+        count += saturated(values[:, sorted(edit.value_bits)], edit.values, layer)
+    return count
