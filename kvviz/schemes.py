@@ -13,6 +13,8 @@ the app's comparison take:
 - ``fp8-{e4m3,e5m2}-{head,tensor}-static`` — the same with static scales calibrated on a calibration text
   (kvviz.calibration: vLLM's checkpoint ``k_scale`` / ``v_scale``); ``fp8-{e4m3,e5m2}-unit`` — every scale 1.0, what
   vLLM uses when a checkpoint has none. Values past the scale's range saturate.
+- ``hqq-{8,4,3,2}`` — transformers' ``QuantizedCache`` with the HQQ backend: a policy run's cache only (HQQ's rounding
+  is an optimisation the hqq package runs; kvviz.runs.quanto).
 - ``quanto-{4,2}`` — transformers' ``QuantizedCache`` (quanto, ``q_group_size`` 64, ``residual_length`` 128) as it
   would hold this chat at that step: the passes of the growth log replayed through its flush rule, the slots of the
   last flush quantized per token in groups of 64 channels, the residual after it at full precision. It rounds each
@@ -45,6 +47,7 @@ _PATTERNS = {
     "fp8": re.compile(r"fp8-(e4m3|e5m2)-(head|tensor)"),
     "fp8static": re.compile(r"fp8-(e4m3|e5m2)-(head|tensor)-static|fp8-(e4m3|e5m2)-unit"),
     "quanto": re.compile(r"quanto-(4|2)"),
+    "hqq": re.compile(r"hqq-(8|4|3|2)"),
 }
 _SUFFIX = re.compile(r"hadamard|outliers([1-9][0-9]?)")
 EXAMPLES = ("fp16", "int4-token", "int2-channel", "kivi-2", "fp8-e4m3-head", "fp8-e5m2-tensor", "fp8-e4m3-head-static",
@@ -109,7 +112,7 @@ class Scheme:
         if family == "fp8static":
             return (f"FP8 {parts[1]}, every scale 1.0 (vLLM without calibrated scales)" if parts[2] == "unit" else
                     f"FP8 {parts[1]}, one static scale per {'KV head' if parts[2] == 'head' else 'layer'}, calibrated")
-        return QuantoCache(int(parts[1])).label
+        return QuantoCache(int(parts[1]), backend=family).label
 
     def edit(self, passes: Sequence[int], at: int, calibration: Calibration | None = None) -> Edit:
         """The Edit of this scheme before the step of slot ``at``; ``passes`` are the slots each forward pass added
@@ -132,14 +135,20 @@ class Scheme:
                 raise KvvizError(f"{self.name} needs a calibration (kvviz.calibration.calibrate) for its scales")
             keys, values = calibration.quantizers(parts[1], parts[2])
             return Edit.quantize(slots, 8, keys=keys, values=values)
+        if family == "hqq":
+            raise KvvizError(f"{self.name} is transformers' QuantizedCache with the HQQ backend, whose rounding is an "
+                             "optimisation the hqq package runs: a policy run's cache (policy-run --scheme "
+                             f"{self.name}), not a what-if")
         quanto = QuantoCache(int(parts[1]))
         return Edit.quantize(range(quanto_prefix(passes, at, quanto.residual_length)), quanto.nbits,
                              keys=quanto.quantizer, values=quanto.quantizer)
 
 
-def run_cache(name: str, q_group_size: int = 64, residual: int = 128) -> tuple[Kivi | None, QuantoCache | None]:
-    """The cache a policy run keeps for scheme ``name`` (``kivi``, ``kivi-N`` and ``quanto-N``: quantized as the
-    run goes): its ``(kivi, quanto)`` settings; ``fp16`` is the model's own cache. Other schemes are what-if only."""
+def run_cache(name: str, q_group_size: int = 64, residual: int = 128, axis: int = 0
+              ) -> tuple[Kivi | None, QuantoCache | None]:
+    """The cache a policy run keeps for scheme ``name`` (``kivi``, ``kivi-N``, ``quanto-N`` and ``hqq-N``: quantized
+    as the run goes): its ``(kivi, quanto)`` settings (``axis``: HQQ's, for keys and values); ``fp16`` is the model's
+    own cache. Other schemes are what-if only."""
     family, bits = Scheme(name).family, name.rpartition("-")[2]
     if family == "fp16":
         return None, None
@@ -147,7 +156,9 @@ def run_cache(name: str, q_group_size: int = 64, residual: int = 128) -> tuple[K
         return Kivi(int(bits), int(bits)), None
     if family == "quanto":
         return None, QuantoCache(int(bits), q_group_size, residual)
-    raise KvvizError(f"a policy run's cache takes fp16, kivi-4, kivi-2, quanto-4 or quanto-2; {name} is for what-ifs "
+    if family == "hqq":
+        return None, QuantoCache(int(bits), q_group_size, residual, axis, axis, backend="hqq")
+    raise KvvizError(f"a policy run's cache takes fp16, kivi-N, quanto-N or hqq-N; {name} is for what-ifs "
                      "(whatif --scheme, quant-compare)")
 
 

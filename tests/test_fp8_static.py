@@ -191,3 +191,27 @@ def test_the_page_quantizes_with_calibrated_fp8_scales(lm):
     _, values = calibrate(lm).quantizers("e4m3", "tensor")
     assert (draft.keys, draft.values) == (keys, values)
     assert float(metric(app, "KL")) > 0
+
+
+def test_per_layer_scales_calibrated_on_the_prompt_store_it_as_transformers_fp8_cache(lm):
+    """transformers' ``QuantizedCache(backend="fp8")`` (``Fp8QuantizedLayer``) freezes one e4m3 scale per layer at
+    the prompt's largest |k| and |v|: kvviz's per-layer static scales calibrated on that prompt are those scales, and
+    its quantizer stores the prompt's K/V as that cache does. Both forwards run the same ids through the same model
+    and attention function in one pass, so the K/V are the same float32 values and the comparison is exact."""
+    from transformers import QuantizedCache
+
+    session = Session(lm)
+    session.add_user_turn(PROMPT)
+    n = len(session)
+    cache = QuantizedCache(backend="fp8", config=lm.model.config)
+    with torch.no_grad():
+        lm.model(input_ids=torch.tensor([session.transcript.ids]), cache=cache, use_cache=True)
+    keys, values = calibrate(lm, PROMPT).quantizers("e4m3", "tensor")
+    edit = Edit.quantize(range(n), 8, keys=keys, values=values)
+    for layer in range(lm.layers):
+        own = cache.layers[layer]
+        for quantizer, stored in ((keys, own._quantized_keys), (values, own._quantized_values)):
+            assert quantizer.scales[layer][0] == float(stored[1])
+        ours = edit.quantized(*session.layer_kv(layer), layer)
+        theirs = (own._dequantize(own._quantized_keys)[0], own._dequantize(own._quantized_values)[0])
+        assert all(torch.equal(a[:, :n], b) for a, b in zip(ours, theirs)), layer

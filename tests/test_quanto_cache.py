@@ -74,9 +74,9 @@ def test_a_quantized_cache_run_steps_as_transformers_quantized_cache(lm, bits, g
 
 
 def test_quantized_cache_settings_are_refused_in_one_line():
-    with pytest.raises(KvvizError, match="nbits 2 or 4"):
+    with pytest.raises(KvvizError, match="nbits 2, 4"):
         QuantoCache(nbits=3)
-    with pytest.raises(KvvizError, match="axis_key=0 and axis_value=0"):
+    with pytest.raises(KvvizError, match="axis_key and axis_value 0 for quanto"):
         QuantoCache(axis_key=-1)
     from kvviz.runs.kivi import Kivi
 
@@ -91,7 +91,7 @@ def test_the_page_runs_a_quantized_cache_alone():
     app.chat_input[0].set_value(PROMPT).run()
     open_view(app, "Policy run")
     next(s for s in app.selectbox if s.label == "Policy").select("(none: a quantized cache only)")
-    next(s for s in app.selectbox if s.label == "QuantizedCache (quanto)").select("2 bits")
+    next(s for s in app.selectbox if s.label == "QuantizedCache").select("quanto 2 bits")
     next(n for n in app.number_input if n.label == "Full-precision R").set_value(8)
     app.button[[b.label for b in app.button].index("Run the policy")].click().run()
     assert_clean(app)

@@ -51,10 +51,11 @@ def render() -> None:
         bits = quant[1].selectbox("KIVI bits", [2, 4], index=0)
         group = quant[2].number_input("Group G", min_value=1, value=32)
         residual = quant[3].number_input("Full-precision R", min_value=0, value=128)
-        quanto_bits = quant[0].selectbox("QuantizedCache (quanto)", ["off", "4 bits", "2 bits"],
-                                         help="The run's cache as transformers' QuantizedCache with the quanto backend: "
-                                              "the prompt quantized at once, then every R new slots all quantized "
-                                              "again together (R: Full-precision R; groups of 64 channels)")
+        quanto_bits = quant[0].selectbox("QuantizedCache", ["off", "quanto 4 bits", "quanto 2 bits", "hqq 8 bits",
+                                                            "hqq 4 bits", "hqq 2 bits"],
+                                         help="The run's cache as transformers' QuantizedCache with the quanto or HQQ "
+                                              "backend: the prompt quantized at once, then every R new slots all "
+                                              "quantized again together (R: Full-precision R; groups of 64, axis 0)")
         grouping = st.radio("Key scales", ["blocks", "shared"], horizontal=True,
                             help="blocks: one scale per channel and group of G slots (KIVI); shared: one for all")
         positions = st.radio("Positions", ["original", "rerotated"], horizontal=True,
@@ -82,7 +83,9 @@ def render() -> None:
                 policy = build(classes, name, params)
             kivi = Kivi(bits, bits, int(group), int(residual), grouping) if kivi_on else None
             reshape = Reshape(float(think_share), merge=merge_on, merge_rule=rule) if think_share or merge_on else None
-            quanto = None if quanto_bits == "off" else QuantoCache(int(quanto_bits[0]), 64, max(int(residual), 1))
+            backend, _, width = quanto_bits.partition(" ")
+            quanto = None if quanto_bits == "off" else QuantoCache(int(width.split()[0]), 64, max(int(residual), 1),
+                                                                   backend=backend)
             run_budget = None if policy is None else Ratio(float(ratio)) if ratio > 0 else int(budget)
             settings = RunSettings(policy, run_budget, mode, int(every), kivi, positions, reshape, quanto)
             lines = [line for line in prompt.splitlines() if line.strip()]

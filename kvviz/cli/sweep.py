@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "int(n·(1 − R)) kept, as kvpress rounds)")
     parser.add_argument("--scheme", action="append", default=[], metavar="NAME",
                         help="the run's cache as a quantization scheme (repeatable, an axis beside --policy): "
-                             "fp16, kivi-4, kivi-2, quanto-4, quanto-2")
+                             "fp16, kivi-4, kivi-2, quanto-4, quanto-2, hqq-8/4/3/2")
     parser.add_argument("--mode", choices=("prefill", "decode", "both", "after_steps"), default="decode")
     parser.add_argument("--every", type=positive, default=1, help="compress every N decode steps")
     parser.add_argument("--max-new-tokens", type=positive, default=32, metavar="N")

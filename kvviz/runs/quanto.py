@@ -1,4 +1,4 @@
-"""transformers' ``QuantizedCache`` with the quanto backend, as a policy run's cache (docs/math.md §9).
+"""transformers' ``QuantizedCache`` with the quanto or the HQQ backend, as a policy run's cache (docs/math.md §9).
 
 transformers (5.x, ``cache_utils.QuantizedLayer``) keeps a quantized part and a full-precision residual: the prompt's
 K/V are quantized as soon as it is prefilled (its own pass attends to them unquantized); each decode step appends
@@ -7,7 +7,10 @@ unquantized, then everything — the quantized part dequantized, the residual, t
 together (values already quantized are rounded a second time). quanto's axis-0 quantization (``MaxOptimizer``,
 ``quantize_weight``, ``dequantize``) is an asymmetric min/max quantizer over groups of ``q_group_size`` consecutive
 channels of one slot and KV head: kvviz's per-token quantizer with that group size, the same floating-point
-operations (tested bit for bit against optimum-quanto).
+operations (tested bit for bit against optimum-quanto). HQQ (``hqq.core.quantize.Quantizer``: half-quadratic
+optimisation of each group's zero point) is called as transformers' ``HQQQuantizedLayer`` calls it, on the same
+``(1, KV, n, D)`` tensor: its axis 1 groups ``q_group_size`` channels of one slot, its axis 0 (transformers'
+default) groups strided elements across slots and KV heads, so a flush's rounding depends on the whole flush.
 """
 
 from __future__ import annotations
@@ -19,41 +22,87 @@ import torch
 from kvviz.errors import KvvizError
 from kvviz.quant import Quantizer, fake_quantize
 
+BITS = {"quanto": (2, 4), "hqq": (1, 2, 3, 4, 8)}
+
 
 @dataclass(frozen=True)
 class QuantoCache:
-    nbits: int = 4  # 2 or 4 (quanto's qint2 / qint4)
-    q_group_size: int = 64  # channels per scale and zero point
+    nbits: int = 4  # quanto: 2 or 4 (qint2 / qint4); HQQ: 1, 2, 3, 4 or 8
+    q_group_size: int = 64  # channels (quanto, HQQ axis 1) or elements (HQQ axis 0) per scale and zero point
     residual_length: int = 128  # full-precision slots gathered before they are quantized
-    axis_key: int = 0  # quanto's axis 0 (groups of channels per slot); axis -1 is not reproduced
+    axis_key: int = 0  # quanto's axis 0 (groups of channels per slot); axis -1 is not reproduced. HQQ: 0 or 1
     axis_value: int = 0
+    backend: str = "quanto"  # or "hqq"
 
     def __post_init__(self) -> None:
-        if self.nbits not in (2, 4):
-            raise KvvizError(f"QuantizedCache's quanto backend takes nbits 2 or 4, got {self.nbits!r}")
+        if self.backend not in BITS:
+            raise KvvizError(f"QuantizedCache's backend is 'quanto' or 'hqq' here, got {self.backend!r}")
+        if self.nbits not in BITS[self.backend]:
+            raise KvvizError(f"QuantizedCache's {self.backend} backend takes nbits "
+                             f"{', '.join(map(str, BITS[self.backend]))}, got {self.nbits!r}")
         for name in ("q_group_size", "residual_length"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise KvvizError(f"QuantizedCache's {name} must be a positive integer, got {value!r}")
-        if self.axis_key != 0 or self.axis_value != 0:
-            raise KvvizError("kvviz reproduces QuantizedCache with axis_key=0 and axis_value=0 (groups of channels per "
-                             "slot); quanto's axis -1 groups slots across KV heads")
+        axes = (0,) if self.backend == "quanto" else (0, 1)
+        if self.axis_key not in axes or self.axis_value not in axes:
+            raise KvvizError("kvviz reproduces QuantizedCache with axis_key and axis_value 0 for quanto (groups of "
+                             "channels per slot; quanto's axis -1 groups slots across KV heads), 0 or 1 for HQQ")
 
     @property
     def quantizer(self) -> Quantizer:
+        """quanto's rounding as a kvviz quantizer (what-ifs of the ``quanto-N`` schemes); HQQ has none."""
+        if self.backend != "quanto":
+            raise KvvizError("HQQ's rounding is an optimisation run by the hqq package: it is a policy run's cache "
+                             "(policy-run --scheme hqq-4), not a what-if scheme")
         return Quantizer("token", self.q_group_size)
 
     @property
     def label(self) -> str:
-        return (f"QuantizedCache (quanto) {self.nbits} bits, groups of {self.q_group_size} channels, residual "
-                f"{self.residual_length}")
+        axes = f", axes {self.axis_key}/{self.axis_value}" if self.backend == "hqq" else ""
+        return (f"QuantizedCache ({self.backend}) {self.nbits} bits, groups of {self.q_group_size} "
+                f"{'elements' if self.backend == 'hqq' and 0 in (self.axis_key, self.axis_value) else 'channels'}, "
+                f"residual {self.residual_length}{axes}")
 
     def settings(self) -> dict:
         return asdict(self)
 
     def check(self, head_dim: int) -> None:
-        self.quantizer.check(head_dim)
+        if self.backend == "quanto":
+            self.quantizer.check(head_dim)
+            return
+        _hqq()
+        if head_dim % self.q_group_size:
+            raise KvvizError(f"group size {self.q_group_size} does not divide the head dimension {head_dim}")
 
     def flushed(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values ``(KV, n, D)`` as one flush leaves them: all of them quantized together."""
-        return fake_quantize(keys, self.nbits, self.quantizer), fake_quantize(values, self.nbits, self.quantizer)
+        if self.backend == "quanto":
+            return fake_quantize(keys, self.nbits, self.quantizer), fake_quantize(values, self.nbits, self.quantizer)
+        return self._hqq(keys, self.axis_key), self._hqq(values, self.axis_value)
+
+    def _hqq(self, x: torch.Tensor, axis: int) -> torch.Tensor:
+        """HQQ's round trip of ``x`` ``(KV, n, D)`` exactly as ``HQQQuantizedLayer._quantize`` / ``_dequantize`` do
+        it (on the batch-1 tensor, in the cache's dtype)."""
+        quantizer = _hqq()
+        whole = x.contiguous()[None]
+        try:
+            codes, meta = quantizer.quantize(whole, axis=axis, device=whole.device, compute_dtype=whole.dtype,
+                                             nbits=self.nbits, group_size=self.q_group_size)
+        except RuntimeError as exc:  # hqq packs 2 / 3 / 1-bit codes in rows of 4 / 10 / 8 groups
+            raise KvvizError(f"hqq cannot pack {self.nbits}-bit codes of a flush of {whole.shape[2]} slots on axis "
+                             f"{axis} ({whole.numel() // self.q_group_size} groups; transformers' HQQ cache fails the "
+                             "same way): use axis 0 or 4 / 8 bits") from exc
+        meta["compute_dtype"] = whole.dtype
+        quantizer.cuda(codes, meta=meta, device=whole.device)  # (its name) moves to the device, casts to the dtype
+        meta["scale"], meta["zero"] = meta["scale"].to(codes.device), meta["zero"].to(codes.device)
+        return quantizer.dequantize(codes, meta)[0]
+
+
+def _hqq():
+    """hqq's Quantizer, or a one-line refusal when the package is missing."""
+    try:
+        from hqq.core.quantize import Quantizer as HQQQuantizer
+    except ImportError:
+        raise KvvizError("the HQQ backend needs the hqq package (pip install hqq==0.2.8)") from None
+    return HQQQuantizer

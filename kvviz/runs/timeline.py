@@ -210,13 +210,13 @@ class Timeline:
 
     def quanto_kv(self, layer: int, k: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values ``(KV, stop, D)`` of ``layer`` as QuantizedCache held them under commit ``k``: the flushes
-        up to it replayed in order on the K/V as computed (quanto's groups are per slot, so a prefix is its own)."""
-        keys, values = (t.clone() for t in self.original_kv(layer, stop))
+        up to it replayed in order on the K/V as computed, each on the whole flush (HQQ's axis-0 groups span slots)."""
+        reach = max([stop] + [upto for j, upto in self.flushes if j <= k])
+        keys, values = (t.clone() for t in self.original_kv(layer, reach))
         for j, upto in self.flushes:
             if j <= k:
-                m = min(upto, stop)
-                keys[:, :m], values[:, :m] = self.quanto.flushed(keys[:, :m], values[:, :m])
-        return keys, values
+                keys[:, :upto], values[:, :upto] = self.quanto.flushed(keys[:, :upto], values[:, :upto])
+        return keys[:, :stop], values[:, :stop]
 
     def _keep_computed(self, upto: int) -> list:
         """Keep slots ``0..upto-1`` as computed (those not kept yet are still so in the live cache) before they are

@@ -1,0 +1,107 @@
+"""A policy run whose cache is transformers' ``QuantizedCache`` with the HQQ backend, against transformers' own
+QuantizedCache(backend="hqq") driven through the same model, step by step, teacher-forced on the reference's greedy
+tokens (the same plan as tests/test_quanto_cache.py).
+
+kvviz calls hqq's Quantizer as transformers' ``HQQQuantizedLayer`` does, on tensors of the same shape; only the cache
+schedule is kvviz's own (the prompt quantized at once, a residual, flushes that quantize everything again). The K/V
+the two caches receive agree up to the float32 rounding of the forward passes, so the logits are compared at ε_z
+(tests/rounding.py) and the greedy tokens must agree. HQQ's zero points come from an iterative optimisation over
+each group; a group whose input moved by rounding may settle a code away, so the cache states are compared per
+element at 1e-5 relative for all but 0.1 % of the elements.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvviz.errors import KvvizError
+from kvviz.runs.compressed import CompressedSession, RunSettings
+from kvviz.runs.quanto import QuantoCache
+from kvviz.schemes import Scheme, run_cache
+from tests.rounding import logit_rounding
+
+pytest.importorskip("hqq", reason="hqq is not installed: QuantizedCache's HQQ backend cannot be compared "
+                                  "(pip install hqq==0.2.8)")
+PROMPT = "My cat is called Whiskers and my dog is called Rex. The cat sleeps on the red sofa. What is my cat called?"
+
+
+@pytest.mark.parametrize("bits, group, residual, axis", [(4, 64, 8, 0), (2, 32, 5, 0), (8, 64, 6, 1)])
+def test_an_hqq_cache_run_steps_as_transformers_quantized_cache(lm, bits, group, residual, axis):
+    from transformers import QuantizedCache
+
+    settings = QuantoCache(bits, group, residual, axis, axis, backend="hqq")
+    assert run_cache(f"hqq-{bits}", group, residual, axis)[1] == settings
+    run = CompressedSession(lm, RunSettings(quanto=settings))
+    run.add_turn(PROMPT)
+    ids, n = run.session.transcript.ids, len(run.session)
+    cache = QuantizedCache(backend="hqq", config=lm.model.config, nbits=bits, axis_key=axis, axis_value=axis,
+                           q_group_size=group, residual_length=residual)
+    with torch.no_grad():
+        logits = lm.model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True).logits[0, -1].float()
+    eps = logit_rounding(lm.config, logits)
+    assert float((run.session.logits - logits).abs().max()) <= eps
+    for step in range(2 * residual + 3):  # across flushes
+        token = int(logits.argmax())
+        ours = run.step(token)
+        with torch.no_grad():
+            logits = lm.model(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[n + step]]), cache=cache,
+                              use_cache=True).logits[0, -1].float()
+        assert float((ours - logits).abs().max()) <= eps, step
+        assert int(ours.argmax()) == int(logits.argmax()), step
+    for layer in (0, 7, lm.layers - 1):  # the same cache state: transformers' quantized part and residual
+        own = cache.layers[layer]
+        rest = [own.keys, own.values] if own.keys.dim() == 4 else [own.keys.new_zeros(1, lm.kv_heads, 0, 64)] * 2
+        for theirs, quantized, live in zip(rest, (own._quantized_keys, own._quantized_values),
+                                           run.session.layer_kv(layer)):
+            state = torch.cat([own._dequantize(quantized), theirs], 2)[0]  # (KV, n, D)
+            assert state.shape == live[:, : len(run.session)].shape
+            close = (state - live[:, : state.shape[1]]).abs() <= 1e-5 * state.abs().clamp(min=1)
+            assert float(close.float().mean()) > 0.999
+    timeline = run.session.commits
+    for layer in (0, lm.layers - 1):  # the timeline rebuilds the live cache from the K/V as computed
+        rebuilt = timeline.quanto_kv(layer, len(timeline.at) - 1, len(run.session))
+        assert all(torch.equal(a, b[:, : len(run.session)]) for a, b in zip(rebuilt, run.session.layer_kv(layer)))
+
+
+def test_hqq_settings_are_refused_in_one_line():
+    with pytest.raises(KvvizError, match="nbits 1, 2, 3, 4, 8"):
+        QuantoCache(nbits=5, backend="hqq")
+    with pytest.raises(KvvizError, match="0 or 1 for HQQ"):
+        QuantoCache(axis_key=-1, backend="hqq")
+    with pytest.raises(KvvizError, match="'quanto' or 'hqq'"):
+        QuantoCache(backend="fp8")
+    with pytest.raises(KvvizError, match="does not divide the head dimension 64"):
+        QuantoCache(4, 48, backend="hqq").check(64)
+    with pytest.raises(KvvizError, match="a policy run's cache"):
+        Scheme("hqq-4").edit([10], 9)
+
+
+def test_a_flush_hqq_cannot_pack_is_refused_in_one_line_as_transformers_fails(lm):
+    from transformers import QuantizedCache
+
+    keys = torch.randn(lm.kv_heads, 7, 64)  # 3·7 groups of 64 channels: 2-bit codes pack in rows of 4 groups
+    with pytest.raises(KvvizError, match="cannot pack 2-bit codes of a flush of 7 slots") as caught:
+        QuantoCache(2, 64, 4, 1, 1, backend="hqq").flushed(keys, keys)
+    assert "\n" not in str(caught.value)
+    cache = QuantizedCache(backend="hqq", config=lm.model.config, nbits=2, axis_key=1, axis_value=1, q_group_size=64,
+                           residual_length=4)
+    with pytest.raises(RuntimeError):  # transformers' own cache, on the same K/V
+        cache.update(keys[None], keys[None], 0)
+
+
+def test_the_page_runs_an_hqq_cache():
+    import re
+
+    from tests.test_app import assert_clean, open_view, start
+
+    app = start()
+    app.chat_input[0].set_value(PROMPT).run()
+    open_view(app, "Policy run")
+    next(s for s in app.selectbox if s.label == "Policy").select("(none: a quantized cache only)")
+    next(s for s in app.selectbox if s.label == "QuantizedCache").select("hqq 4 bits")
+    next(n for n in app.number_input if n.label == "Full-precision R").set_value(8)
+    app.button[[b.label for b in app.button].index("Run the policy")].click().run()
+    assert_clean(app)
+    assert app.session_state["policy_run"].settings.quanto == QuantoCache(4, 64, 8, backend="hqq")
+    assert any("QuantizedCache (hqq) 4 bits" in re.sub(r"\\(.)", r"\1", c.value) for c in app.caption)
