@@ -101,3 +101,48 @@ def committed_eviction_gaps(lm: LoadedModel, steps: int) -> tuple[Session, list[
                            position_ids=torch.tensor([[position]], device=lm.device), cache=reference, use_cache=True)
         gaps.append((out.logits[0, -1].float() - session.logits.float().to(lm.device)).abs().max().item())
     return session, gaps
+
+
+def assert_steps_as_transformers(lm: LoadedModel, settings, prompt: str):
+    """A run with ``settings`` as its cache against transformers' ``QuantizedCache`` of the same backend and
+    settings (a :class:`kvviz.runs.quanto.QuantoCache`), teacher-forced on the reference's greedy tokens across
+    flushes: logits within ε_z (the K/V the two caches receive agree up to the forward passes' float32 rounding), the
+    same greedy tokens, the same cache state for all but 0.1 % of the elements (a value at a rounding boundary may
+    land a code away), and the timeline's rebuild of the live cache. Returns the run."""
+    from transformers import QuantizedCache
+
+    from kvviz.runs.compressed import CompressedSession, RunSettings
+    from tests.rounding import logit_rounding
+
+    run = CompressedSession(lm, RunSettings(quanto=settings))
+    run.add_turn(prompt)
+    ids, n = run.session.transcript.ids, len(run.session)
+    cache = QuantizedCache(backend=settings.backend, config=lm.model.config, nbits=settings.nbits,
+                           axis_key=settings.axis_key, axis_value=settings.axis_value,
+                           q_group_size=settings.q_group_size, residual_length=settings.residual_length)
+    with torch.no_grad():
+        logits = lm.model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True).logits[0, -1].float()
+    eps = logit_rounding(lm.config, logits)
+    assert float((run.session.logits - logits).abs().max()) <= eps
+    for step in range(2 * settings.residual_length + 3):  # across flushes
+        token = int(logits.argmax())
+        ours = run.step(token)
+        with torch.no_grad():
+            logits = lm.model(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[n + step]]), cache=cache,
+                              use_cache=True).logits[0, -1].float()
+        assert float((ours - logits).abs().max()) <= eps, step
+        assert int(ours.argmax()) == int(logits.argmax()), step
+    for layer in (0, 7, lm.layers - 1):  # the same cache state: transformers' quantized part and residual
+        own = cache.layers[layer]
+        rest = [own.keys, own.values] if own.keys.dim() == 4 else [own.keys.new_zeros(1, lm.kv_heads, 0, 64)] * 2
+        for theirs, quantized, live in zip(rest, (own._quantized_keys, own._quantized_values),
+                                           run.session.layer_kv(layer)):
+            state = torch.cat([own._dequantize(quantized), theirs], 2)[0]  # (KV, n, D)
+            assert state.shape == live[:, : len(run.session)].shape
+            close = (state - live[:, : state.shape[1]]).abs() <= 1e-5 * state.abs().clamp(min=1)
+            assert float(close.float().mean()) > 0.999  # a rare value at a rounding boundary may land a step away
+    timeline = run.session.commits
+    for layer in (0, lm.layers - 1):  # the timeline rebuilds the live cache from the K/V as computed
+        rebuilt = timeline.quanto_kv(layer, len(timeline.at) - 1, len(run.session))
+        assert all(torch.equal(a, b[:, : len(run.session)]) for a, b in zip(rebuilt, run.session.layer_kv(layer)))
+    return run

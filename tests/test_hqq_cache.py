@@ -1,6 +1,6 @@
 """A policy run whose cache is transformers' ``QuantizedCache`` with the HQQ backend, against transformers' own
 QuantizedCache(backend="hqq") driven through the same model, step by step, teacher-forced on the reference's greedy
-tokens (the same plan as tests/test_quanto_cache.py).
+tokens (tests/test_quanto_cache.py's check, shared).
 
 kvviz calls hqq's Quantizer as transformers' ``HQQQuantizedLayer`` does, on tensors of the same shape; only the cache
 schedule is kvviz's own (the prompt quantized at once, a residual, flushes that quantize everything again). The K/V
@@ -16,10 +16,9 @@ import pytest
 import torch
 
 from kvviz.errors import KvvizError
-from kvviz.runs.compressed import CompressedSession, RunSettings
 from kvviz.runs.quanto import QuantoCache
 from kvviz.schemes import Scheme, run_cache
-from tests.rounding import logit_rounding
+from tests.conftest import assert_steps_as_transformers
 
 pytest.importorskip("hqq", reason="hqq is not installed: QuantizedCache's HQQ backend cannot be compared "
                                   "(pip install hqq==0.2.8)")
@@ -28,40 +27,10 @@ PROMPT = "My cat is called Whiskers and my dog is called Rex. The cat sleeps on 
 
 @pytest.mark.parametrize("bits, group, residual, axis", [(4, 64, 8, 0), (2, 32, 5, 0), (8, 64, 6, 1)])
 def test_an_hqq_cache_run_steps_as_transformers_quantized_cache(lm, bits, group, residual, axis):
-    from transformers import QuantizedCache
-
     settings = QuantoCache(bits, group, residual, axis, axis, backend="hqq")
     assert run_cache(f"hqq-{bits}", group, residual, axis)[1] == settings
-    run = CompressedSession(lm, RunSettings(quanto=settings))
-    run.add_turn(PROMPT)
-    ids, n = run.session.transcript.ids, len(run.session)
-    cache = QuantizedCache(backend="hqq", config=lm.model.config, nbits=bits, axis_key=axis, axis_value=axis,
-                           q_group_size=group, residual_length=residual)
-    with torch.no_grad():
-        logits = lm.model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True).logits[0, -1].float()
-    eps = logit_rounding(lm.config, logits)
-    assert float((run.session.logits - logits).abs().max()) <= eps
-    for step in range(2 * residual + 3):  # across flushes
-        token = int(logits.argmax())
-        ours = run.step(token)
-        with torch.no_grad():
-            logits = lm.model(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[n + step]]), cache=cache,
-                              use_cache=True).logits[0, -1].float()
-        assert float((ours - logits).abs().max()) <= eps, step
-        assert int(ours.argmax()) == int(logits.argmax()), step
-    for layer in (0, 7, lm.layers - 1):  # the same cache state: transformers' quantized part and residual
-        own = cache.layers[layer]
-        rest = [own.keys, own.values] if own.keys.dim() == 4 else [own.keys.new_zeros(1, lm.kv_heads, 0, 64)] * 2
-        for theirs, quantized, live in zip(rest, (own._quantized_keys, own._quantized_values),
-                                           run.session.layer_kv(layer)):
-            state = torch.cat([own._dequantize(quantized), theirs], 2)[0]  # (KV, n, D)
-            assert state.shape == live[:, : len(run.session)].shape
-            close = (state - live[:, : state.shape[1]]).abs() <= 1e-5 * state.abs().clamp(min=1)
-            assert float(close.float().mean()) > 0.999
-    timeline = run.session.commits
-    for layer in (0, lm.layers - 1):  # the timeline rebuilds the live cache from the K/V as computed
-        rebuilt = timeline.quanto_kv(layer, len(timeline.at) - 1, len(run.session))
-        assert all(torch.equal(a, b[:, : len(run.session)]) for a, b in zip(rebuilt, run.session.layer_kv(layer)))
+    run = assert_steps_as_transformers(lm, settings, PROMPT)
+    assert len(run.session.commits.flushes) == 1 + (2 * residual + 3) // residual
 
 
 def test_hqq_settings_are_refused_in_one_line():

@@ -18,9 +18,9 @@ import torch
 
 from kvviz.errors import KvvizError
 from kvviz.quant import fake_quantize
-from kvviz.runs.compressed import CompressedSession, RunSettings
+from kvviz.runs.compressed import RunSettings
 from kvviz.runs.quanto import QuantoCache
-from tests.rounding import logit_rounding
+from tests.conftest import assert_steps_as_transformers
 
 quanto = pytest.importorskip("optimum.quanto", reason="optimum-quanto is not installed: QuantizedCache's quanto "
                                                        "backend cannot be compared (pip install optimum-quanto)")
@@ -38,39 +38,8 @@ def test_quantos_axis_0_rounding_is_kvvizs_per_token_quantizer(bits, group):
 
 @pytest.mark.parametrize("bits, group, residual", [(4, 64, 8), (2, 32, 5)])
 def test_a_quantized_cache_run_steps_as_transformers_quantized_cache(lm, bits, group, residual):
-    from transformers import QuantizedCache
-
-    run = CompressedSession(lm, RunSettings(quanto=QuantoCache(bits, group, residual)))
-    run.add_turn(PROMPT)
-    ids, n = run.session.transcript.ids, len(run.session)
-    cache = QuantizedCache(backend="quanto", config=lm.model.config, nbits=bits, axis_key=0, axis_value=0,
-                           q_group_size=group, residual_length=residual)
-    with torch.no_grad():
-        logits = lm.model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True).logits[0, -1].float()
-    eps = logit_rounding(lm.config, logits)
-    assert float((run.session.logits - logits).abs().max()) <= eps
-    for step in range(2 * residual + 3):  # across flushes
-        token = int(logits.argmax())
-        ours = run.step(token)
-        with torch.no_grad():
-            logits = lm.model(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[n + step]]), cache=cache,
-                              use_cache=True).logits[0, -1].float()
-        assert float((ours - logits).abs().max()) <= eps, step
-        assert int(ours.argmax()) == int(logits.argmax()), step
-    for layer in (0, 7, lm.layers - 1):  # the same cache state: transformers' quantized part and residual
-        own = cache.layers[layer]
-        rest = [own.keys, own.values] if own.keys.dim() == 4 else [own.keys.new_zeros(1, lm.kv_heads, 0, 64)] * 2
-        for theirs, quantized, live in zip(rest, (own._quantized_keys, own._quantized_values),
-                                           run.session.layer_kv(layer)):
-            state = torch.cat([quantized.dequantize(), theirs], 2)[0]  # (KV, n, D)
-            assert state.shape == live[:, : len(run.session)].shape
-            close = (state - live[:, : state.shape[1]]).abs() <= 1e-5 * state.abs().clamp(min=1)
-            assert float(close.float().mean()) > 0.999  # a rare value at a rounding boundary may land a step away
-    timeline = run.session.commits
-    assert len(timeline.flushes) == 1 + (2 * residual + 3) // residual
-    for layer in (0, lm.layers - 1):  # the timeline rebuilds the live cache from the K/V as computed
-        rebuilt = timeline.quanto_kv(layer, len(timeline.at) - 1, len(run.session))
-        assert all(torch.equal(a, b[:, : len(run.session)]) for a, b in zip(rebuilt, run.session.layer_kv(layer)))
+    run = assert_steps_as_transformers(lm, QuantoCache(bits, group, residual), PROMPT)
+    assert len(run.session.commits.flushes) == 1 + (2 * residual + 3) // residual
 
 
 def test_quantized_cache_settings_are_refused_in_one_line():
