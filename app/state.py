@@ -29,7 +29,7 @@ MEAN = -1  # the "head" setting that means the mean over query heads
 
 DEFAULTS = {"layer": 0, "head": MEAN, "at": None, "max_new_tokens": 48, "large": False, "notice": None,
             # the editor's settings, read before its widgets are drawn (see app/main.py's editor)
-            "key_axis": "channel", "value_axis": "token", "group": 0, "symmetric": False, "number_format": "int", "fp8_scales": "dynamic",
+            "key_axis": "channel", "value_axis": "token", "group": 0, "symmetric": False, "number_format": "int", "fp8_scales": "dynamic", "pre_rope": False,
             "pick_k": 4, "pick_v": 4, "topk": 10, "continuation": 0, "raw_special_tokens": False}
 
 

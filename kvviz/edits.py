@@ -44,6 +44,8 @@ class Edit:
             bits = getattr(self, name)
             slots = slots_of(bits.keys(), f"slots in {name}")
             object.__setattr__(self, name, {s: check_bits(bits[s]) for s in slots if bits[s] != 16})
+        if self.values.rope is not None:
+            raise KvvizError("values carry no RoPE: only keys are quantized before RoPE")
         if isinstance(self.full_precision_window, bool) or not isinstance(self.full_precision_window, int) \
                 or self.full_precision_window < 0:
             raise KvvizError(f"the full-precision window must be a non-negative integer, got {self.full_precision_window!r}")
@@ -231,10 +233,11 @@ class Edit:
     @staticmethod
     def _quantize_part(x: torch.Tensor, slots: slice | list[int], width: int, quantizer: Quantizer,
                        source: torch.Tensor, layer: int | None) -> None:
+        positions = None if quantizer.rope is None else torch.arange(x.shape[1], device=x.device)[slots]  # = slots
         if isinstance(slots, slice):
-            fake_quantize_(x[:, slots], width, quantizer, source[:, slots], layer)
+            fake_quantize_(x[:, slots], width, quantizer, source[:, slots], layer, positions)
         else:
-            x[:, slots] = fake_quantize(source[:, slots], width, quantizer, layer)
+            x[:, slots] = fake_quantize(source[:, slots], width, quantizer, layer, positions)
 
     def groups(self, kind: str, n: int) -> list[tuple[int, slice | list[int]]]:
         """The slots below ``n`` that ``kind`` (``"key"`` or ``"value"``) stores at fewer than 16 bits, as

@@ -21,7 +21,7 @@ from typing import Literal
 import torch
 
 from kvviz.errors import KvvizError
-from kvviz.outlier_handling import hadamard, rest_channels
+from kvviz.outlier_handling import hadamard, rest_channels, rope_rotate
 
 SUPPORTED_BITS = (16, 8, 4, 3, 2)
 Axis = Literal["channel", "token", "head", "tensor"]
@@ -45,6 +45,7 @@ class Quantizer:
     rotation: str = "none"  # "hadamard": rounded in the basis of a normalised Hadamard matrix (QuaRot), then back
     outliers: int = 0  # channels per KV head kept exact: the largest max |x| over the slots quantized together
     scales: tuple[tuple[float, ...], ...] | None = None  # FP8 static scales, per layer one per KV head (else dynamic)
+    rope: tuple[float, ...] | None = None  # keys only: rounded before RoPE, whose frequencies θ (D/2,) these are
 
     def __post_init__(self) -> None:
         if self.axis not in ("channel", "token", "head", "tensor"):
@@ -63,6 +64,13 @@ class Quantizer:
             raise KvvizError("keep outlier channels or rotate (Hadamard), not both: a rotation spreads the outliers")
         if self.scales is not None:
             self._check_scales()
+        if self.rope is not None:
+            try:
+                object.__setattr__(self, "rope", tuple(float(f) for f in self.rope))
+            except TypeError:
+                raise KvvizError("the RoPE frequencies of pre-RoPE keys are a list of numbers") from None
+            if not self.rope or not all(0 < f < float("inf") for f in self.rope):
+                raise KvvizError("the RoPE frequencies of pre-RoPE keys must be positive and finite")
 
     def _check_scales(self) -> None:
         if self.fp8 is None or self.axis not in ("head", "tensor") or self.rotation != "none" or self.outliers:
@@ -79,6 +87,9 @@ class Quantizer:
         object.__setattr__(self, "scales", rows)
 
     def check(self, head_dim: int) -> None:
+        if self.rope is not None and 2 * len(self.rope) != head_dim:
+            raise KvvizError(f"{len(self.rope)} RoPE frequencies do not rotate a head of {head_dim} channels: take the "
+                             "model's own")
         if self.outliers >= head_dim:
             raise KvvizError(f"{self.outliers} outlier channels leave none of the head's {head_dim} to quantize")
         rounded = head_dim - self.outliers  # the channels rounded
@@ -110,7 +121,7 @@ class Quantizer:
     @property
     def plain(self) -> Quantizer:
         """This quantizer without its rotation or outlier channels (what rounds the rest)."""
-        return replace(self, rotation="none", outliers=0)
+        return replace(self, rotation="none", outliers=0, rope=None)
 
     @property
     def fp8(self) -> torch.dtype | None:
@@ -130,10 +141,11 @@ def check_bits(bits: object) -> int:
     return bits
 
 
-def fake_quantize(x: torch.Tensor, bits: int, quantizer: Quantizer, layer: int | None = None) -> torch.Tensor:
+def fake_quantize(x: torch.Tensor, bits: int, quantizer: Quantizer, layer: int | None = None,
+                  positions: torch.Tensor | None = None) -> torch.Tensor:
     """Quantize then dequantize ``x`` ``(KV, n, D)`` (of ``layer``, for static scales; all layers' rows
-    ``(L·KV, n, D)`` with ``layer`` None) at ``bits``; returns a new tensor of the same shape and dtype (``x`` itself
-    at 16 bits).
+    ``(L·KV, n, D)`` with ``layer`` None; ``positions`` ``(n,)`` of the slots, for keys rounded before RoPE) at
+    ``bits``; returns a new tensor of the same shape and dtype (``x`` itself at 16 bits).
 
     Asymmetric: ``scale = (max − min)/(2^b − 1)``, zero point ``min``. Symmetric: ``scale = max|x|/(2^(b−1) − 1)``.
     Every element's error is at most ``scale / 2`` of its group (round to nearest).
@@ -141,11 +153,12 @@ def fake_quantize(x: torch.Tensor, bits: int, quantizer: Quantizer, layer: int |
     if check_bits(bits) == 16 or x.numel() == 0:
         return x
     values = x.float()
-    return fake_quantize_(torch.empty_like(values), bits, quantizer, source=values, layer=layer).to(x.dtype)
+    return fake_quantize_(torch.empty_like(values), bits, quantizer, values, layer, positions).to(x.dtype)
 
 
 def fake_quantize_(
-    x: torch.Tensor, bits: int, quantizer: Quantizer, source: torch.Tensor | None = None, layer: int | None = None
+    x: torch.Tensor, bits: int, quantizer: Quantizer, source: torch.Tensor | None = None, layer: int | None = None,
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """:func:`fake_quantize` in place (``x`` may be a view, e.g. some slots of a cache): ``x`` gets the round trip of
     ``source`` (same shape; default ``x`` itself) and is returned. In place saves the allocations and memory passes
@@ -156,7 +169,13 @@ def fake_quantize_(
     quantizer.check(x.shape[-1])
     quantizer.check_bits(bits)
     if x.dtype != torch.float32 or source.dtype != torch.float32:  # half precision: round trip in float32
-        return x.copy_(fake_quantize(source, bits, quantizer, layer))
+        return x.copy_(fake_quantize(source, bits, quantizer, layer, positions))
+    if quantizer.rope is not None:  # KVQuant: back to the key before RoPE, rounded there, rotated forward again
+        if positions is None:
+            raise ValueError("keys quantized before RoPE need the positions of their slots")
+        theta = torch.tensor(quantizer.rope, dtype=torch.float32, device=x.device)
+        pre = fake_quantize_(rope_rotate(source, -positions, theta), bits, replace(quantizer, rope=None), None, layer)
+        return x.copy_(rope_rotate(pre, positions, theta))
     if quantizer.rotation == "hadamard":  # QuaRot: round x·H, store; read back (x·H)^·H (H symmetric, H·H = I)
         h = hadamard(x.shape[-1], x.device)
         rotated = source @ h
@@ -211,43 +230,6 @@ def _round_trip_(out: torch.Tensor, values: torch.Tensor, bits: int, symmetric: 
     low = values.amin(reduce_dim, keepdim=True)
     scale = ((values.amax(reduce_dim, keepdim=True) - low) / (2**bits - 1)).clamp_min_(_TINY)
     torch.sub(values, low, out=out).div_(scale).round_().mul_(scale).add_(low)
-
-
-def error_bound(x: torch.Tensor, bits: int, quantizer: Quantizer, layer: int | None = None) -> torch.Tensor:
-    """The largest possible round-to-nearest error of each element of ``x`` ``(KV, n, D)``: half its group's scale
-    (FP8: half the format's spacing at the element, ``2^(e − m − 1)·scale`` for ``m`` mantissa bits and the element's
-    binary exponent ``e``, no lower than the smallest normal's; with static scales (of ``layer``), plus what
-    saturation cuts off, ``|x| − max · scale`` where positive)."""
-    if quantizer.rotation == "hadamard":  # e = e_r·H: |e_i| ≤ Σ_j |e_r,j|·|H_ji| = Σ_j |e_r,j| / √D
-        rotated = error_bound(x.float() @ hadamard(x.shape[-1], x.device), bits, quantizer.plain)
-        return (rotated.sum(-1, keepdim=True) / x.shape[-1] ** 0.5).expand(x.shape).clone()
-    if quantizer.outliers:
-        rest = rest_channels(x.float(), quantizer.outliers)
-        index = rest[:, None].expand(-1, x.shape[1], -1)
-        bound = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-        return bound.scatter_(-1, index, error_bound(x.float().gather(-1, index), bits, quantizer.plain))
-    values = x.float()
-    if quantizer.axis == "token":
-        kv, n, dim = values.shape
-        values = values.reshape(kv, n, quantizer.groups_per_slot(dim), -1)
-        reduce_dim = -1
-    else:
-        reduce_dim = {"channel": 1, "head": (1, 2), "tensor": (0, 1, 2)}[quantizer.axis]
-    if quantizer.fp8 is not None:
-        info, mantissa = torch.finfo(quantizer.fp8), {"e4m3": 3, "e5m2": 2}[quantizer.format]
-        if quantizer.scales is not None:
-            scale = quantizer.static_scale(x.shape[0], layer, x.device)
-            cut = (values.abs() - info.max * scale).clamp_min(0)  # saturated: the part past the largest code
-        else:
-            scale = (values.abs().amax(reduce_dim, keepdim=True) / info.max).clamp_min(_TINY)
-            cut = 0
-        exponent = torch.log2((values / scale).abs().clamp(info.smallest_normal, info.max)).floor()
-        return (torch.exp2(exponent - mantissa - 1) * scale + cut).expand_as(values).reshape(x.shape)
-    if quantizer.symmetric:
-        half = values.abs().amax(reduce_dim, keepdim=True) / (2 ** (bits - 1) - 1) / 2
-    else:
-        half = (values.amax(reduce_dim, keepdim=True) - values.amin(reduce_dim, keepdim=True)) / (2**bits - 1) / 2
-    return half.expand_as(values).reshape(x.shape)
 
 
 def saturated(x: torch.Tensor, quantizer: Quantizer, layer: int | None = None) -> int:

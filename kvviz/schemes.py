@@ -21,7 +21,8 @@ the app's comparison take:
   slot once; QuantizedCache rounds again at every later flush (float32 ulps of a dequantized value) — a policy run
   with ``--scheme quanto-N`` reproduces those flushes exactly (kvviz.runs.quanto).
 
-The ``int`` and ``fp8`` schemes take outlier handling as a suffix, for keys and values alike: ``+hadamard`` rounds
+The ``int`` and ``fp8`` schemes take ``+prerope`` (keys rounded before RoPE and rotated back, KVQuant) and outlier
+handling as a suffix, for keys and values alike: ``+hadamard`` rounds
 each slot's head vector in the basis of a normalised Hadamard matrix and rotates it back (QuaRot), ``+outliersK``
 keeps the K channels with the largest magnitude per KV head exact and rounds the rest without them (KVQuant's
 dense-and-sparse split, per channel), e.g. ``int2-token+outliers4``, ``int4-token+hadamard``.
@@ -49,7 +50,7 @@ _PATTERNS = {
     "quanto": re.compile(r"quanto-(4|2)"),
     "hqq": re.compile(r"hqq-(8|4|3|2)"),
 }
-_SUFFIX = re.compile(r"hadamard|outliers([1-9][0-9]?)")
+_SUFFIX = re.compile(r"hadamard|outliers([1-9][0-9]?)|prerope")
 EXAMPLES = ("fp16", "int4-token", "int2-channel", "kivi-2", "fp8-e4m3-head", "fp8-e5m2-tensor", "fp8-e4m3-head-static",
             "fp8-e4m3-unit", "quanto-4")
 
@@ -61,13 +62,15 @@ class Scheme:
     name: str
 
     def __post_init__(self) -> None:
-        base, _, suffix = self.name.partition("+")
+        base, *suffixes = self.name.split("+")
         if not any(p.fullmatch(base) for p in _PATTERNS.values()):
             raise KvvizError(f"unknown quantization scheme {self.name!r}; schemes look like {', '.join(EXAMPLES)}, "
-                             "int4-token+hadamard, int2-token+outliers4")
-        if suffix and (not _SUFFIX.fullmatch(suffix) or self.family not in ("int", "fp8")):
+                             "int4-token+hadamard, int2-token+outliers4, int2-channel+prerope")
+        kinds = [s if s in ("prerope", "hadamard") else "outliers" for s in suffixes]
+        if suffixes and (not all(_SUFFIX.fullmatch(s) for s in suffixes) or self.family not in ("int", "fp8")
+                         or len(set(kinds)) != len(kinds) or {"hadamard", "outliers"} <= set(kinds)):
             raise KvvizError(f"{self.name!r}: an int or fp8 scheme takes +hadamard or +outliersK (K channels kept "
-                             "exact), e.g. int2-token+outliers4")
+                             "exact), and +prerope (keys rounded before RoPE), e.g. int2-channel+prerope+outliers4")
 
     @property
     def base(self) -> str:
@@ -83,19 +86,26 @@ class Scheme:
         return self.family == "fp8static"
 
     @property
+    def pre_rope(self) -> bool:
+        """Whether its keys are rounded before RoPE (``+prerope``, KVQuant)."""
+        return "prerope" in self.name.split("+")[1:]
+
+    @property
     def outlier_settings(self) -> dict:
-        """The quantizer fields of the suffix: ``rotation`` or ``outliers``."""
-        suffix = self.name.partition("+")[2]
-        if suffix == "hadamard":
-            return {"rotation": "hadamard"}
-        return {"outliers": int(suffix[len("outliers"):])} if suffix else {}
+        """The quantizer fields of the suffixes other than ``+prerope``: ``rotation`` or ``outliers``."""
+        for suffix in self.name.split("+")[1:]:
+            if suffix == "hadamard":
+                return {"rotation": "hadamard"}
+            if suffix.startswith("outliers"):
+                return {"outliers": int(suffix[len("outliers"):])}
+        return {}
 
     @property
     def label(self) -> str:
         suffix = self.outlier_settings
         extra = (", rounded after a Hadamard rotation" if "rotation" in suffix else
                  f", the {suffix['outliers']} largest channels per KV head exact" if suffix else "")
-        return self._base_label + extra
+        return self._base_label + extra + (", keys rounded before RoPE" if self.pre_rope else "")
 
     @property
     def _base_label(self) -> str:
@@ -114,22 +124,27 @@ class Scheme:
                     f"FP8 {parts[1]}, one static scale per {'KV head' if parts[2] == 'head' else 'layer'}, calibrated")
         return QuantoCache(int(parts[1]), backend=family).label
 
-    def edit(self, passes: Sequence[int], at: int, calibration: Calibration | None = None) -> Edit:
+    def edit(self, passes: Sequence[int], at: int, calibration: Calibration | None = None,
+             rope: tuple[float, ...] | None = None) -> Edit:
         """The Edit of this scheme before the step of slot ``at``; ``passes`` are the slots each forward pass added
-        (the transcript's growth log, for ``quanto``'s flushes); ``calibration`` gives a static scheme its scales."""
+        (the transcript's growth log, for ``quanto``'s flushes); ``calibration`` gives a static scheme its scales,
+        ``rope`` (the model's RoPE frequencies, kvviz.runs.rerotate.rope_frequencies) a ``+prerope`` one its keys'."""
         family, parts, extra = self.family, self.base.split("-"), self.outlier_settings
+        if self.pre_rope and rope is None:
+            raise KvvizError(f"{self.name} needs the model's RoPE frequencies to round keys before RoPE")
+        key_extra = extra | ({"rope": rope} if self.pre_rope else {})
         slots = range(at)
         if family == "fp16":
             return Edit()
         if family == "int":
             bits = int(parts[0][3:])
-            return Edit.quantize(slots, bits, keys=Quantizer(parts[1], **extra), values=Quantizer("token", **extra))
+            return Edit.quantize(slots, bits, keys=Quantizer(parts[1], **key_extra), values=Quantizer("token", **extra))
         if family == "kivi":
             kivi = Kivi(int(parts[1]), int(parts[1]))
             return kivi.edit(range(kivi.quantized_prefix(at)))
         if family == "fp8":
-            quantizer = Quantizer(parts[2], format=parts[1], **extra)
-            return Edit.quantize(slots, 8, keys=quantizer, values=quantizer)
+            return Edit.quantize(slots, 8, keys=Quantizer(parts[2], format=parts[1], **key_extra),
+                                 values=Quantizer(parts[2], format=parts[1], **extra))
         if family == "fp8static":
             if calibration is None:
                 raise KvvizError(f"{self.name} needs a calibration (kvviz.calibration.calibrate) for its scales")

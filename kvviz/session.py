@@ -16,6 +16,7 @@ import torch
 from kvviz import kv_cache, prefill
 from kvviz.chat_template import chat_delta, check_unicode
 from kvviz.commits import CommitLog
+from kvviz.edit_check import check_edit
 from kvviz.edits import Edit
 from kvviz.errors import KvvizError
 from kvviz.memo import Memo, held_bytes
@@ -248,7 +249,7 @@ class Session:
     def commit(self, edit: Edit) -> None:
         """Apply ``edit`` to the session's cache: every later step runs on the edited cache (positions unchanged)."""
         self._check_held()
-        edit.validate(len(self), self.lm.layers, self.lm.kv_heads, self.lm.head_dim)
+        check_edit(self.lm, self.transcript, edit, len(self))
         self.commits.push(edit, len(self))
         self.version += 1
 

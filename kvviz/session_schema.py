@@ -72,7 +72,8 @@ def schema(lm: Geometry) -> dict:
                          "outliers": _integer(0, lm.head_dim - 1),
                          "block": {"anyOf": [{"type": "null"}, _integer(1, 1 << 20)]},
                          "scales": {"anyOf": [{"type": "null"}, _list(_list({"type": "number", "exclusiveMinimum": 0},
-                                                                             lm.kv_heads), lm.layers)]}}, ("axis",))
+                                                                             lm.kv_heads), lm.layers)]},
+                         "rope": {"anyOf": [{"type": "null"}, _list({"type": "number"}, lm.head_dim // 2)]}}, ("axis",))
     bits = {"type": "object", "maxProperties": window, "propertyNames": {"pattern": "^(0|[1-9][0-9]{0,5})$"},
             "additionalProperties": _integer(2, 16)}  # which widths exist: Edit.from_dict, before the replay
     edit = _object({

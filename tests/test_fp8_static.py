@@ -23,7 +23,8 @@ from kvviz.calibration import CALIBRATION_TEXT, calibrate
 from kvviz.cli import main
 from kvviz.edits import Edit
 from kvviz.errors import KvvizError
-from kvviz.quant import Quantizer, error_bound, fake_quantize, saturated
+from kvviz.error_bounds import error_bound
+from kvviz.quant import Quantizer, fake_quantize, saturated
 from kvviz.schemes import Scheme, schemes
 from kvviz.session import Session
 from kvviz.session_file import export_session, import_session

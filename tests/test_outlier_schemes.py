@@ -17,7 +17,8 @@ import torch
 from kvviz import kv_cache
 from kvviz.edits import Edit
 from kvviz.errors import KvvizError
-from kvviz.quant import Quantizer, error_bound, fake_quantize, hadamard, packed_bytes
+from kvviz.error_bounds import error_bound
+from kvviz.quant import Quantizer, fake_quantize, hadamard, packed_bytes
 from kvviz.schemes import Scheme, schemes
 from kvviz.session import Session
 from kvviz.session_file import export_session, import_session

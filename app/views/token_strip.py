@@ -3,6 +3,8 @@ bit-width picker quantizes the selection."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import streamlit as st
 
 from app import state
@@ -11,6 +13,7 @@ from app.components.strip import clicked, parse_click, token_strip
 from app.views import reshape, schemes
 from kvviz.attention_math import kv_head_of
 from kvviz.calibration import calibrate
+from kvviz.runs.rerotate import rope_frequencies
 from kvviz.errors import KvvizError
 from kvviz.quant import Quantizer
 from kvviz.view_data import (SHADINGS, commit_rows, find_slots, kept_per_head, strip_chips, strip_reasons,
@@ -158,9 +161,11 @@ def apply_quantizers() -> str | None:
             unit = ss.fp8_scales == "1.0"
             draft.keys = calibration.quantizers(ss.number_format, "unit" if unit else ss.key_axis)[0]
             draft.values = calibration.quantizers(ss.number_format, "unit" if unit else ss.value_axis)[1]
-            return None
-        draft.keys = Quantizer(ss.key_axis, int(ss.group) or None, ss.symmetric, format=ss.number_format)
-        draft.values = Quantizer(ss.value_axis, int(ss.group) or None, ss.symmetric, format=ss.number_format)
+        else:
+            draft.keys = Quantizer(ss.key_axis, int(ss.group) or None, ss.symmetric, format=ss.number_format)
+            draft.values = Quantizer(ss.value_axis, int(ss.group) or None, ss.symmetric, format=ss.number_format)
+        if ss.pre_rope:  # KVQuant: keys rounded before RoPE, with the model's own frequencies
+            draft.keys = replace(draft.keys, rope=rope_frequencies(lm))
         draft.keys.check(lm.head_dim)
     except KvvizError as exc:
         return str(exc)
@@ -175,6 +180,9 @@ def _quantizer_settings(head_dim: int) -> None:
         cols[1].selectbox("Values", ["token", "channel", "head", "tensor"], key="value_axis")
         cols[2].number_input(f"Group size (channels; 0 = all {head_dim})", 0, head_dim, key="group")
         cols[3].toggle("Symmetric", key="symmetric")
+        cols[3].toggle("Keys before RoPE", key="pre_rope",
+                       help="KVQuant: each key is rotated back to before RoPE, rounded there and rotated forward "
+                            "again; per-channel scales fit keys better before RoPE mixes their channel pairs")
         cols[4].selectbox("Format", ["int", "e4m3", "e5m2"], key="number_format",
                           help="int: uniform codes at the chosen bits · e4m3 / e5m2: FP8 as vLLM and SGLang cache it "
                                "(kv_cache_dtype fp8_e4m3 / fp8_e5m2), 8 bits, one float32 scale per group, scaled "

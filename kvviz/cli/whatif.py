@@ -64,6 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=("int", "e4m3", "e5m2"), default="int",
                         help="number format of the quantized slots: integer codes, or FP8 (with --bits 8)")
     parser.add_argument("--symmetric", action="store_true")
+    parser.add_argument("--pre-rope", action="store_true",
+                        help="round the keys before RoPE and rotate them back (KVQuant), with the model's frequencies")
     parser.add_argument("--scheme", default=None, metavar="NAME",
                         help="store the slots before --at as a named scheme does (int4-token, kivi-2, fp8-e4m3-head, "
                              "quanto-4, …: see quant-compare), instead of the bit and axis flags")
@@ -117,9 +119,15 @@ def build_edit(args: argparse.Namespace, session: Session, at: int) -> Edit:
         layers = None if args.evict_layers is None else parse_slots(args.evict_layers)
         heads = None if args.evict_heads is None else parse_slots(args.evict_heads)
         evictions = Edit.evict(parse_slots(args.evict), layers, heads).evictions
+    rope = None
+    if args.pre_rope or (args.scheme is not None and "+prerope" in args.scheme):
+        from kvviz.runs.rerotate import rope_frequencies
+
+        rope = rope_frequencies(session.lm)
     hand = Edit(
         evictions=evictions, key_bits=key_bits, value_bits=value_bits, full_precision_window=args.window,
-        keys=Quantizer(args.key_axis, args.group_size, args.symmetric, format=args.format),
+        keys=Quantizer(args.key_axis, args.group_size, args.symmetric, format=args.format,
+                       rope=rope if args.pre_rope else None),
         values=Quantizer(args.value_axis, args.group_size, args.symmetric, format=args.format),
     )
     if args.scheme is not None:
@@ -136,7 +144,7 @@ def build_edit(args: argparse.Namespace, session: Session, at: int) -> Edit:
             from kvviz.calibration import CALIBRATION_TEXT, calibrate
 
             calibration = calibrate(session.lm, args.calibration or CALIBRATION_TEXT)
-        stored = scheme.edit([e.added for e in session.transcript.growth], at, calibration)
+        stored = scheme.edit([e.added for e in session.transcript.growth], at, calibration, rope)
         hand = replace(stored, evictions=hand.evictions)
     edit = edit.merged(hand)
     if args.merge:

@@ -12,6 +12,7 @@ import torch
 
 from kvviz.errors import KvvizError
 from kvviz.model import LoadedModel
+from kvviz.outlier_handling import rope_rotate
 
 ROTATIONS = ("default", "linear", "llama3")  # RoPE variants whose angle is position × a fixed frequency
 
@@ -44,9 +45,14 @@ class Rotary:
 
     def rotate(self, keys: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """``keys`` ``(..., n, D)`` rotated by ``delta`` ``(n,)`` positions each (float32 angles, as the model)."""
-        freqs = delta.to(self.inv_freq.device, torch.float32)[:, None] * self.inv_freq  # (n, D/2)
-        emb = torch.cat((freqs, freqs), dim=-1).to(keys.device)
-        cos, sin = emb.cos().to(keys.dtype), emb.sin().to(keys.dtype)
-        half = keys.shape[-1] // 2
-        rotated_half = torch.cat((-keys[..., half:], keys[..., :half]), dim=-1)
-        return keys * cos + rotated_half * sin
+        return rope_rotate(keys, delta, self.inv_freq)
+
+
+def rope_frequencies(lm: LoadedModel) -> tuple[float, ...]:
+    """The RoPE frequencies ``θ`` ``(D/2,)`` every layer of ``lm`` shares (what a pre-RoPE key quantizer needs);
+    refuses a model without a plain RoPE or whose layer types have their own (Gemma 3)."""
+    found = {tuple(Rotary.for_layer(lm, layer).inv_freq.tolist()) for layer in range(lm.layers)}
+    if len(found) != 1:
+        raise KvvizError(f"{lm.name}'s layers use different RoPE frequencies: keys before RoPE are quantized for "
+                         "models with one RoPE")
+    return found.pop()

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from kvviz.edit_check import check_edit
 from kvviz.edits import Edit
 from kvviz.quant import layer_scale_bytes, packed_bytes
 from kvviz.session import Session
@@ -112,7 +113,7 @@ def cache_memory(
 def step_memory(session: Session, edit: Edit, at: int) -> CacheBytes:
     """:func:`cache_memory` of the cache before slot ``at`` with ``edit`` (validated) on top of the committed one."""
     lm = session.lm
-    edit.validate(at, lm.layers, lm.kv_heads, lm.head_dim)
+    check_edit(lm, session.transcript, edit, at)
     _, edited = session.commits.step_edits(at, edit)
     evicted = edited.evicted_mask(at, lm.layers, lm.kv_heads)
     return cache_memory(edited, evicted, session.transcript.segments()[:at], lm.head_dim, lm.dtype,

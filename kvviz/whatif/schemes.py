@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from kvviz.calibration import CALIBRATION_TEXT, calibrate
+from kvviz.edit_check import check_edit
 from kvviz.edits import Edit
 from kvviz.quant import saturated
+from kvviz.runs.rerotate import rope_frequencies
 from kvviz.schemes import Scheme
 from kvviz.session import Session
 from kvviz.whatif.step import WhatIf, what_if
@@ -57,10 +59,11 @@ def compare_schemes(session: Session, schemes: list[Scheme], at: int | None = No
     at = len(session) - 1 if at is None else at
     passes = [event.added for event in session.transcript.growth]
     calibration = calibrate(session.lm, calibration_text) if any(s.static for s in schemes) else None
-    edits = [scheme.edit(passes, at, calibration) for scheme in schemes]
+    rope = rope_frequencies(session.lm) if any(s.pre_rope for s in schemes) else None
+    edits = [scheme.edit(passes, at, calibration, rope) for scheme in schemes]
     lm = session.lm
     for edit in edits:
-        edit.validate(at, lm.layers, lm.kv_heads, lm.head_dim)
+        check_edit(lm, session.transcript, edit, at)
     return [scheme_row(scheme, what_if(session, edit, at, topk=topk), clipped(session, edit, at))
             for scheme, edit in zip(schemes, edits)]
 

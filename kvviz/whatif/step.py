@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from kvviz import attention_math as am
+from kvviz.edit_check import check_edit
 from kvviz.edits import Edit
 from kvviz.errors import KvvizError
 from kvviz.recorder import Probe
@@ -155,7 +156,7 @@ def _validate(session: Session, edit: Edit, at: int, layer: int, head: int, topk
         raise KvvizError("top-k must be at least 1 and the continuation length non-negative")
     if session.transcript.slots[at].position + continuation >= lm.context_window:
         raise KvvizError("the continuation would run past the context window")
-    edit.validate(at, lm.layers, lm.kv_heads, lm.head_dim)
+    check_edit(lm, session.transcript, edit, at)
 
 
 def what_if(session: Session, edit: Edit, at: int | None = None, layer: int = 0, head: int = 0, topk: int = 10,
