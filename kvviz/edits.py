@@ -14,7 +14,8 @@ import torch
 from kvviz.edit_parts import (Eviction, Merge, Pruning, check_parts, flags, from_json, optional, reshaped, slots_of,
                               to_json)
 from kvviz.errors import KvvizError
-from kvviz.quant import Quantizer, check_bits, fake_quantize, fake_quantize_
+from kvviz.quant import Quantizer, check_bits
+from kvviz.slot_widths import blocks, check_head_shape, check_head_widths, quantize_slots, width_groups
 
 __all__ = ["Edit", "Eviction", "Merge", "Pruning"]
 
@@ -24,7 +25,8 @@ class Edit:
     """Evictions plus per-slot bit-widths (absent = 16, untouched), key-channel prunings and value merges. Default
     quantizers follow KIVI: keys per channel, values per token. ``full_precision_window`` keeps the most recent
     slots before the step at 16 bits. Prunings and merges apply first (to the K/V as the model computed them), the
-    quantization to their result."""
+    quantization to their result. ``head_widths`` (mixed precision across layers and KV heads) gives every slot
+    that the bit tables quantize the width of its layer and KV head instead (the tables then say which slots)."""
 
     evictions: tuple[Eviction, ...] = ()
     key_bits: Mapping[int, int] = field(default_factory=dict)
@@ -35,6 +37,7 @@ class Edit:
     prunings: tuple[Pruning, ...] = ()
     merges: tuple[Merge, ...] = ()
     merge_rule: str = "average"  # "average" (D2O, kvpress' MergingPress) or "add" (CaM)
+    head_widths: tuple[tuple[int, ...], ...] | None = None  # per layer, per KV head: the width of quantized slots
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "evictions", tuple(self.evictions))
@@ -49,6 +52,8 @@ class Edit:
         if isinstance(self.full_precision_window, bool) or not isinstance(self.full_precision_window, int) \
                 or self.full_precision_window < 0:
             raise KvvizError(f"the full-precision window must be a non-negative integer, got {self.full_precision_window!r}")
+        if self.head_widths is not None:
+            object.__setattr__(self, "head_widths", check_head_widths(self.head_widths))
         object.__setattr__(self, "_plans", {})  # (kind, n) -> slot groups; not a field: equality and JSON ignore it
 
     # --- construction ----------------------------------------------------------------------------------------
@@ -96,7 +101,7 @@ class Edit:
     def key(self) -> tuple:
         """A hashable value equal for equal edits (to key memos on)."""
         return (self.evictions, tuple(self.key_bits.items()), tuple(self.value_bits.items()), self.keys, self.values,
-                self.full_precision_window, self.prunings, self.merges, self.merge_rule)
+                self.full_precision_window, self.prunings, self.merges, self.merge_rule, self.head_widths)
 
     @property
     def is_empty(self) -> bool:
@@ -145,8 +150,10 @@ class Edit:
         self.keys.check_model(layers, kv_heads, head_dim)
         self.values.check_model(layers, kv_heads, head_dim)
         for quantizer, table in ((self.keys, self.key_bits), (self.values, self.value_bits)):
-            for bits in set(table.values()):
+            for bits in set(table.values()) if self.head_widths is None else {w for r in self.head_widths for w in r}:
                 quantizer.check_bits(bits)
+        if self.head_widths is not None:
+            check_head_shape(self.head_widths, layers, kv_heads, self.keys, self.values, self.reshapes)
         if self.reshapes or self.merge_rule != "average":
             check_parts(self.prunings, self.merges, self.merge_rule, at, layers, kv_heads, head_dim,
                         self.evicted_mask(at, layers, kv_heads))
@@ -224,26 +231,18 @@ class Edit:
         quantizer = self.keys if kind == "key" else self.values
         source = x if source is None else source
         for width, slots in self.groups(kind, x.shape[1]):
+            parts = [slots]
             if quantizer.axis == "channel" and quantizer.block:  # one scale per block of slots (KIVI)
-                for block in _blocks(range(x.shape[1])[slots] if isinstance(slots, slice) else slots, quantizer.block):
-                    self._quantize_part(x, block, width, quantizer, source, layer)
-                continue
-            self._quantize_part(x, slots, width, quantizer, source, layer)
-
-    @staticmethod
-    def _quantize_part(x: torch.Tensor, slots: slice | list[int], width: int, quantizer: Quantizer,
-                       source: torch.Tensor, layer: int | None) -> None:
-        positions = None if quantizer.rope is None else torch.arange(x.shape[1], device=x.device)[slots]  # = slots
-        if isinstance(slots, slice):
-            fake_quantize_(x[:, slots], width, quantizer, source[:, slots], layer, positions)
-        else:
-            x[:, slots] = fake_quantize(source[:, slots], width, quantizer, layer, positions)
+                parts = blocks(range(x.shape[1])[slots] if isinstance(slots, slice) else slots, quantizer.block)
+            for part in parts:
+                quantize_slots(x, part, width, quantizer, source, layer, self.head_widths)
 
     def groups(self, kind: str, n: int) -> list[tuple[int, slice | list[int]]]:
         """The slots below ``n`` that ``kind`` (``"key"`` or ``"value"``) stores at fewer than 16 bits, as
-        ``(bit-width, slots)`` groups (see :func:`_groups`); computed once per ``n`` (every layer uses the same)."""
+        ``(bit-width, slots)`` groups (see :func:`~kvviz.slot_widths.width_groups`); computed once per ``n`` (every
+        layer uses the same)."""
         if (kind, n) not in self._plans:
-            self._plans[kind, n] = _groups(self.key_bits if kind == "key" else self.value_bits, n)
+            self._plans[kind, n] = width_groups(self.key_bits if kind == "key" else self.value_bits, n)
         return self._plans[kind, n]
 
     # --- JSON ------------------------------------------------------------------------------------------------
@@ -256,7 +255,7 @@ class Edit:
             "keys": asdict(self.keys),
             "values": asdict(self.values),
             "full_precision_window": self.full_precision_window,
-        } | (to_json(self.prunings, self.merges) | {"merge_rule": self.merge_rule} if self.reshapes else {})
+        } | ({"head_widths": self.head_widths} if self.head_widths is not None else {}) | (to_json(self.prunings, self.merges) | {"merge_rule": self.merge_rule} if self.reshapes else {})
 
     @classmethod
     def from_dict(cls, data: Mapping) -> Edit:
@@ -272,27 +271,9 @@ class Edit:
                 values=Quantizer(**data.get("values", {"axis": "token"})),
                 full_precision_window=data.get("full_precision_window", 0),
                 prunings=prunings, merges=merges, merge_rule=data.get("merge_rule", "average"),
+                head_widths=data.get("head_widths"),
             )
         except (TypeError, KeyError, AttributeError, ValueError) as exc:
             if isinstance(exc, KvvizError):
                 raise
             raise KvvizError(f"malformed edit: {exc}") from exc
-
-
-def _groups(bits: Mapping[int, int], n: int) -> list[tuple[int, slice | list[int]]]:
-    """The slots below ``n`` stored at fewer than 16 bits, grouped by bit-width: a slice where they are contiguous
-    (no gather or scatter needed), else a list of slots. ``bits`` has sorted keys and no 16s (see ``Edit``)."""
-    by_width: dict[int, list[int]] = {}
-    for slot, width in bits.items():
-        if slot < n:
-            by_width.setdefault(width, []).append(slot)
-    return [(width, slice(slots[0], slots[-1] + 1) if slots[-1] - slots[0] + 1 == len(slots) else slots)
-            for width, slots in sorted(by_width.items())]
-
-
-def _blocks(slots: Iterable[int], block: int) -> list[slice | list[int]]:
-    """Sorted ``slots`` split by ``slot // block``, each part a slice when contiguous (else a list)."""
-    parts: dict[int, list[int]] = {}
-    for slot in slots:
-        parts.setdefault(slot // block, []).append(slot)
-    return [slice(p[0], p[-1] + 1) if p[-1] - p[0] + 1 == len(p) else p for p in parts.values()]

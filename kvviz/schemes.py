@@ -15,6 +15,9 @@ the app's comparison take:
   vLLM uses when a checkpoint has none. Values past the scale's range saturate.
 - ``hqq-{8,4,3,2}`` — transformers' ``QuantizedCache`` with the HQQ backend: a policy run's cache only (HQQ's rounding
   is an optimisation the hqq package runs; kvviz.runs.quanto).
+- ``mix{B}-{uniform,keyerror}`` — mixed precision: every slot quantized at the width its layer and KV head get from a
+  budget of ``B`` bits per pair on average (kvviz.bit_allocation: the same everywhere, or more where the keys lose
+  most), keys per channel, values per token.
 - ``quanto-{4,2}`` — transformers' ``QuantizedCache`` (quanto, ``q_group_size`` 64, ``residual_length`` 128) as it
   would hold this chat at that step: the passes of the growth log replayed through its flush rule, the slots of the
   last flush quantized per token in groups of 64 channels, the residual after it at full precision. It rounds each
@@ -49,10 +52,11 @@ _PATTERNS = {
     "fp8static": re.compile(r"fp8-(e4m3|e5m2)-(head|tensor)-static|fp8-(e4m3|e5m2)-unit"),
     "quanto": re.compile(r"quanto-(4|2)"),
     "hqq": re.compile(r"hqq-(8|4|3|2)"),
+    "mix": re.compile(r"mix([2-8](?:\.[0-9]+)?)-(uniform|keyerror)"),
 }
 _SUFFIX = re.compile(r"hadamard|outliers([1-9][0-9]?)|prerope")
 EXAMPLES = ("fp16", "int4-token", "int2-channel", "kivi-2", "fp8-e4m3-head", "fp8-e5m2-tensor", "fp8-e4m3-head-static",
-            "fp8-e4m3-unit", "quanto-4")
+            "fp8-e4m3-unit", "mix3-keyerror", "quanto-4")
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,12 @@ class Scheme:
     def static(self) -> bool:
         """Whether its scales are static: calibrated (``…-static``) or 1.0 (``…-unit``)."""
         return self.family == "fp8static"
+
+    @property
+    def mix(self) -> tuple[float, str]:
+        """A ``mix`` scheme's average width and allocation rule."""
+        average, rule = _PATTERNS["mix"].fullmatch(self.base).groups()
+        return float(average), rule
 
     @property
     def pre_rope(self) -> bool:
@@ -119,16 +129,23 @@ class Scheme:
             return Kivi(int(parts[1]), int(parts[1])).label
         if family == "fp8":
             return f"FP8 {parts[1]}, one dynamic scale per {'KV head' if parts[2] == 'head' else 'layer'}"
+        if family == "mix":
+            average, rule = self.mix
+            return (f"mixed precision, {average:g} bits per layer and KV head on average, "
+                    f"{'the same everywhere' if rule == 'uniform' else 'more where the keys lose most'}; keys per "
+                    "channel, values per token")
         if family == "fp8static":
             return (f"FP8 {parts[1]}, every scale 1.0 (vLLM without calibrated scales)" if parts[2] == "unit" else
                     f"FP8 {parts[1]}, one static scale per {'KV head' if parts[2] == 'head' else 'layer'}, calibrated")
         return QuantoCache(int(parts[1]), backend=family).label
 
     def edit(self, passes: Sequence[int], at: int, calibration: Calibration | None = None,
-             rope: tuple[float, ...] | None = None) -> Edit:
+             rope: tuple[float, ...] | None = None, head_widths: tuple[tuple[int, ...], ...] | None = None) -> Edit:
         """The Edit of this scheme before the step of slot ``at``; ``passes`` are the slots each forward pass added
         (the transcript's growth log, for ``quanto``'s flushes); ``calibration`` gives a static scheme its scales,
-        ``rope`` (the model's RoPE frequencies, kvviz.runs.rerotate.rope_frequencies) a ``+prerope`` one its keys'."""
+        ``rope`` (the model's RoPE frequencies, kvviz.runs.rerotate.rope_frequencies) a ``+prerope`` one its keys',
+        ``head_widths`` a ``mix`` one its widths (kvviz.bit_allocation). :func:`kvviz.whatif.schemes.scheme_edits`
+        supplies all three from a session."""
         family, parts, extra = self.family, self.base.split("-"), self.outlier_settings
         if self.pre_rope and rope is None:
             raise KvvizError(f"{self.name} needs the model's RoPE frequencies to round keys before RoPE")
@@ -150,6 +167,11 @@ class Scheme:
                 raise KvvizError(f"{self.name} needs a calibration (kvviz.calibration.calibrate) for its scales")
             keys, values = calibration.quantizers(parts[1], parts[2])
             return Edit.quantize(slots, 8, keys=keys, values=values)
+        if family == "mix":
+            if head_widths is None:
+                raise KvvizError(f"{self.name} needs its widths per layer and KV head (kvviz.bit_allocation.allocate)")
+            return Edit.quantize(slots, 2, keys=Quantizer("channel"), values=Quantizer("token"),
+                                 head_widths=head_widths)
         if family == "hqq":
             raise KvvizError(f"{self.name} is transformers' QuantizedCache with the HQQ backend, whose rounding is an "
                              "optimisation the hqq package runs: a policy run's cache (policy-run --scheme "

@@ -81,6 +81,7 @@ def schema(lm: Geometry) -> dict:
                                 "heads": optional_ints(lm.kv_heads)}, ("slots",)), 4 * window),
         "key_bits": bits, "value_bits": bits, "keys": quantizer, "values": quantizer,
         "full_precision_window": _integer(0, window),
+        "head_widths": {"anyOf": [{"type": "null"}, _list(_list(_integer(2, 16), lm.kv_heads), lm.layers)]},
         "prune": _list(_object({"layer": _integer(0, lm.layers - 1), "head": _integer(0, lm.kv_heads - 1),
                                 "channels": _list(_integer(0, lm.head_dim - 1), lm.head_dim), "slots": _list(slot, window)},
                                ("layer", "head", "channels", "slots")), lm.layers * lm.kv_heads * 4),

@@ -15,7 +15,8 @@ from kvviz.whatif.schemes import compare_schemes
 OFFERED = ["fp16", "int8-token", "int4-token", "int4-channel", "int2-token", "int2-token+hadamard",
            "int2-token+outliers4", "int2-channel", "int2-channel+outliers4", "kivi-4", "kivi-2", "fp8-e4m3-head",
            "fp8-e4m3-tensor", "fp8-e5m2-head", "fp8-e5m2-tensor", "fp8-e4m3-head-static", "fp8-e4m3-tensor-static",
-           "fp8-e5m2-tensor-static", "fp8-e4m3-unit", "fp8-e5m2-unit", "quanto-4", "quanto-2"]
+           "fp8-e5m2-tensor-static", "fp8-e4m3-unit", "fp8-e5m2-unit", "int2-channel+prerope", "int3-channel+prerope",
+           "mix3-uniform", "mix3-keyerror", "mix2.5-keyerror", "quanto-4", "quanto-2"]
 DEFAULT = ["int4-token", "kivi-2", "fp8-e4m3-head", "quanto-4"]
 HEADERS = {"scheme": "Scheme", "quantized": "Slots rounded", "kl": "KL (nats)", "tv": "TV", "top1": "Top-1 (full → scheme)", "bytes": "Cache bytes",
            "delta_o": "‖Δo‖", "weight_term": "Weight term", "content_term": "Content term",

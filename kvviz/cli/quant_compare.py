@@ -15,7 +15,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_chat_arguments(parser)
     parser.add_argument("--scheme", action="append", default=[], metavar="NAME",
                         help="a scheme (repeatable): fp16, int{8,4,3,2}-token, int{8,4,3,2}-channel, kivi-{4,2}, "
-                             "fp8-{e4m3,e5m2}-{head,tensor}[-static], fp8-{e4m3,e5m2}-unit, quanto-{4,2}")
+                             "fp8-{e4m3,e5m2}-{head,tensor}[-static], fp8-{e4m3,e5m2}-unit, mix{B}-{uniform,keyerror}, "
+                             "quanto-{4,2}; int and fp8 take +prerope, +hadamard, +outliersK")
     parser.add_argument("--calibration", default=None, metavar="TEXT",
                         help="the text static FP8 schemes calibrate their scales on (default: a built-in paragraph)")
     parser.add_argument("--at", type=int, default=None, help="slot whose step is re-run (default: the newest)")

@@ -120,7 +120,7 @@ def build_edit(args: argparse.Namespace, session: Session, at: int) -> Edit:
         heads = None if args.evict_heads is None else parse_slots(args.evict_heads)
         evictions = Edit.evict(parse_slots(args.evict), layers, heads).evictions
     rope = None
-    if args.pre_rope or (args.scheme is not None and "+prerope" in args.scheme):
+    if args.pre_rope:
         from kvviz.runs.rerotate import rope_frequencies
 
         rope = rope_frequencies(session.lm)
@@ -138,13 +138,10 @@ def build_edit(args: argparse.Namespace, session: Session, at: int) -> Edit:
         if key_bits or value_bits or args.window:
             raise KvvizError("--scheme says how every slot is stored; drop --bits, --key-bits, --value-bits, "
                              "--bits-for and --window")
-        scheme = Scheme(args.scheme)
-        calibration = None
-        if scheme.static:
-            from kvviz.calibration import CALIBRATION_TEXT, calibrate
+        from kvviz.calibration import CALIBRATION_TEXT
+        from kvviz.whatif.schemes import scheme_edits
 
-            calibration = calibrate(session.lm, args.calibration or CALIBRATION_TEXT)
-        stored = scheme.edit([e.added for e in session.transcript.growth], at, calibration, rope)
+        stored = scheme_edits(session, [Scheme(args.scheme)], at, args.calibration or CALIBRATION_TEXT)[0]
         hand = replace(stored, evictions=hand.evictions)
     edit = edit.merged(hand)
     if args.merge:

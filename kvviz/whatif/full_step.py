@@ -82,11 +82,11 @@ class FullStep:
         return kv_cache.over(layers, self.at, cached)
 
     def plan(self, edit: Edit) -> tuple:
-        """What ``edit`` writes into the cache: per kind, its quantizer and its ``(bit-width, slots)`` groups; then
-        its prunings and merges (None when it has none)."""
+        """What ``edit`` writes into the cache: per kind, its quantizer with its widths per head and its ``(bit-width,
+        slots)`` groups; then its prunings and merges (None when it has none)."""
         reshape = (edit.prunings, edit.merges, edit.merge_rule) if edit.reshapes else None
-        return (*((edit.keys if kind == "key" else edit.values, edit.groups(kind, self.at)) for kind in ("key", "value")),
-                reshape)
+        return (*(((edit.keys if kind == "key" else edit.values, edit.head_widths), edit.groups(kind, self.at))
+                  for kind in ("key", "value")), reshape)
 
     @contextmanager
     def lent(self, session: Session, edit: Edit) -> Iterator[Cache]:
@@ -158,10 +158,11 @@ class FullStep:
         todo = []
         for (quantizer, groups), (before, written) in zip(plan[:2], done[:2]):
             widths, old = _widths(groups, self.at), _widths(written, self.at)
-            if quantizer == before and quantizer.axis == "token":
+            if quantizer == before and quantizer[0].axis == "token":
                 widths = {slot: width for slot, width in widths.items() if old.get(slot) != width}
             todo.append(widths)
-        return Edit(key_bits=todo[0], value_bits=todo[1], keys=edit.keys, values=edit.values)
+        return Edit(key_bits=todo[0], value_bits=todo[1], keys=edit.keys, values=edit.values,
+                    head_widths=edit.head_widths)
 
     def continuation(self, session: Session, steps: int) -> list[int]:
         if steps not in self.continuations:

@@ -81,6 +81,9 @@ def cache_memory(
     edited = dict.fromkeys([None, *names], 0)  # None: all slots
     for kind, quantizer in (("key", edit.keys), ("value", edit.values)):
         bits = _widths(edit.key_bits if kind == "key" else edit.value_bits, n)
+        if edit.head_widths is not None:  # (L·KV, n): a quantized slot takes its layer's and KV head's width
+            own = torch.tensor(edit.head_widths, dtype=torch.long).reshape(-1, 1)
+            bits = torch.where(bits < 16, own, 16)
         for width in bits.unique().tolist():
             chosen = (kept & (bits == width)).int()  # (L·KV, n): retained slots at this width
             per_segment = torch.zeros(layers * kv_heads, len(names), dtype=torch.int).index_add_(1, segment_of, chosen)

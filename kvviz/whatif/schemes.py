@@ -7,7 +7,8 @@ from dataclasses import asdict, dataclass
 from kvviz.calibration import CALIBRATION_TEXT, calibrate
 from kvviz.edit_check import check_edit
 from kvviz.edits import Edit
-from kvviz.quant import saturated
+from kvviz.bit_allocation import allocate
+from kvviz.quant import Quantizer, saturated
 from kvviz.runs.rerotate import rope_frequencies
 from kvviz.schemes import Scheme
 from kvviz.session import Session
@@ -57,15 +58,27 @@ def compare_schemes(session: Session, schemes: list[Scheme], at: int | None = No
     modified; static FP8 schemes take their scales from ``calibration_text``. A scheme the model cannot take is
     refused (:class:`~kvviz.errors.KvvizError`) before any is run."""
     at = len(session) - 1 if at is None else at
-    passes = [event.added for event in session.transcript.growth]
-    calibration = calibrate(session.lm, calibration_text) if any(s.static for s in schemes) else None
-    rope = rope_frequencies(session.lm) if any(s.pre_rope for s in schemes) else None
-    edits = [scheme.edit(passes, at, calibration, rope) for scheme in schemes]
+    edits = scheme_edits(session, schemes, at, calibration_text)
     lm = session.lm
     for edit in edits:
         check_edit(lm, session.transcript, edit, at)
     return [scheme_row(scheme, what_if(session, edit, at, topk=topk), clipped(session, edit, at))
             for scheme, edit in zip(schemes, edits)]
+
+
+def scheme_edits(session: Session, schemes: list[Scheme], at: int, calibration_text: str = CALIBRATION_TEXT
+                 ) -> list[Edit]:
+    """Each scheme's :class:`Edit` before the step of slot ``at``, with what the session supplies: the growth log
+    (quanto), a calibration on ``calibration_text`` (static FP8), the RoPE frequencies (``+prerope``) and the widths
+    per layer and KV head (``mix``)."""
+    passes = [event.added for event in session.transcript.growth]
+    calibration = calibrate(session.lm, calibration_text) if any(s.static for s in schemes) else None
+    rope = rope_frequencies(session.lm) if any(s.pre_rope for s in schemes) else None
+    edits = []
+    for scheme in schemes:
+        widths = allocate(session, at, *scheme.mix, Quantizer("channel")) if scheme.family == "mix" else None
+        edits.append(scheme.edit(passes, at, calibration, rope, widths))
+    return edits
 
 
 def clipped(session: Session, edit: Edit, at: int) -> int:

@@ -1,0 +1,131 @@
+"""Mixed precision across layers and KV heads (``Edit.head_widths``, kvviz.bit_allocation, schemes ``mix{B}-{rule}``)
+on the bundled model: a uniform allocation is the plain scheme of that width (the same logits and bytes), a mixed one
+equals a cache holding the test's own K/V quantized head by head, its bytes a plain loop over the pairs, and the
+``keyerror`` rule a reference loop written here.
+
+Tolerances. Quantizing one KV head alone or beside others runs the same float32 operations on the same row (per
+channel and per token, scales never span KV heads), so the test's K/V are compared exactly; the what-if against the
+stored cache differs only in summation order (tests/conftest.py). Key errors are float64 sums of float32 terms, used
+only to order the pairs, as the library orders them.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from kvviz import kv_cache
+from kvviz.bit_allocation import WIDTHS, allocate, key_errors
+from kvviz.cli import main
+from kvviz.edits import Edit
+from kvviz.errors import KvvizError
+from kvviz.quant import Quantizer, fake_quantize, packed_bytes
+from kvviz.schemes import Scheme, schemes
+from kvviz.session import Session
+from kvviz.session_file import export_session, import_session
+from kvviz.whatif import what_if
+from kvviz.whatif.schemes import compare_schemes, scheme_edits
+from tests.conftest import assert_what_if_is_the_stored_cache
+
+PROMPT = "My dog is called Rex and my cat is called Whiskers. The cat sleeps on the red sofa. What is my dog called?"
+
+
+@pytest.fixture(scope="module")
+def chat(lm) -> Session:
+    session = Session(lm)
+    session.add_user_turn(PROMPT)
+    session.generate(3)
+    return session
+
+
+def test_a_uniform_allocation_is_the_plain_scheme_of_its_width(chat):
+    rows = compare_schemes(chat, schemes(["int3-channel", "mix3-uniform", "int2-channel", "mix2-uniform"]))
+    for plain, mixed in (rows[:2], rows[2:]):
+        assert (mixed.kl, mixed.bytes, mixed.delta_o) == (plain.kl, plain.bytes, plain.delta_o)
+    at = len(chat) - 1
+    untouched = Edit.quantize(range(at), 2, head_widths=((16,) * chat.lm.kv_heads,) * chat.lm.layers)
+    assert what_if(chat, untouched, at=at).next_token.kl == 0  # every pair at 16 bits: the identity
+
+
+def test_a_mixed_what_if_equals_a_cache_quantized_head_by_head(lm, chat):
+    at = len(chat) - 1
+    widths = tuple(tuple(WIDTHS[(layer + head) % 3] for head in range(lm.kv_heads)) for layer in range(lm.layers))
+    keys_q, values_q = Quantizer("channel"), Quantizer("token")
+    edit = Edit.quantize(range(at), 2, keys=keys_q, values=values_q, head_widths=widths)
+    tensors = []
+    for layer in range(lm.layers):
+        own = []
+        for t, quantizer in zip(kv_cache.layer_kv(chat.cache, layer), (keys_q, values_q)):
+            heads = [fake_quantize(t[0, head:head + 1, :at].float(), widths[layer][head], quantizer)
+                     for head in range(lm.kv_heads)]
+            own.append(torch.cat(heads)[None])
+        tensors.append(tuple(own))
+    result = what_if(chat, edit, at=at, topk=20)
+    assert_what_if_is_the_stored_cache(chat, result, tensors)
+    native = torch.empty((), dtype=lm.dtype).element_size()
+    expected = sum(packed_bytes(at, widths[layer][head], lm.head_dim, quantizer, native)
+                   for layer in range(lm.layers) for head in range(lm.kv_heads) for quantizer in (keys_q, values_q))
+    assert result.memory.edited_bytes == expected
+
+
+def test_the_keyerror_rule_is_a_greedy_climb_of_the_worst_keys(lm, chat):
+    at, average = len(chat) - 1, 2.6
+    errors = key_errors(chat, at, Quantizer("channel"))
+    widths = [[WIDTHS[0]] * lm.kv_heads for _ in range(lm.layers)]
+    spare = average * lm.layers * lm.kv_heads - WIDTHS[0] * lm.layers * lm.kv_heads
+    while True:  # the reference: of the pairs whose next width fits, the one whose keys lose most climbs
+        fits = [(float(errors[widths[l][h]][l, h]), -l, -h) for l in range(lm.layers) for h in range(lm.kv_heads)
+                if widths[l][h] != WIDTHS[-1] and WIDTHS[WIDTHS.index(widths[l][h]) + 1] - widths[l][h] <= spare]
+        if not fits:
+            break
+        _, l, h = max(fits)
+        step = WIDTHS[WIDTHS.index(widths[-l][-h]) + 1] - widths[-l][-h]
+        widths[-l][-h] += step
+        spare -= step
+    chosen = allocate(chat, at, average, "keyerror", Quantizer("channel"))
+    assert chosen == tuple(tuple(row) for row in widths)
+    assert sum(map(sum, chosen)) <= average * lm.layers * lm.kv_heads and len({w for r in chosen for w in r}) > 1
+    row = compare_schemes(chat, schemes(["mix2.6-keyerror"]))[0]
+    assert row.bytes < compare_schemes(chat, schemes(["int3-channel"]))[0].bytes
+
+
+def test_widths_per_head_that_cannot_hold_are_refused_in_one_line(lm, chat):
+    at, version = len(chat) - 1, chat.version
+    fits = ((3,) * lm.kv_heads,) * lm.layers
+    refusals = [
+        (lambda: allocate(chat, at, 2.5, "uniform", Quantizer("channel")), "needs a width"),
+        (lambda: allocate(chat, at, 9, "keyerror", Quantizer("channel")), "outside the widths"),
+        (lambda: allocate(chat, at, 3, "best", Quantizer("channel")), "rule is one of"),
+        (lambda: Edit(head_widths=((3, 5),)), "bit-width must be one of"),
+        (lambda: what_if(chat, Edit.quantize(range(at), 2, head_widths=((3,) * lm.kv_heads,) * 2), at), "2 layers of 3"),
+        (lambda: what_if(chat, Edit.quantize(range(at), 2, keys=Quantizer("tensor"), head_widths=fits), at),
+         "per channel, token or KV head"),
+        (lambda: Scheme("mix3-keyerror").edit([at + 1], at), "needs its widths"),
+        (lambda: Scheme("mix9-uniform"), "unknown quantization scheme"),
+    ]
+    for attempt, message in refusals:
+        with pytest.raises(KvvizError, match=message) as caught:
+            attempt()
+        assert "\n" not in str(caught.value)
+    assert chat.version == version
+
+
+def test_a_committed_mixed_edit_replays_from_its_session_file(lm, chat):
+    session = Session(lm)
+    session.add_user_turn(PROMPT)
+    edit = scheme_edits(session, [Scheme("mix2.5-keyerror")], len(session))[0]
+    session.commit(edit)
+    session.generate(3)
+    restored, _, _ = import_session(lm, json.loads(json.dumps(export_session(session))))
+    assert restored.commits.stack == session.commits.stack
+    assert torch.equal(restored.logits, session.logits)
+
+
+def test_quant_compare_prints_a_mixed_scheme(capsys):
+    code = main(["quant-compare", "--turn", PROMPT, "--max-new-tokens", "2", "--scheme", "mix3-uniform",
+                 "--scheme", "mix3-keyerror", "--json"])
+    assert code == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["scheme"] for r in rows] == ["mix3-uniform", "mix3-keyerror"] and rows[0]["bytes"] == rows[1]["bytes"]
