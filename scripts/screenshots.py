@@ -3,6 +3,7 @@
 Usage: .venv/bin/python scripts/screenshots.py   (writes assets/screenshot-*.png)
        .venv/bin/python scripts/screenshots.py --model PATH.gguf   (a sliding-window model: screenshot-window-*.png)
        .venv/bin/python scripts/screenshots.py --sweep DIR   (a sweep's folder: screenshot-sweeps.png)
+       .venv/bin/python scripts/screenshots.py --schemes   (the quantizer settings and the schemes compared)
 """
 
 from __future__ import annotations
@@ -104,12 +105,37 @@ def sweep_shot(folder: str) -> None:
         shoot(page, "sweeps", top="text=Sweep on this server", bottom="text=Open as a policy run", height=0)
 
 
+def schemes_shot() -> None:
+    """The quantizer settings (FP8 scales, keys before RoPE) and the quantization schemes compared at the step."""
+    with running_app() as url, browser_page(url, width=1440, height=4200) as page:
+        page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=120_000)
+        page.get_by_role("button", name="Evict a fact").click()
+        page.wait_for_selector(".kv-chip", timeout=300_000)
+        wait_idle(page, 2)
+        page.get_by_text("Quantizer settings").click()
+        page.get_by_text("Compare quantization schemes at this step").click()
+        wait_idle(page, 1)
+        page.get_by_role("button", name="Compare the schemes").click()
+        page.get_by_text("Cache bytes as computed").wait_for(state="attached", timeout=300_000)
+        wait_idle(page, 1)
+        for title in ("Quantizer settings", "Compare quantization schemes at this step"):  # a rerun may fold them
+            if not page.locator("details", has_text=title).first.evaluate("d => d.open"):
+                page.get_by_text(title).click()
+        page.get_by_text("Cache bytes as computed").wait_for(timeout=60_000)
+        page.mouse.move(1400, 20)
+        wait_idle(page, 3)
+        shoot(page, "schemes", top="text=Quantizer settings", bottom="text=Cache bytes as computed", height=0)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="a sliding-window model (e.g. the Gemma 3 270M GGUF): its window shots")
     parser.add_argument("--sweep", help="a sweep's folder: the Sweeps tab")
+    parser.add_argument("--schemes", action="store_true", help="the quantizer settings and the schemes compared")
     arguments = parser.parse_args()
-    if arguments.sweep:
+    if arguments.schemes:
+        schemes_shot()
+    elif arguments.sweep:
         sweep_shot(arguments.sweep)
     elif arguments.model:
         window_shots(arguments.model)

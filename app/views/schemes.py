@@ -17,10 +17,11 @@ OFFERED = ["fp16", "int8-token", "int4-token", "int4-channel", "int2-token", "in
            "fp8-e4m3-tensor", "fp8-e5m2-head", "fp8-e5m2-tensor", "fp8-e4m3-head-static", "fp8-e4m3-tensor-static",
            "fp8-e5m2-tensor-static", "fp8-e4m3-unit", "fp8-e5m2-unit", "int2-channel+prerope", "int3-channel+prerope",
            "mix3-uniform", "mix3-keyerror", "mix2.5-keyerror", "quanto-4", "quanto-2"]
-DEFAULT = ["int4-token", "kivi-2", "fp8-e4m3-head", "quanto-4"]
+DEFAULT = ["int4-token", "kivi-2", "fp8-e4m3-head", "fp8-e4m3-head-static", "int2-channel+prerope", "mix3-keyerror",
+           "quanto-4"]
 HEADERS = {"scheme": "Scheme", "quantized": "Slots rounded", "kl": "KL (nats)", "tv": "TV", "top1": "Top-1 (full → scheme)", "bytes": "Cache bytes",
            "delta_o": "‖Δo‖", "weight_term": "Weight term", "content_term": "Content term",
-           "saturated": "Clipped (static scales)", "label": "What it stores"}
+           "saturated": "Clipped", "label": "What it stores"}
 
 
 def render(session, at: int) -> None:
@@ -53,6 +54,8 @@ def render(session, at: int) -> None:
             HEADERS["kl"]: st.column_config.NumberColumn(format="%.4g"),
             HEADERS["tv"]: st.column_config.NumberColumn(format="%.4g"),
             HEADERS["bytes"]: st.column_config.NumberColumn(format="%d"),
+            HEADERS["saturated"]: st.column_config.NumberColumn(
+                format="%d", help="elements (keys and values) past a static FP8 scale's range, saturated"),
             **{HEADERS[k]: st.column_config.NumberColumn(format="%.4g") for k in ("delta_o", "weight_term",
                                                                                    "content_term")}})
         idle = [row.scheme for row in rows if row.quantized == 0 and row.scheme != "fp16"]

@@ -174,13 +174,13 @@ def apply_quantizers() -> str | None:
 
 def _quantizer_settings(head_dim: int) -> None:
     with st.expander("Quantizer settings (default KIVI: keys per channel, values per token)"):
-        cols = st.columns(6)
+        cols = st.columns([1, 1, 1.2, 1.3, 1, 1])
         cols[0].selectbox("Keys", ["channel", "token", "head", "tensor"], key="key_axis",
                           help="one scale per channel, per slot, per KV head or per layer (an FP8 cache's per-head or per-layer scale)")
         cols[1].selectbox("Values", ["token", "channel", "head", "tensor"], key="value_axis")
         cols[2].number_input(f"Group size (channels; 0 = all {head_dim})", 0, head_dim, key="group")
         cols[3].toggle("Symmetric", key="symmetric")
-        cols[3].toggle("Keys before RoPE", key="pre_rope",
+        cols[3].toggle("Pre-RoPE keys", key="pre_rope",
                        help="KVQuant: each key is rotated back to before RoPE, rounded there and rotated forward "
                             "again; per-channel scales fit keys better before RoPE mixes their channel pairs")
         cols[4].selectbox("Format", ["int", "e4m3", "e5m2"], key="number_format",
