@@ -184,15 +184,15 @@ class Scheme:
 def run_cache(name: str, q_group_size: int = 64, residual: int = 128, axis: int = 0
               ) -> tuple[Kivi | None, QuantoCache | None]:
     """The cache a policy run keeps for scheme ``name`` (``kivi``, ``kivi-N``, ``quanto-N`` and ``hqq-N``: quantized
-    as the run goes): its ``(kivi, quanto)`` settings (``axis``: HQQ's, for keys and values); ``fp16`` is the model's
-    own cache. Other schemes are what-if only."""
+    as the run goes): its ``(kivi, quanto)`` settings (``axis``: QuantizedCache's, for keys and values); ``fp16`` is
+    the model's own cache. Other schemes are what-if only."""
     family, bits = Scheme(name).family, name.rpartition("-")[2]
     if family == "fp16":
         return None, None
     if family == "kivi":
         return Kivi(int(bits), int(bits)), None
     if family == "quanto":
-        return None, QuantoCache(int(bits), q_group_size, residual)
+        return None, QuantoCache(int(bits), q_group_size, residual, axis, axis)
     if family == "hqq":
         return None, QuantoCache(int(bits), q_group_size, residual, axis, axis, backend="hqq")
     raise KvvizError(f"a policy run's cache takes fp16, kivi-N, quanto-N or hqq-N; {name} is for what-ifs "

@@ -36,7 +36,7 @@ def test_an_hqq_cache_run_steps_as_transformers_quantized_cache(lm, bits, group,
 def test_hqq_settings_are_refused_in_one_line():
     with pytest.raises(KvvizError, match="nbits 1, 2, 3, 4, 8"):
         QuantoCache(nbits=5, backend="hqq")
-    with pytest.raises(KvvizError, match="0 or 1 for HQQ"):
+    with pytest.raises(KvvizError, match="0 or 1 with HQQ"):
         QuantoCache(axis_key=-1, backend="hqq")
     with pytest.raises(KvvizError, match="'quanto' or 'hqq'"):
         QuantoCache(backend="fp8")

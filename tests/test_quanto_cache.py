@@ -36,17 +36,17 @@ def test_quantos_axis_0_rounding_is_kvvizs_per_token_quantizer(bits, group):
     assert torch.equal(theirs[0], fake_quantize(x[0], bits, QuantoCache(bits, group).quantizer))
 
 
-@pytest.mark.parametrize("bits, group, residual", [(4, 64, 8), (2, 32, 5)])
-def test_a_quantized_cache_run_steps_as_transformers_quantized_cache(lm, bits, group, residual):
-    run = assert_steps_as_transformers(lm, QuantoCache(bits, group, residual), PROMPT)
+@pytest.mark.parametrize("bits, group, residual, axis", [(4, 64, 8, 0), (2, 32, 5, 0), (4, 3, 6, -1)])
+def test_a_quantized_cache_run_steps_as_transformers_quantized_cache(lm, bits, group, residual, axis):
+    run = assert_steps_as_transformers(lm, QuantoCache(bits, group, residual, axis, axis), PROMPT)
     assert len(run.session.commits.flushes) == 1 + (2 * residual + 3) // residual
 
 
 def test_quantized_cache_settings_are_refused_in_one_line():
     with pytest.raises(KvvizError, match="nbits 2, 4"):
         QuantoCache(nbits=3)
-    with pytest.raises(KvvizError, match="axis_key and axis_value 0 for quanto"):
-        QuantoCache(axis_key=-1)
+    with pytest.raises(KvvizError, match="0 or -1 with quanto"):
+        QuantoCache(axis_key=1)
     from kvviz.runs.kivi import Kivi
 
     with pytest.raises(KvvizError, match="without KIVI"):
@@ -67,3 +67,16 @@ def test_the_page_runs_a_quantized_cache_alone():
     settings = app.session_state["policy_run"].settings
     assert settings.policy is None and settings.quanto == QuantoCache(2, 64, 8)
     assert any("QuantizedCache (quanto) 2 bits" in re.sub(r"\\(.)", r"\1", c.value) for c in app.caption)
+
+
+def test_a_flush_quantos_axis_minus_1_cannot_group_is_refused_in_one_line_as_transformers_fails(lm):
+    from transformers import QuantizedCache
+
+    keys = torch.randn(lm.kv_heads, 7, 64)  # 3·7 rows: groups of 64 do not divide them
+    with pytest.raises(KvvizError, match="cannot quantize a flush of 7 slots on axis -1") as caught:
+        QuantoCache(4, 64, 4, -1, -1).flushed(keys, keys)
+    assert "\n" not in str(caught.value)
+    cache = QuantizedCache(backend="quanto", config=lm.model.config, nbits=4, axis_key=-1, axis_value=-1,
+                           q_group_size=64, residual_length=4)
+    with pytest.raises((RuntimeError, ValueError)):  # transformers' own cache, on the same K/V
+        cache.update(keys[None], keys[None], 0)

@@ -40,12 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--merge-threshold", type=float, default=0.0, help="least key similarity to merge")
     parser.add_argument("--scheme", default=None, metavar="NAME",
                         help="the run's cache as a scheme: quanto-4 / quanto-2 (transformers' QuantizedCache, quanto "
-                             "backend, with --residual and --q-group-size), hqq-8/4/3/2 (its HQQ backend, also with "
-                             "--hqq-axis), kivi-4 / kivi-2 (KIVI, G 32, R 128)")
+                             "backend, with --residual, --q-group-size and --axis), hqq-8/4/3/2 (its HQQ backend), "
+                             "kivi-4 / kivi-2 (KIVI, G 32, R 128)")
     parser.add_argument("--residual", type=positive, default=128, help="QuantizedCache's residual_length")
     parser.add_argument("--q-group-size", type=positive, default=64, help="QuantizedCache's q_group_size")
-    parser.add_argument("--hqq-axis", type=int, choices=(0, 1), default=0,
-                        help="QuantizedCache's axis_key and axis_value with the HQQ backend (transformers' default 0)")
+    parser.add_argument("--axis", type=int, choices=(0, -1, 1), default=0,
+                        help="QuantizedCache's axis_key and axis_value (quanto: 0 or -1, HQQ: 0 or 1; default 0)")
     parser.add_argument("--blame-step", type=int, default=None, help="step to blame (default: the divergence)")
     parser.add_argument("--blame-unit", choices=("slot", "word"), default="slot")
     parser.add_argument("--why", type=int, action="append", default=[], metavar="SLOT",
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> None:
     if args.scheme is not None:
         from kvviz.schemes import run_cache
 
-        run_cache(args.scheme, args.q_group_size, args.residual, args.hqq_axis)  # refused before the model loads
+        run_cache(args.scheme, args.q_group_size, args.residual, args.axis)  # refused before the model loads
         if args.scheme.startswith("kivi") and args.kivi_bits is not None:
             raise KvvizError("give --scheme kivi-N or --kivi-bits, not both")
     if args.blame_step is not None and args.policy is None:
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> None:
     if args.scheme is not None:
         from kvviz.schemes import run_cache
 
-        scheme_kivi, quanto = run_cache(args.scheme, args.q_group_size, args.residual, args.hqq_axis)
+        scheme_kivi, quanto = run_cache(args.scheme, args.q_group_size, args.residual, args.axis)
         kivi = kivi or scheme_kivi
     settings = RunSettings(policy, budget, mode, every, kivi, positions, reshape, quanto)
     result = run_policy(load_model(args.model), args.turn, settings, args.max_new_tokens)

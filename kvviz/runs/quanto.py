@@ -7,7 +7,8 @@ unquantized, then everything — the quantized part dequantized, the residual, t
 together (values already quantized are rounded a second time). quanto's axis-0 quantization (``MaxOptimizer``,
 ``quantize_weight``, ``dequantize``) is an asymmetric min/max quantizer over groups of ``q_group_size`` consecutive
 channels of one slot and KV head: kvviz's per-token quantizer with that group size, the same floating-point
-operations (tested bit for bit against optimum-quanto). HQQ (``hqq.core.quantize.Quantizer``: half-quadratic
+operations (tested bit for bit against optimum-quanto); its axis -1 is optimum-quanto's own code, called as
+transformers' ``QuantoQuantizedLayer`` calls it. HQQ (``hqq.core.quantize.Quantizer``: half-quadratic
 optimisation of each group's zero point) is called as transformers' ``HQQQuantizedLayer`` calls it, on the same
 ``(1, KV, n, D)`` tensor: its axis 1 groups ``q_group_size`` channels of one slot, its axis 0 (transformers'
 default) groups strided elements across slots and KV heads, so a flush's rounding depends on the whole flush.
@@ -30,7 +31,7 @@ class QuantoCache:
     nbits: int = 4  # quanto: 2 or 4 (qint2 / qint4); HQQ: 1, 2, 3, 4 or 8
     q_group_size: int = 64  # channels (quanto, HQQ axis 1) or elements (HQQ axis 0) per scale and zero point
     residual_length: int = 128  # full-precision slots gathered before they are quantized
-    axis_key: int = 0  # quanto's axis 0 (groups of channels per slot); axis -1 is not reproduced. HQQ: 0 or 1
+    axis_key: int = 0  # quanto: 0 (groups of channels per slot) or -1; HQQ: 0 or 1
     axis_value: int = 0
     backend: str = "quanto"  # or "hqq"
 
@@ -44,10 +45,9 @@ class QuantoCache:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise KvvizError(f"QuantizedCache's {name} must be a positive integer, got {value!r}")
-        axes = (0,) if self.backend == "quanto" else (0, 1)
+        axes = (0, -1) if self.backend == "quanto" else (0, 1)
         if self.axis_key not in axes or self.axis_value not in axes:
-            raise KvvizError("kvviz reproduces QuantizedCache with axis_key and axis_value 0 for quanto (groups of "
-                             "channels per slot; quanto's axis -1 groups slots across KV heads), 0 or 1 for HQQ")
+            raise KvvizError("QuantizedCache takes axis_key and axis_value 0 or -1 with quanto, 0 or 1 with HQQ")
 
     @property
     def quantizer(self) -> Quantizer:
@@ -69,7 +69,10 @@ class QuantoCache:
 
     def check(self, head_dim: int) -> None:
         if self.backend == "quanto":
-            self.quantizer.check(head_dim)
+            if 0 in (self.axis_key, self.axis_value):  # axis 0: groups of channels, which must divide the head
+                self.quantizer.check(head_dim)
+            if -1 in (self.axis_key, self.axis_value):
+                _optimum_quanto()
             return
         _hqq()
         if head_dim % self.q_group_size:
@@ -78,8 +81,23 @@ class QuantoCache:
     def flushed(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values ``(KV, n, D)`` as one flush leaves them: all of them quantized together."""
         if self.backend == "quanto":
-            return fake_quantize(keys, self.nbits, self.quantizer), fake_quantize(values, self.nbits, self.quantizer)
+            return self._quanto(keys, self.axis_key), self._quanto(values, self.axis_value)
         return self._hqq(keys, self.axis_key), self._hqq(values, self.axis_value)
+
+    def _quanto(self, x: torch.Tensor, axis: int) -> torch.Tensor:
+        """quanto's round trip of ``x`` ``(KV, n, D)``: on axis 0 kvviz's own per-token quantizer (the same float32
+        operations, tested bit for bit); on axis -1 optimum-quanto itself, called as ``QuantoQuantizedLayer`` calls
+        it on the batch-1 tensor."""
+        if axis == 0:
+            return fake_quantize(x, self.nbits, self.quantizer)
+        quanto = _optimum_quanto()
+        whole, qtype = x.contiguous()[None], quanto.qint4 if self.nbits == 4 else quanto.qint2
+        try:
+            scale, shift = quanto.MaxOptimizer()(whole, qtype, axis, self.q_group_size)
+            return quanto.quantize_weight(whole, qtype, axis, scale, shift, self.q_group_size).dequantize()[0]
+        except (RuntimeError, ValueError) as exc:
+            raise KvvizError(f"quanto cannot quantize a flush of {whole.shape[2]} slots on axis -1 in groups of "
+                             f"{self.q_group_size} ({exc})".splitlines()[0]) from exc
 
     def _hqq(self, x: torch.Tensor, axis: int) -> torch.Tensor:
         """HQQ's round trip of ``x`` ``(KV, n, D)`` exactly as ``HQQQuantizedLayer._quantize`` / ``_dequantize`` do
@@ -97,6 +115,15 @@ class QuantoCache:
         quantizer.cuda(codes, meta=meta, device=whole.device)  # (its name) moves to the device, casts to the dtype
         meta["scale"], meta["zero"] = meta["scale"].to(codes.device), meta["zero"].to(codes.device)
         return quantizer.dequantize(codes, meta)[0]
+
+
+def _optimum_quanto():
+    """optimum.quanto, or a one-line refusal when the package is missing."""
+    try:
+        from optimum import quanto
+    except ImportError:
+        raise KvvizError("quanto's axis -1 needs the optimum-quanto package (pip install optimum-quanto==0.2.7)") from None
+    return quanto
 
 
 def _hqq():
