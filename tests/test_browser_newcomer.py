@@ -32,12 +32,17 @@ def page(server):
     from benchmarks.browser import browser_page
 
     with browser_page(server, width=1500, height=1000) as page:
-        page.console = []
-        page.on("console", lambda m: page.console.append(f"{m.type}: {m.text}") if m.type in ("warning", "error")
-                else None)
+        watch_console(page)
         page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=120_000)
         yield page
         assert page.console == []
+
+
+def watch_console(page) -> None:
+    """Collect the page's console warnings and errors in ``page.console`` (a test asserts it stays empty)."""
+    page.console = []
+    page.on("console", lambda m: page.console.append(f"{m.type}: {m.text}") if m.type in ("warning", "error")
+            else None)
 
 
 def idle(page, seconds: float = 1.0) -> None:

@@ -11,7 +11,7 @@ import pytest
 from playwright.sync_api import expect
 
 from benchmarks.browser import CHROMIUM
-from tests.test_browser_newcomer import idle, send
+from tests.test_browser_newcomer import idle, send, watch_console
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
                                 reason="Debian's chromium is not installed (scripts/test.sh installs it)")
@@ -22,9 +22,7 @@ def page():
     from benchmarks.browser import browser_page, running_app
 
     with running_app() as url, browser_page(url, width=1500, height=1400) as page:
-        page.console = []
-        page.on("console", lambda m: page.console.append(f"{m.type}: {m.text}") if m.type in ("warning", "error")
-                else None)
+        watch_console(page)
         page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=120_000)
         yield page
         assert page.console == []
