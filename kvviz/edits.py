@@ -87,13 +87,20 @@ class Edit:
         return cls(evictions=tuple(evictions))
 
     def merged(self, other: Edit) -> Edit:
-        """This edit with ``other`` on top: evictions, prunings and merges add up, ``other``'s bit-widths and
-        settings win."""
+        """This edit with ``other`` on top: evictions, prunings and merges add up, ``other``'s bit-widths win, and
+        its quantizers too where it quantizes (else this edit's stay: an eviction on top of a committed quantization
+        leaves that quantization as it was). Widths per KV head do not mix with another quantization's."""
         if self.is_empty:
             return other
+        quantizing = other.quantizes or other.head_widths is not None
+        if quantizing and self.head_widths != other.head_widths and self.quantizes:
+            raise KvvizError("a quantization with widths per KV head and another one cannot be combined: undo the "
+                             "earlier one first")
+        settings = other if quantizing else self
         return replace(other, evictions=self.evictions + other.evictions,
                        key_bits={**self.key_bits, **other.key_bits}, value_bits={**self.value_bits, **other.value_bits},
-                       prunings=self.prunings + other.prunings, merges=self.merges + other.merges)
+                       prunings=self.prunings + other.prunings, merges=self.merges + other.merges,
+                       keys=settings.keys, values=settings.values, head_widths=settings.head_widths)
 
     # --- reading ---------------------------------------------------------------------------------------------
 

@@ -129,3 +129,25 @@ def test_quant_compare_prints_a_mixed_scheme(capsys):
     assert code == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert [r["scheme"] for r in rows] == ["mix3-uniform", "mix3-keyerror"] and rows[0]["bytes"] == rows[1]["bytes"]
+
+
+@pytest.mark.parametrize("scheme", ["mix2.5-keyerror", "fp8-e4m3-head-static", "int2-channel+prerope"])
+def test_an_eviction_on_top_of_a_committed_quantization_keeps_it(lm, scheme):
+    """The edited run of an eviction after a commit sees the committed quantization as it was: its probabilities
+    equal those of one uncommitted edit holding both (the same cache, so the same float32 operations: exact)."""
+    session = Session(lm)
+    session.add_user_turn(PROMPT)
+    committed = scheme_edits(session, [Scheme(scheme)], len(session))[0]
+    session.commit(committed)
+    session.step()  # the step right after the commit: the slots before it are as computed in both sessions
+    at = len(session) - 1
+    on_top = what_if(session, Edit.evict([20, 21]), at=at, topk=10)
+    fresh = Session(lm)
+    fresh.add_user_turn(PROMPT)
+    fresh.step()
+    both = what_if(fresh, committed.merged(Edit.evict([20, 21])), at=at, topk=10)
+    assert [(c.id, c.prob) for c in on_top.next_token.edited] == [(c.id, c.prob) for c in both.next_token.edited]
+    session.commit(Edit.evict([20, 21]))  # committed too, the earlier quantization stays as it was
+    current = session.commits.current
+    assert (current.keys, current.values, current.head_widths) == (committed.keys, committed.values,
+                                                                   committed.head_widths)
