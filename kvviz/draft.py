@@ -27,6 +27,7 @@ class EditDraft:
     prunings: tuple[Pruning, ...] = ()  # key channels pruned (ThinK)
     merges: tuple[Merge, ...] = ()  # evicted values merged into kept slots
     merge_rule: str = "average"
+    head_widths: tuple[tuple[int, ...], ...] | None = None  # mixed precision per (layer, KV head), from a scheme
 
     def toggle_evicted(self, slot: int) -> None:
         """Evict ``slot`` everywhere, or bring it back (also from the policy's evictions)."""
@@ -83,7 +84,7 @@ class EditDraft:
         """The draft whose :meth:`edit` is ``edit``: evictions everywhere become hand evictions, scoped ones the
         policy's mask (named ``policy_name``); bit-widths and quantizers as they are."""
         draft = cls(key_bits=dict(edit.key_bits), value_bits=dict(edit.value_bits), keys=edit.keys, values=edit.values,
-                    prunings=edit.prunings, merges=edit.merges, merge_rule=edit.merge_rule)
+                    prunings=edit.prunings, merges=edit.merges, merge_rule=edit.merge_rule, head_widths=edit.head_widths)
         draft.seed(Edit(evictions=tuple(e for e in edit.evictions if not e.everywhere)), policy_name, policy_settings)
         draft.evicted = {s for e in edit.evictions if e.everywhere for s in e.slots}
         return draft
@@ -101,4 +102,4 @@ class EditDraft:
                     value_bits={s: b for s, b in self.value_bits.items() if keep(s)},
                     keys=self.keys, values=self.values, prunings=prunings,
                     merges=tuple(m for m in self.merges if keep(m.source) and keep(m.target)),
-                    merge_rule=self.merge_rule)
+                    merge_rule=self.merge_rule, head_widths=self.head_widths)

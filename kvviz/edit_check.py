@@ -14,7 +14,7 @@ from kvviz.transcript import Transcript
 def check_edit(lm: LoadedModel, transcript: Transcript, edit: Edit, at: int) -> None:
     """Refuse ``edit`` before the step of slot ``at`` where it does not fit (:class:`KvvizError`, one line)."""
     edit.validate(at, lm.layers, lm.kv_heads, lm.head_dim)
-    if edit.keys.rope is None:
+    if edit.keys.rope is None or not edit.key_bits:  # nothing rounded before RoPE
         return
     if transcript.renumbered is not None or any(s.position != s.slot for s in transcript.slots[:at]):
         raise KvvizError("keys are quantized before RoPE only where each cached key sits at its slot's position; this "

@@ -97,10 +97,14 @@ class Edit:
             raise KvvizError("a quantization with widths per KV head and another one cannot be combined: undo the "
                              "earlier one first")
         settings = other if quantizing else self
-        return replace(other, evictions=self.evictions + other.evictions,
-                       key_bits={**self.key_bits, **other.key_bits}, value_bits={**self.value_bits, **other.value_bits},
-                       prunings=self.prunings + other.prunings, merges=self.merges + other.merges,
-                       keys=settings.keys, values=settings.values, head_widths=settings.head_widths)
+        merged = replace(other, evictions=self.evictions + other.evictions,
+                         key_bits={**self.key_bits, **other.key_bits}, value_bits={**self.value_bits, **other.value_bits},
+                         prunings=self.prunings + other.prunings, merges=self.merges + other.merges,
+                         keys=settings.keys, values=settings.values, head_widths=settings.head_widths,
+                         merge_rule=other.merge_rule if other.merges else self.merge_rule)
+        if merged.head_widths is not None and merged.reshapes:
+            raise KvvizError("widths per KV head and pruned or merged slots cannot be combined: undo one first")
+        return merged
 
     # --- reading ---------------------------------------------------------------------------------------------
 

@@ -73,9 +73,11 @@ class Quantizer:
                 raise KvvizError("the RoPE frequencies of pre-RoPE keys must be positive and finite")
 
     def _check_scales(self) -> None:
-        if self.fp8 is None or self.axis not in ("head", "tensor") or self.rotation != "none" or self.outliers:
-            raise KvvizError("static scales are for FP8 (e4m3 / e5m2) per KV head or per layer, without a rotation or "
-                             "outlier channels: the engines calibrate one scale per layer or KV head")
+        if self.fp8 is None or self.axis not in ("head", "tensor") or self.rotation != "none" or self.outliers \
+                or self.rope is not None:  # scales calibrated on the cached keys, which are post-RoPE
+            raise KvvizError("static scales are for FP8 (e4m3 / e5m2) per KV head or per layer, without a rotation, "
+                             "outlier channels or pre-RoPE keys: the engines calibrate one scale per layer or KV head "
+                             "on the keys as cached")
         try:
             rows = tuple(tuple(float(s) for s in row) for row in self.scales)
         except TypeError:

@@ -110,6 +110,7 @@ def test_widths_per_head_that_cannot_hold_are_refused_in_one_line(lm, chat):
             attempt()
         assert "\n" not in str(caught.value)
     assert chat.version == version
+    assert main(["whatif", "--turn", PROMPT, "--scheme", "mix3-uniform", "--pre-rope"]) == 2  # a scheme takes +prerope
 
 
 def test_a_committed_mixed_edit_replays_from_its_session_file(lm, chat):
@@ -151,3 +152,19 @@ def test_an_eviction_on_top_of_a_committed_quantization_keeps_it(lm, scheme):
     current = session.commits.current
     assert (current.keys, current.values, current.head_widths) == (committed.keys, committed.values,
                                                                    committed.head_widths)
+
+
+def test_merging_edits_keeps_what_each_part_means():
+    """Synthetic edits (no model): a merge rule stays with the merges it belongs to, widths per KV head travel through
+    the app's draft, and widths per KV head beside pruned or merged slots are refused in one line."""
+    from kvviz.draft import EditDraft
+    from kvviz.edits import Merge, Pruning
+
+    added = Edit(merges=(Merge(0, 0, 3, 5, 0.5),), merge_rule="add")
+    assert added.merged(Edit.evict([1])).merge_rule == "add"  # an eviction on top keeps CaM's rule
+    mixed = Edit.quantize(range(8), 2, head_widths=((3, 4), (2, 8)))
+    assert EditDraft.from_edit(mixed).edit(8) == mixed
+    for reshaping in (Edit(prunings=(Pruning(0, 0, (1,), (2,)),)), added):
+        with pytest.raises(KvvizError, match="cannot be combined") as caught:
+            reshaping.merged(mixed)
+        assert "\n" not in str(caught.value)

@@ -57,6 +57,9 @@ def test_a_flush_hqq_cannot_pack_is_refused_in_one_line_as_transformers_fails(lm
                            residual_length=4)
     with pytest.raises(RuntimeError):  # transformers' own cache, on the same K/V
         cache.update(keys[None], keys[None], 0)
+    for bits in (3, 1):  # these fail in hqq's unpacking, after the codes were made
+        with pytest.raises(KvvizError, match=f"cannot pack {bits}-bit codes"):
+            QuantoCache(bits, 64, 4, 1, 1, backend="hqq").flushed(keys, keys)
 
 
 def test_the_page_runs_an_hqq_cache():

@@ -105,6 +105,7 @@ def test_pre_rope_quantization_that_cannot_hold_is_refused_in_one_line(lm, chat)
         (lambda: what_if(chat, Edit.quantize(range(at), 2, keys=Quantizer("channel", rope=tuple(2 * f for f in theta))),
                          at), "not this model's RoPE"),
         (lambda: Quantizer("channel", rope=(1.0, -1.0)), "positive and finite"),
+        (lambda: Quantizer("head", format="e4m3", scales=((1.0,),), rope=theta), "pre-RoPE keys"),
         (lambda: Scheme("int2-channel+prerope").edit([at + 1], at), "needs the model's RoPE"),
         (lambda: Scheme("int2-channel+hadamard+outliers4"), "takes \\+hadamard or \\+outliersK"),
         (lambda: Scheme("int2-channel+prerope+prerope"), "takes \\+hadamard"),

@@ -135,9 +135,9 @@ def build_edit(args: argparse.Namespace, session: Session, at: int) -> Edit:
 
         from kvviz.schemes import Scheme
 
-        if key_bits or value_bits or args.window:
+        if key_bits or value_bits or args.window or args.pre_rope:
             raise KvvizError("--scheme says how every slot is stored; drop --bits, --key-bits, --value-bits, "
-                             "--bits-for and --window")
+                             "--bits-for, --window and --pre-rope (a scheme takes +prerope)")
         from kvviz.calibration import CALIBRATION_TEXT
         from kvviz.whatif.schemes import scheme_edits
 

@@ -107,14 +107,14 @@ class QuantoCache:
         try:
             codes, meta = quantizer.quantize(whole, axis=axis, device=whole.device, compute_dtype=whole.dtype,
                                              nbits=self.nbits, group_size=self.q_group_size)
+            meta["compute_dtype"] = whole.dtype
+            quantizer.cuda(codes, meta=meta, device=whole.device)  # (its name) moves to the device, casts the dtype
+            meta["scale"], meta["zero"] = meta["scale"].to(codes.device), meta["zero"].to(codes.device)
+            return quantizer.dequantize(codes, meta)[0]
         except RuntimeError as exc:  # hqq packs 2 / 3 / 1-bit codes in rows of 4 / 10 / 8 groups
             raise KvvizError(f"hqq cannot pack {self.nbits}-bit codes of a flush of {whole.shape[2]} slots on axis "
                              f"{axis} ({whole.numel() // self.q_group_size} groups; transformers' HQQ cache fails the "
                              "same way): use axis 0 or 4 / 8 bits") from exc
-        meta["compute_dtype"] = whole.dtype
-        quantizer.cuda(codes, meta=meta, device=whole.device)  # (its name) moves to the device, casts to the dtype
-        meta["scale"], meta["zero"] = meta["scale"].to(codes.device), meta["zero"].to(codes.device)
-        return quantizer.dequantize(codes, meta)[0]
 
 
 def _optimum_quanto():
