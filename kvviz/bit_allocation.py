@@ -34,7 +34,7 @@ def key_errors(session: Session, at: int, keys: Quantizer) -> dict[int, torch.Te
     for layer in range(session.lm.layers):
         cached = session.commits.step_kv(layer, at)[0].float()  # (KV, at, D)
         for width in WIDTHS:
-            rounded = fake_quantize(cached, width, keys, layer, positions if keys.rope is not None else None)
+            rounded = fake_quantize(cached, width, keys, layer, positions)  # positions: for pre-RoPE keys
             errors[width][layer] = (rounded - cached).double().square().sum((1, 2)).sqrt()
     return errors
 

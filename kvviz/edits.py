@@ -266,7 +266,8 @@ class Edit:
             "keys": asdict(self.keys),
             "values": asdict(self.values),
             "full_precision_window": self.full_precision_window,
-        } | ({"head_widths": self.head_widths} if self.head_widths is not None else {}) | (to_json(self.prunings, self.merges) | {"merge_rule": self.merge_rule} if self.reshapes else {})
+        } | ({"head_widths": self.head_widths} if self.head_widths is not None else {}) \
+            | (to_json(self.prunings, self.merges) | {"merge_rule": self.merge_rule} if self.reshapes else {})
 
     @classmethod
     def from_dict(cls, data: Mapping) -> Edit:

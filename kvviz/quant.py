@@ -78,14 +78,9 @@ class Quantizer:
             raise KvvizError("static scales are for FP8 (e4m3 / e5m2) per KV head or per layer, without a rotation, "
                              "outlier channels or pre-RoPE keys: the engines calibrate one scale per layer or KV head "
                              "on the keys as cached")
-        try:
-            rows = tuple(tuple(float(s) for s in row) for row in self.scales)
-        except TypeError:
-            raise KvvizError("static scales are a list per layer of one scale per KV head") from None
-        if not rows or any(len(row) != len(rows[0]) or not row for row in rows) or \
-                not all(0 < s < float("inf") for row in rows for s in row):
-            raise KvvizError("static scales are a list per layer of one positive, finite scale per KV head, the same "
-                             "number of KV heads in every layer")
+        rows = per_head_table(self.scales, float, "static scales")
+        if not all(0 < s < float("inf") for row in rows for s in row):
+            raise KvvizError("static scales must be positive, finite numbers")
         object.__setattr__(self, "scales", rows)
 
     def check(self, head_dim: int) -> None:
@@ -134,6 +129,18 @@ class Quantizer:
         """Refuse a bit-width this format cannot store (FP8: 8, or 16 for untouched)."""
         if self.fp8 is not None and bits not in (8, 16):
             raise KvvizError(f"FP8 ({self.format}) stores 8 bits per element; choose 8 (or 16: untouched), not {bits}")
+
+
+def per_head_table(rows: object, item, what: str) -> tuple[tuple, ...]:
+    """``rows`` as a tuple per layer of one ``item(value)`` per KV head, the same number in every layer (static
+    scales, widths per head); anything else is refused naming ``what``."""
+    try:
+        table = tuple(tuple(item(value) for value in row) for row in rows)
+    except TypeError:
+        raise KvvizError(f"{what} are a list per layer of one value per KV head") from None
+    if not table or any(len(row) != len(table[0]) or not row for row in table):
+        raise KvvizError(f"{what} need the same number of KV heads in every layer")
+    return table
 
 
 def check_bits(bits: object) -> int:

@@ -54,6 +54,7 @@ _PATTERNS = {
     "hqq": re.compile(r"hqq-(8|4|3|2)"),
     "mix": re.compile(r"mix([2-8](?:\.[0-9]+)?)-(uniform|keyerror)"),
 }
+MIX_KEYS = Quantizer("channel")  # the mix schemes' keys: how they are stored, and what the allocation measures
 _SUFFIX = re.compile(r"hadamard|outliers([1-9][0-9]?)|prerope")
 EXAMPLES = ("fp16", "int4-token", "int2-channel", "kivi-2", "fp8-e4m3-head", "fp8-e5m2-tensor", "fp8-e4m3-head-static",
             "fp8-e4m3-unit", "mix3-keyerror", "quanto-4")
@@ -170,8 +171,7 @@ class Scheme:
         if family == "mix":
             if head_widths is None:
                 raise KvvizError(f"{self.name} needs its widths per layer and KV head (kvviz.bit_allocation.allocate)")
-            return Edit.quantize(slots, 2, keys=Quantizer("channel"), values=Quantizer("token"),
-                                 head_widths=head_widths)
+            return Edit.quantize(slots, 2, keys=MIX_KEYS, values=Quantizer("token"), head_widths=head_widths)
         if family == "hqq":
             raise KvvizError(f"{self.name} is transformers' QuantizedCache with the HQQ backend, whose rounding is an "
                              "optimisation the hqq package runs: a policy run's cache (policy-run --scheme "

@@ -9,18 +9,12 @@ from collections.abc import Iterable, Mapping
 import torch
 
 from kvviz.errors import KvvizError
-from kvviz.quant import Quantizer, check_bits, fake_quantize, fake_quantize_
+from kvviz.quant import Quantizer, check_bits, fake_quantize, fake_quantize_, per_head_table
 
 
 def check_head_widths(widths: object) -> tuple[tuple[int, ...], ...]:
     """``widths`` as a tuple per layer of one supported bit-width per KV head (the same count in every layer)."""
-    try:
-        rows = tuple(tuple(check_bits(w) for w in row) for row in widths)
-    except TypeError:
-        raise KvvizError("widths per head are a list per layer of one bit-width per KV head") from None
-    if not rows or any(len(row) != len(rows[0]) or not row for row in rows):
-        raise KvvizError("widths per head need the same number of KV heads in every layer")
-    return rows
+    return per_head_table(widths, check_bits, "widths per head")
 
 
 def check_head_shape(widths: tuple[tuple[int, ...], ...], layers: int, kv_heads: int, keys: Quantizer,

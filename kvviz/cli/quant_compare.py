@@ -40,9 +40,9 @@ def run(args: argparse.Namespace) -> None:
         return
     print(f"step of slot {at}: {len(rows)} scheme{'s' if len(rows) != 1 else ''}, KL in nats; the cache as computed "
           f"takes {rows[0].full_bytes:,} bytes")
-    first = max(14, *(len(row.scheme) for row in rows))  # the scheme column fits the longest name
-    print("  ".join(f"{name:>{first if i == 0 else 14}}" for i, name in enumerate(COLUMNS)))
+    widths = (max(14, *(len(row.scheme) for row in rows)), *(14,) * (len(COLUMNS) - 1))  # schemes fit their column
+    print("  ".join(f"{name:>{width}}" for name, width in zip(COLUMNS, widths)))
     for row in rows:
         cells = (row.scheme, f"{row.kl:.4g}", f"{row.tv:.4g}", row.top1, f"{row.bytes:,}", f"{row.delta_o:.4g}",
                  f"{row.weight_term:.4g}", f"{row.content_term:.4g}", f"{row.saturated:,}")
-        print("  ".join(f"{cell:>{first if i == 0 else 14}}" for i, cell in enumerate(cells)))
+        print("  ".join(f"{cell:>{width}}" for cell, width in zip(cells, widths)))

@@ -126,8 +126,7 @@ def build_edit(args: argparse.Namespace, session: Session, at: int) -> Edit:
         rope = rope_frequencies(session.lm)
     hand = Edit(
         evictions=evictions, key_bits=key_bits, value_bits=value_bits, full_precision_window=args.window,
-        keys=Quantizer(args.key_axis, args.group_size, args.symmetric, format=args.format,
-                       rope=rope if args.pre_rope else None),
+        keys=Quantizer(args.key_axis, args.group_size, args.symmetric, format=args.format, rope=rope),
         values=Quantizer(args.value_axis, args.group_size, args.symmetric, format=args.format),
     )
     if args.scheme is not None:

@@ -8,6 +8,8 @@ from there each time, so rotations never accumulate rounding.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
 from kvviz.errors import KvvizError
@@ -48,9 +50,11 @@ class Rotary:
         return rope_rotate(keys, delta, self.inv_freq)
 
 
+@lru_cache(maxsize=4)
 def rope_frequencies(lm: LoadedModel) -> tuple[float, ...]:
     """The RoPE frequencies ``θ`` ``(D/2,)`` every layer of ``lm`` shares (what a pre-RoPE key quantizer needs);
-    refuses a model without a plain RoPE or whose layer types have their own (Gemma 3)."""
+    refuses a model without a plain RoPE or whose layer types have their own (Gemma 3). Memoized per model: the app
+    and every pre-RoPE check ask for it."""
     found = {tuple(Rotary.for_layer(lm, layer).inv_freq.tolist()) for layer in range(lm.layers)}
     if len(found) != 1:
         raise KvvizError(f"{lm.name}'s layers use different RoPE frequencies: keys before RoPE are quantized for "

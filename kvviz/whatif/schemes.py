@@ -8,9 +8,9 @@ from kvviz.calibration import CALIBRATION_TEXT, calibrate
 from kvviz.edit_check import check_edit
 from kvviz.edits import Edit
 from kvviz.bit_allocation import allocate
-from kvviz.quant import Quantizer, saturated
+from kvviz.quant import saturated
 from kvviz.runs.rerotate import rope_frequencies
-from kvviz.schemes import Scheme
+from kvviz.schemes import MIX_KEYS, Scheme
 from kvviz.session import Session
 from kvviz.whatif.step import WhatIf, what_if
 
@@ -76,7 +76,7 @@ def scheme_edits(session: Session, schemes: list[Scheme], at: int, calibration_t
     rope = rope_frequencies(session.lm) if any(s.pre_rope for s in schemes) else None
     edits = []
     for scheme in schemes:
-        widths = allocate(session, at, *scheme.mix, Quantizer("channel")) if scheme.family == "mix" else None
+        widths = allocate(session, at, *scheme.mix, MIX_KEYS) if scheme.family == "mix" else None
         edits.append(scheme.edit(passes, at, calibration, rope, widths))
     return edits
 
