@@ -106,7 +106,6 @@ def run_policy_scenario(lm: LoadedModel, scenario: Scenario):
     policy = make_policy(available(), spec["policy"], spec.get("params", {}))
     result = run_policy(lm, scenario.turns, RunSettings(policy, spec["budget"], spec.get("mode", "decode")),
                         scenario.max_new_tokens)
-    first = next((index for index, run in enumerate(result.turns) if run.divergence is not None and
-                  run.divergence >= 0), None)
+    first = next((index for index, run in enumerate(result.turns) if run.divergence is not None), None)
     ranked = None if first is None else blame(result, turn=first, unit=spec.get("blame_unit", "slot"))
     return result, ranked

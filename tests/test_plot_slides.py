@@ -117,7 +117,7 @@ def test_policy_run_slides_show_the_apps_numbers(lm, run):
     size = plot_slides.cache_size_slide(run, 0, caption)
     app = figures.cache_size(run, 0).data
     assert [v["slots"] for v in _values(size, 0) if v["segment"] == "generated"] == list(app[2].y)
-    assert [v["slots"] for v in _values(size, 1) if v["series"] == "budget"] == [20] * len(run.turns[0].steps)
+    assert [v["slots"] for v in _values(size, 1) if v["series"] == "budget"] == [20] * len(run.turns[0].records)
 
     for layer, kv_head in ((None, None), (2, 1)):
         spec = plot_slides.timeline_slide(run, pieces, 0, caption, layer, kv_head)

@@ -314,7 +314,9 @@ def test_policy_run_cli_json(tmp_path):
                 "divergence", "steps", "evictions", "blame"):
         assert key in doc
     assert doc["policy"] == "newest" and doc["params"] == {"bonus": 1.0} and doc["positions"] == "original"
-    assert len(doc["full"]["ids"]) == 6 and all(s["visible"] == 16 for s in doc["steps"])
+    assert len(doc["full"]["ids"]) == len(doc["steps"]) == 6  # one step per reply token, the prefill's row first
+    assert doc["steps"][0]["step"] == -1 and doc["steps"][0]["visible"] == len(doc["prompt_ids"]) - 1
+    assert all(s["visible"] == 16 for s in doc["steps"][1:])
     assert {"slot", "step", "layer", "kv_head"} <= set(doc["evictions"][0])
     env["KVVIZ_POLICIES"] = "no_such_module:Thing"
     out = subprocess.run([sys.executable, "-m", "kvviz", "policy-run", "--turn", "hi", "--policy", "h2o",

@@ -167,3 +167,17 @@ def test_the_app_opens_a_sweep_case_as_a_policy_run(spec, one_by_one, tmp_path, 
     assert any("as a policy run" in i.value for i in app.info)
     assert app.session_state["view"] == "Policy run" and not app.exception  # the page opened that tab
     assert any(s.label == "Turn to look into" for s in app.selectbox)
+
+
+def test_a_case_opened_again_keeps_its_cache_scheme(one_by_one):
+    """A row of a sweep over cache schemes opens as a run with that scheme (the app's *Open as a policy run* once
+    dropped it and ran the model's own cache)."""
+    from kvviz.policies.user import available
+    from kvviz.sweeps.cases import case_of, run_settings
+
+    row = {**one_by_one[0], "scheme": "kivi-2"}
+    settings = run_settings(case_of(row), available())
+    assert settings.kivi is not None and settings.kivi.key_bits == 2 and settings.policy.name == row["policy"]
+    quanto = run_settings(case_of({**row, "scheme": "quanto-4"}), available())
+    assert quanto.quanto is not None and quanto.kivi is None
+    assert run_settings(case_of({**row, "scheme": "fp16"}), available()).kivi is None

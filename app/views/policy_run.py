@@ -104,7 +104,8 @@ def _show(result) -> None:
     for index, turn in enumerate(result.turns):
         left, right = st.columns(2)
         mark = "same answer" if not turn.changed else (
-            "differs from its first token on" if turn.divergence == -1 else f"diverges at step {turn.divergence}")
+            "differs from its first token on (step −1)" if turn.divergence == -1 else
+            f"diverges at step {turn.divergence}")
         left.markdown(f"**Turn {index + 1} · full cache**  \n{plain(turn.full_text)}")
         right.markdown(f"**Policy · {mark}**  \n{plain(turn.policy_text)}")
     ranked = state.kept("policy_blame")
@@ -113,8 +114,6 @@ def _show(result) -> None:
         index = st.selectbox("Turn to look into", range(len(result.turns)), format_func=lambda i: f"turn {i + 1}",
                              index=ranked.turn if ranked is not None else index, key=f"run-turn-{id(result)}")
     run = result.turns[index]
-    if not run.steps:
-        return
     lm = run.forced.session.lm
     caption, stem = plot_slides.run_caption(lm.name, result, index), f"kvviz-run-turn{index + 1}"
     st.plotly_chart(figures.kl_steps(result, index), key="run-kl", config=PLOTLY_CONFIG)
@@ -126,7 +125,7 @@ def _show(result) -> None:
     layer = cols[0].selectbox("Timeline of layer", ["all", *range(lm.layers)], key="run-layer")
     head = cols[1].selectbox("KV head", ["all", *range(lm.kv_heads)], key="run-head")
     layer, head = None if layer == "all" else layer, None if head == "all" else head
-    if result.settings.policy is not None:
+    if result.settings.policy is not None and run.steps:
         st.plotly_chart(figures.timeline(result, pieces, index, layer, head), key="run-timeline", config=PLOTLY_CONFIG)
         slide_popover("run-timeline", lambda: plot_slides.timeline_slide(result, pieces, index, caption, layer, head),
                       f"{stem}-timeline")
@@ -134,23 +133,26 @@ def _show(result) -> None:
         slot = why.pick(pieces, gone, key=f"run-why-{id(result)}-{index}")
         if slot is not None:
             why.show(result.why(slot, index), lm.layers * lm.kv_heads, pieces[slot], result.settings.policy.name)
-    if result.settings.kivi is not None:
+    if result.settings.kivi is not None and run.steps:
         st.plotly_chart(figures.bit_widths(result, pieces, index), key="run-bits", config=PLOTLY_CONFIG)
         slide_popover("run-bits", lambda: plot_slides.bit_widths_slide(result, pieces, index, caption), f"{stem}-bits")
-    default = run.divergence if run.divergence is not None and run.divergence >= 0 else 0
+    default = run.divergence if run.divergence is not None else 0 if run.steps else -1
     if ranked is not None and ranked.turn == index:
         default = ranked.step
-    step = st.number_input("Open step", min_value=0, max_value=len(run.steps) - 1, value=default,
-                           key=f"run-step-{id(result)}-{index}")
+    step = st.number_input("Open step", min_value=-1, max_value=len(run.steps) - 1, value=default,
+                           key=f"run-step-{id(result)}-{index}",
+                           help="−1: the prompt's last token, whose prefill row chose the first reply token; "
+                                "0, 1, …: the decode steps")
     _step(result, index, int(step))
 
 
 def _step(result, turn: int, step: int) -> None:
     run = result.turns[turn]
-    record = run.steps[step]
+    record = run.record(step)
     session = run.forced.session
     token = session.transcript.slots[record.slot]
-    st.markdown(f"**Step {step}** processes slot {record.slot} {plain(repr(token.text))} and sees "
+    what = " (the prompt's last token: its prefill row chose the first reply token)" if step == -1 else ""
+    st.markdown(f"**Step {step}**{what} processes slot {record.slot} {plain(repr(token.text))} and sees "
                 f"{record.visible:.0f} of {record.slot} cached slots · KL {record.kl:.4f} · "
                 f"top-1 {'agrees' if record.top1_agree else 'differs'}")
     # a forward pass: kept in the run's session memo (its cache never changes) rather than redone on every rerun
@@ -181,5 +183,6 @@ def _step(result, turn: int, step: int) -> None:
     if cols[2].button("Restore the top 3", key="run-top3") and ranked.rows:
         slots = sorted({s for r in ranked.rows[:3] for s in r.slots})
         row = restore(result, slots, turn=turn, step=step)
-        st.success(f"Slots {slots} restored together: KL {row.kl_after_restore:.4f}, "
+        words = " · ".join(repr("".join(session.transcript.slots[s].text for s in r.slots)) for r in ranked.rows[:3])
+        st.success(f"{plain(words)} (slots {slots}) restored together: KL {row.kl_after_restore:.4f}, "
                    f"top-1 {'back' if row.top1_restored else 'still different'}")

@@ -14,11 +14,9 @@ from app.plain import warn
 from app.views.policy_choice import policy_classes
 from kvviz import figures
 from kvviz.errors import KvvizError
-from kvviz.runs.compressed import RunSettings
 from kvviz.runs.policy_run import held_slots, run_policy
-from kvviz.runs.report import make_policy
 from kvviz.sweeps import read_table, records
-from kvviz.sweeps.cases import case_of
+from kvviz.sweeps.cases import case_of, run_settings
 
 COLUMNS = ["prompt_id", "policy", "budget", "kl_mean", "kl_max", "top1_agreement", "divergence", "answer_changed",
            "full_match", "policy_match", "policy_text"]
@@ -37,10 +35,17 @@ def render() -> None:
     worst = table.sort_values("kl_mean", ascending=False).reset_index(drop=True)
     st.caption(f"{len(table)} cases, the worst first (mean KL of the policy against the full cache, teacher-forced on "
                "the full reply).")
-    st.dataframe(worst[[c for c in COLUMNS if c in worst]], hide_index=True, key="sweep-rows",
-                 column_config={"kl_mean": st.column_config.NumberColumn(format="%.4f"),
-                                "kl_max": st.column_config.NumberColumn(format="%.4f"),
-                                "top1_agreement": st.column_config.NumberColumn(format="percent")})
+    number = st.column_config.NumberColumn
+    st.dataframe(worst[[c for c in COLUMNS if c in worst]], hide_index=True, key="sweep-rows", column_config={
+        "prompt_id": "prompt", "policy_text": "policy's reply",
+        "kl_mean": number("mean KL", format="%.4f", help="mean KL(full ‖ policy) over the reply's steps, nats"),
+        "kl_max": number("max KL", format="%.4f", help="largest KL(full ‖ policy) of a step, nats"),
+        "top1_agreement": number("top-1 agrees", format="percent", help="share of the reply's tokens the policy's "
+                                 "cache would choose too (teacher-forced)"),
+        "divergence": number("diverges at step", help="the first step whose choice differs; −1: the first reply "
+                             "token already (the prompt's last row chose it); empty: never"),
+        "answer_changed": "answer changed", "full_match": "full finds the answer",
+        "policy_match": "policy finds the answer"})
     rows = records(worst)
     pick, go = st.columns([4, 1], vertical_alignment="bottom")
     index = pick.selectbox("Case", range(len(rows)), key="sweep-case", format_func=lambda i: (
@@ -81,7 +86,7 @@ def _open(row: dict) -> None:
     session = state.session()
     try:
         case = case_of(row)
-        settings = RunSettings(make_policy(policy_classes(), case.policy, {}), case.budget, case.mode, case.every)
+        settings = run_settings(case, policy_classes())
         state.make_room(held_slots(session.lm, list(case.prompt.turns), case.max_new_tokens))
         with st.spinner("Running the full cache and the policy side by side…"):
             state.keep_policy_run(run_policy(session.lm, list(case.prompt.turns), settings, case.max_new_tokens))

@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--q-group-size", type=positive, default=64, help="QuantizedCache's q_group_size")
     parser.add_argument("--axis", type=int, choices=(0, -1, 1), default=0,
                         help="QuantizedCache's axis_key and axis_value (quanto: 0 or -1, HQQ: 0 or 1; default 0)")
-    parser.add_argument("--blame-step", type=int, default=None, help="step to blame (default: the divergence)")
+    parser.add_argument("--blame-step", type=int, default=None, help="step to blame, -1 for the prefill's last row (default: the divergence)")
     parser.add_argument("--blame-unit", choices=("slot", "word"), default="slot")
     parser.add_argument("--why", type=int, action="append", default=[], metavar="SLOT",
                         help="why SLOT left the cache in the last turn: its score, the threshold (the lowest kept "
@@ -131,11 +131,10 @@ def run(args: argparse.Namespace) -> None:
     settings = RunSettings(policy, budget, mode, every, kivi, positions, reshape, quanto)
     result = run_policy(load_model(args.model), args.turn, settings, args.max_new_tokens)
     last = result.last
-    step = args.blame_step if args.blame_step is not None else last.divergence
-    if args.blame_step is not None and not 0 <= step < len(last.steps):
-        raise KvvizError(f"--blame-step {step} is not a decode step of the last turn (0..{len(last.steps) - 1})")
-    ranked = blame(result, step=step, unit=args.blame_unit, limit=args.blame_limit) \
-        if last.steps and (step is None or step >= 0) and settings.policy is not None else None
+    if args.blame_step is not None:
+        last.record(args.blame_step)  # refuses a step the turn does not have, in one line
+    ranked = blame(result, step=args.blame_step, unit=args.blame_unit, limit=args.blame_limit) \
+        if settings.policy is not None else None
     report = document(result, ranked)
     cached = len(last.forced.session)
     if any(not 0 <= slot < cached for slot in args.why):
@@ -151,17 +150,27 @@ def run(args: argparse.Namespace) -> None:
         print(f"\nturn {index + 1}: {turn['user']}")
         print(f"  full:   {turn['full']['text']}")
         print(f"  policy: {turn['policy_run']['text']}")
-        print(f"  divergence: {'none' if turn['divergence'] is None else 'step ' + str(turn['divergence'])}")
-    print("\nstep  slot  visible      KL  top-1")
+        print(f"  divergence: {_step_name(turn['divergence'])}")
+    print("\nstep  slot  visible      KL  top-1   (step -1: the prefill's last row, which chooses the first token)")
     for s in report["steps"]:
         print(f"{s['step']:>4}  {s['slot']:>4}  {s['visible']:>7}  {s['kl']:>6.3f}  {'=' if s['top1_agree'] else '≠'}")
     print(f"\n{len(report['evictions'])} evictions in the last turn")
     for slot, rows in report["why"].items():
         _print_why(int(slot), rows, result)
     if ranked is not None:
-        print(f"\nblame at step {ranked.step} (KL {ranked.kl:.3f}): restoring one candidate at a time")
+        pieces = last.forced.session.transcript.slots
+        print(f"\nblame at {_step_name(ranked.step)} (KL {ranked.kl:.3f} with nothing restored, "
+              f"{ranked.kl_all_restored:.3f} with every evicted slot back): restoring one candidate at a time")
         for row in ranked.rows[:10]:
-            print(f"  slots {row.slots}: KL {row.kl_after_restore:.3f}, top-1 {'back' if row.top1_restored else 'not back'}")
+            words = "".join(pieces[s].text for s in row.slots)
+            print(f"  {words!r} (slots {row.slots}): KL {row.kl_after_restore:.3f}, "
+                  f"top-1 {'back' if row.top1_restored else 'not back'}")
+
+
+def _step_name(step: int | None) -> str:
+    if step is None:
+        return "none"
+    return "step -1 (the prefill's last row: the first reply token)" if step == -1 else f"step {step}"
 
 
 def _finite(rows: list[dict]) -> list[dict]:

@@ -121,11 +121,15 @@ def run_caption(model: str, result: PolicyRun, turn: int) -> str:
     return f"{model} · turn {index + 1}, {len(result.turns[turn].steps)} decode steps · {result.settings.label}"
 
 
+STEP_TITLE = "step (−1: the prompt's last token, which chose the first reply token)"
+
+
 def kl_slide(result: PolicyRun, turn: int, caption_text: str) -> dict:
-    """KL(full ‖ policy) per decode step, the steps where the top-1 differs marked (:func:`kvviz.figures.kl_steps`)."""
+    """KL(full ‖ policy) per step (-1: the prompt's last token), the steps where the top-1 differs marked
+    (:func:`kvviz.figures.kl_steps`)."""
     run = result.turns[turn]
-    values = [{"step": s.step, "kl": s.kl, "top-1": "agrees" if s.top1_agree else "differs"} for s in run.steps]
-    x = {"field": "step", "type": "quantitative", "title": "decode step", "axis": {"format": "d", "tickMinStep": 1}}
+    values = [{"step": s.step, "kl": s.kl, "top-1": "agrees" if s.top1_agree else "differs"} for s in run.records]
+    x = {"field": "step", "type": "quantitative", "title": STEP_TITLE, "axis": {"format": "d", "tickMinStep": 1}}
     marks = [{"mark": {"type": "line", "color": "#2f80ed"},
               "encoding": {"x": x, "y": {"field": "kl", "type": "quantitative", "title": "KL(full ‖ policy), nats"}}},
              {"mark": {"type": "point", "filled": True, "size": 120}, "encoding": {
@@ -134,27 +138,28 @@ def kl_slide(result: PolicyRun, turn: int, caption_text: str) -> dict:
                                                                           "range": ["circle", "cross"]}},
                  "color": {"field": "top-1", "type": "nominal", "scale": {"domain": ["agrees", "differs"],
                                                                           "range": ["#2f80ed", "#d62728"]}}}}]
-    if run.divergence is not None and run.divergence >= 0:
+    if run.divergence is not None:
         marks.append({"data": {"values": [{"step": run.divergence}]},
                       "mark": {"type": "rule", "color": "#d62728", "strokeDash": [4, 4], "size": 2},
                       "encoding": {"x": {"field": "step", "type": "quantitative"}}})
     return _framed({"data": {"values": values}, "width": PLOT_WIDTH, "height": 480, "layer": marks},
-                   "KL per decode step (teacher-forced on the full run's tokens)", caption_text)
+                   "KL per step (teacher-forced on the full run's tokens)", caption_text)
 
 
 def cache_size_slide(result: PolicyRun, turn: int, caption_text: str) -> dict:
     """Slots each step sees: the policy's by segment, the full cache's, the budget
     (:func:`kvviz.figures.cache_size`)."""
     run = result.turns[turn]
-    bars = [{"step": s.step, "segment": name, "slots": s.by_segment[name]} for s in run.steps for name in SEGMENTS]
-    lines = [{"step": s.step, "slots": s.slot, "series": "full cache"} for s in run.steps]
+    records = run.records
+    bars = [{"step": s.step, "segment": name, "slots": s.by_segment[name]} for s in records for name in SEGMENTS]
+    lines = [{"step": s.step, "slots": s.slot, "series": "full cache"} for s in records]
     budget = result.settings.budget
     if isinstance(budget, int):
-        lines += [{"step": s.step, "slots": budget, "series": "budget"} for s in run.steps]
-    x = {"field": "step", "type": "quantitative", "title": "decode step", "axis": {"format": "d", "tickMinStep": 1},
-         "scale": {"domain": [-0.5, len(run.steps) - 0.5], "nice": False}}
+        lines += [{"step": s.step, "slots": budget, "series": "budget"} for s in records]
+    x = {"field": "step", "type": "quantitative", "title": STEP_TITLE, "axis": {"format": "d", "tickMinStep": 1},
+         "scale": {"domain": [-1.5, len(run.steps) - 0.5], "nice": False}}
     return _framed({"width": PLOT_WIDTH, "height": 480, "resolve": {"scale": {"color": "independent"}}, "layer": [
-        {"data": {"values": bars}, "mark": {"type": "bar", "size": max(1.0, 0.9 * PLOT_WIDTH / len(run.steps))},
+        {"data": {"values": bars}, "mark": {"type": "bar", "size": max(1.0, 0.9 * PLOT_WIDTH / len(records))},
          "encoding": {
             "x": x, "y": {"field": "slots", "type": "quantitative", "stack": "zero", "title": "slots seen"},
             "color": {"field": "segment", "type": "nominal", "scale": SEGMENT_SCALE, "title": "policy"}}},

@@ -15,35 +15,42 @@ _LAYOUT = dict(height=280, margin=dict(l=10, r=10, t=40, b=10),
 
 
 def kl_steps(result: PolicyRun, turn: int = -1) -> go.Figure:
-    """KL(full ‖ policy) per decode step (teacher-forced), steps where the top-1 differs marked."""
+    """KL(full ‖ policy) per step (teacher-forced; step -1 is the prefill's last row, which chose the first token),
+    steps where the top-1 differs marked."""
     run = result.turns[turn]
-    steps = [s.step for s in run.steps]
-    kl = [s.kl for s in run.steps]
-    flips = [s for s in run.steps if not s.top1_agree]
+    steps = [s.step for s in run.records]
+    kl = [s.kl for s in run.records]
+    flips = [s for s in run.records if not s.top1_agree]
     data = [dict(type="scatter", mode="lines+markers", x=steps, y=kl, name="KL(full ‖ policy)",
                  hovertemplate="step %{x}: KL %{y:.4f}<extra></extra>"),
             dict(type="scatter", mode="markers", x=[s.step for s in flips], y=[s.kl for s in flips],
                  name="top-1 differs", marker=dict(color="#d62728", size=11, symbol="x"),
                  hovertemplate="step %{x}: top-1 differs<extra></extra>")]
-    if run.divergence is not None and run.divergence >= 0:
-        data.append(dict(type="scatter", mode="lines", x=[run.divergence] * 2, y=[0, max(kl, default=1)],
+    if run.divergence is not None:
+        data.append(dict(type="scatter", mode="lines", x=[run.divergence] * 2, y=[0, max(kl)],
                          name="divergence", line=dict(dash="dot", color="#d62728")))
-    return go.Figure(dict(data=data, layout=dict(**_LAYOUT, xaxis_title="decode step", yaxis_title="nats")))
+    return go.Figure(dict(data=data, layout=dict(**_LAYOUT, xaxis=STEP_AXIS, yaxis_title="nats")))
+
+
+# step -1 named: the prefill's last row chose the reply's first token
+STEP_AXIS = dict(title="step (−1: the prompt's last token, which chose the first reply token)", tickformat="d",
+                 zeroline=False)
 
 
 def cache_size(result: PolicyRun, turn: int = -1) -> go.Figure:
-    """Slots each step sees: the policy's by segment (mean over layers and KV heads), the full cache's, the budget."""
+    """Slots each step sees: the policy's by segment (mean over layers and KV heads), the full cache's, the budget
+    (steps -1, 0, …)."""
     run = result.turns[turn]
-    steps = [s.step for s in run.steps]
-    data = [dict(type="bar", x=steps, y=[s.by_segment[name] for s in run.steps], name=f"policy: {name}",
+    steps = [s.step for s in run.records]
+    data = [dict(type="bar", x=steps, y=[s.by_segment[name] for s in run.records], name=f"policy: {name}",
                  marker_color=colour) for name, colour in SEGMENT_COLOURS.items()]
-    data.append(dict(type="scatter", mode="lines", x=steps, y=[s.slot for s in run.steps], name="full cache",
+    data.append(dict(type="scatter", mode="lines", x=steps, y=[s.slot for s in run.records], name="full cache",
                      line=dict(color="#222")))
     budget = result.settings.budget
     if isinstance(budget, int):
         data.append(dict(type="scatter", mode="lines", x=steps, y=[budget] * len(steps), name="budget",
                          line=dict(dash="dash", color="#d62728")))
-    layout = dict(**_LAYOUT, barmode="stack", bargap=0.05, xaxis_title="decode step", yaxis_title="slots seen")
+    layout = dict(**_LAYOUT, barmode="stack", bargap=0.05, xaxis=STEP_AXIS, yaxis_title="slots seen")
     return go.Figure(dict(data=data, layout=layout))
 
 

@@ -6,7 +6,9 @@ restore and whether the full run's token comes back on top. All variants of the 
 the step's token is fed once per variant, at its true position, on the step's cache (shared, not copied), and a probe
 gives every variant its own mask — its restored slots visible, and of the new slots only its own.
 
-Restoring nothing gives the run's own KL at that step. Restoring everything gives KL 0 at the first step after a
+Any step of :attr:`~kvviz.runs.policy_run.TurnRun.records` can be blamed, the prefill's last row (step -1, which
+chose the first reply token) too: it is re-run the same way, on the cache its prompt was prefilled on. Restoring
+nothing gives the run's own KL at that step. Restoring everything gives KL 0 at the first step after a
 compression of the prompt; later, the slots the run wrote itself hold K/V computed on the compressed cache, and the
 KL left with everything restored (``kl_all_restored``) is what eviction at this step cannot explain. Quantization, if
 the run had any, stays as the run had it.
@@ -63,18 +65,16 @@ class _Variants(Probe):
 
 
 def _slot_of(run: TurnRun, step: int) -> int:
-    if not 0 <= step < len(run.steps):
-        raise KvvizError(f"step {step} is not a decode step of this turn (0..{len(run.steps) - 1})")
-    return run.prompt_end + step
+    return run.record(step).slot
 
 
 def variants(run: TurnRun, step: int, restores: list[set[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Re-run decode step ``step`` once with every slot restored and once per set in ``restores``, batched.
     Returns the logits ``(1 + len(restores), V)`` and the evicted mask of the step ``(L, KV, at)``.
 
-    When the run neither quantized nor moved keys, its own cache is lent (its slots before ``at`` are what the step
-    saw; the variants' slots are written into its spare room and cut off afterwards); otherwise the step's cache is
-    rebuilt as it stood."""
+    When the run never rewrote its cache (no quantization, moved keys, pruning or merging), its own cache is lent (its
+    slots before ``at`` are what the step saw; the variants' slots are written into its spare room and cut off
+    afterwards); otherwise the step's cache is rebuilt as it stood."""
     session = run.forced.session
     at = _slot_of(run, step)
     hidden = session.commits.hidden(at, at).cpu()  # (L, KV, at)
@@ -84,7 +84,8 @@ def variants(run: TurnRun, step: int, restores: list[set[int]]) -> tuple[torch.T
         visible[row, :, :, sorted(slots)] = True
     lm, slot, batch = session.lm, session.transcript.slots[at], len(visible)
     length = len(session)
-    if run.forced.settings.kivi is None and run.forced.settings.positions == "original":
+    timeline = run.forced.timeline
+    if not (run.forced.settings.kivi or timeline.rotary or timeline.flushes or timeline.parts):
         cache = session.cache
     else:
         cache = kv_cache.over(layer_views(stacked(prefix_kv(session, at, session.commits.edit_at(at)), batch)), at)
@@ -129,15 +130,12 @@ def units(run: TurnRun, hidden: torch.Tensor, unit: str) -> list[list[int]]:
 
 
 def blame(result: PolicyRun, turn: int = -1, step: int | None = None, unit: str = "slot", limit: int = 32) -> Blame:
-    """Rank the evicted candidates of ``step`` (default: the divergence, else the step of largest KL) by the KL left
-    after restoring each alone; the ``limit`` candidates the step's query attends to most with nothing hidden are
-    re-run, all in one batched pass with the variants "everything back" and "nothing back"."""
+    """Rank the evicted candidates of ``step`` (-1: the prefill's last row; default: the divergence, else the step of
+    largest KL) by the KL left after restoring each alone; the ``limit`` candidates the step's query attends to most
+    with nothing hidden are re-run, all in one batched pass with the variants "everything back" and "nothing back"."""
     run = result.turns[turn]
-    if not run.steps:
-        raise KvvizError("this turn has no decode step to blame")
     if step is None:
-        step = run.divergence if run.divergence is not None and run.divergence >= 0 else \
-            max(range(len(run.steps)), key=lambda s: run.steps[s].kl)
+        step = run.divergence if run.divergence is not None else max(run.records, key=lambda r: r.kl).step
     hidden = run.forced.session.commits.hidden(_slot_of(run, step), _slot_of(run, step))
     mass = attention_mass(run, step)
     paid = mass.tolist()

@@ -3,6 +3,8 @@
 For every turn: the full session answers greedily; the compressed session is teacher-forced on that reply, so every
 decode step ``s`` (it processes the reply's token ``s`` and predicts token ``s + 1``) compares the two next-token
 distributions on the same prefix — KL(full ‖ policy) and top-1 agreement stay comparable after the answers part.
+The prefill's last row, which chooses the reply's first token, is step ``-1``: a step like the others in the records
+(in a follow-up turn it reads the history as the policy left it, and is where a compressed follow-up most often fails).
 Where the policy's own choice first differs (the divergence) the run forks: the free run continues on its own
 tokens, and it is the free run that carries the conversation into the next turn, as a real deployment would.
 """
@@ -49,10 +51,22 @@ class TurnRun:
     policy_ids: list[int]
     full_text: str
     policy_text: str
-    divergence: int | None  # the step whose choice first differs (-1: the prefill's, only in follow-up turns)
-    steps: list[StepRecord]
+    divergence: int | None  # the step whose choice first differs (-1: the prefill's last row)
+    records: list[StepRecord]  # step -1 (the prefill's last row, choosing the first token), then the decode steps
     forced: CompressedSession  # its slots hold the full reply: the steps' caches, for what-ifs and blame
     full_logits: torch.Tensor  # (len(full_ids), V) float32: the full run's logits before each of its tokens
+
+    @property
+    def steps(self) -> list[StepRecord]:
+        """The decode steps 0, 1, …: :attr:`records` without the prefill's row."""
+        return self.records[1:]
+
+    def record(self, step: int) -> StepRecord:
+        """Step ``step`` of :attr:`records` (-1: the prefill's last row)."""
+        if not -1 <= step < len(self.steps):
+            raise KvvizError(f"step {step} is not a step of this turn (-1 for the prefill's last row, "
+                             f"0..{len(self.steps) - 1} for the decode steps)")
+        return self.records[step + 1]
 
     @property
     def end(self) -> int:
@@ -223,20 +237,17 @@ def _compare(policy: CompressedSession, full_ids: list[int], full_logits: list[t
     session = policy.session
     free: CompressedSession | None = None
     divergence = None
-    if session.pending != full_ids[0]:  # a follow-up turn whose prefill already chose otherwise
+    row = policy.prompt_end[-1] - 1  # the prefill's last row saw the history as it stood before this prompt
+    seen = ~policy.timeline.hidden(row, row) & ~policy.lm.attention.outside(row, row)[:, None]
+    steps = [_record(-1, row, seen, session.transcript.segments(), session.logits, full_logits[0], full_ids[0])]
+    if not steps[0].top1_agree:  # the prefill already chose otherwise (a follow-up turn on a compressed history)
         divergence, free = -1, _fork(policy)
-    steps = []
     for step in range(len(full_ids) - 1):
         segments = session.transcript.segments()
         logits = policy.step(full_ids[step])
-        visible = policy.seen.float().mean((0, 1))  # (n,) share of layers and KV heads that see each slot
-        by_segment = {name: float(sum(v for v, s in zip(visible.tolist(), segments) if s == name))
-                      for name in ("history", "query", "generated")}
-        choice = int(logits.argmax())
-        steps.append(StepRecord(step, len(session) - 1, float(visible.sum()), by_segment,
-                                float(kl_divergence(full_logits[step + 1], logits)), choice == full_ids[step + 1],
-                                full_ids[step + 1], choice))
-        if free is None and choice != full_ids[step + 1]:
+        steps.append(_record(step, len(session) - 1, policy.seen, segments, logits, full_logits[step + 1],
+                             full_ids[step + 1]))
+        if free is None and not steps[-1].top1_agree:
             divergence, free = step, _fork(policy)
         on_step(step)
     if free is None:
@@ -244,6 +255,18 @@ def _compare(policy: CompressedSession, full_ids: list[int], full_logits: list[t
         return policy, policy, {"policy_ids": list(full_ids), "divergence": None, "steps": steps}
     own = _free_reply(free, max_new_tokens)
     return policy, free, {"policy_ids": own, "divergence": divergence, "steps": steps}
+
+
+def _record(step: int, slot: int, seen: torch.Tensor, segments: list[str], logits: torch.Tensor,
+            full_logits: torch.Tensor, full_choice: int) -> StepRecord:
+    """The record of the step that processed ``slot`` seeing ``seen`` (bool ``(L, KV, slot)``) of the slots before it
+    (``segments`` theirs), with next-token ``logits`` ``(V,)`` against the full run's."""
+    visible = seen.float().mean((0, 1))  # (slot,) share of layers and KV heads that see each slot
+    by_segment = {name: float(sum(v for v, s in zip(visible.tolist(), segments) if s == name))
+                  for name in ("history", "query", "generated")}
+    choice = int(logits.argmax())
+    return StepRecord(step, slot, float(visible.sum()), by_segment, float(kl_divergence(full_logits, logits)),
+                      choice == full_choice, full_choice, choice)
 
 
 def _fork(policy: CompressedSession) -> CompressedSession:

@@ -44,7 +44,7 @@ def _turn(run: TurnRun) -> dict:
             "policy_run": {"ids": run.policy_ids, "text": run.policy_text},
             "divergence": run.divergence, "changed": run.changed,
             "steps": [{"step": s.step, "slot": s.slot, "visible": round(s.visible), "kl": s.kl,
-                       "top1_agree": s.top1_agree, "by_segment": s.by_segment} for s in run.steps]}
+                       "top1_agree": s.top1_agree, "by_segment": s.by_segment} for s in run.records]}
 
 
 def _quantized(result: PolicyRun) -> list[dict]:

@@ -74,33 +74,40 @@ def full_side(lm: LoadedModel, case: Case) -> list:
 
 def run_case(lm: LoadedModel, case: Case, share: bool = True) -> Row:
     """The case's policy run, summarised over its last turn: mean / max KL(full ‖ policy) teacher-forced on the full
-    reply, top-1 agreement, the divergence step (None: none), whether the answer changed, and whether each reply
+    reply over its steps -1, 0, … (one per reply token), top-1 agreement, the divergence step (-1: the first token;
+    None: none), whether the answer changed, and whether each reply
     contains the expected answer; the prompt's turns ride along (JSON), so a row can be opened again. ``share``:
     reuse the full-cache run of the previous case when it had the same prompt."""
     from kvviz.policies.user import available
-    from kvviz.runs.compressed import RunSettings
     from kvviz.runs.policy_run import run_policy
-    from kvviz.runs.report import make_policy
-    from kvviz.schemes import run_cache
 
-    kivi, quanto = run_cache(case.scheme) if case.scheme else (None, None)
-    settings = RunSettings(make_policy(available(), case.policy, {}), case.budget, case.mode, case.every, kivi,
-                           quanto=quanto)
+    settings = run_settings(case, available())
     full = full_side(lm, case) if share else None
     last = run_policy(lm, case.prompt.turns, settings, case.max_new_tokens, full=full).last
-    kls = [step.kl for step in last.steps]
+    kls = [step.kl for step in last.records]  # one per reply token: the prefill's last row (step -1) first
     return {
         "key": case.key, "prompt_id": case.prompt.id, "family": case.prompt.family, "policy": case.policy,
         "budget": case.budget, "fraction": isinstance(case.budget, float),
         "ratio": case.budget.ratio if isinstance(case.budget, Ratio) else None, "mode": case.mode, "every": case.every, "max_new_tokens": case.max_new_tokens,
         "scheme": case.scheme or "fp16", "prompt_slots": len(last.prompt_ids), "steps": len(kls),
-        "kl_mean": sum(kls) / len(kls) if kls else 0.0, "kl_max": max(kls, default=0.0),
-        "top1_agreement": sum(s.top1_agree for s in last.steps) / len(kls) if kls else 1.0,
+        "kl_mean": sum(kls) / len(kls), "kl_max": max(kls),
+        "top1_agreement": sum(s.top1_agree for s in last.records) / len(kls),
         "divergence": last.divergence, "answer_changed": last.changed,
         "expected": case.prompt.expected, "full_match": matches(last.full_text, case.prompt.expected),
         "policy_match": matches(last.policy_text, case.prompt.expected),
         "full_text": last.full_text, "policy_text": last.policy_text, "turns": json.dumps(list(case.prompt.turns)),
     }
+
+
+def run_settings(case: Case, classes: dict):
+    """The :class:`~kvviz.runs.compressed.RunSettings` of ``case``: its policy (from ``classes``), budget, mode and
+    cache scheme — the same for a sweep's run and for the case opened again."""
+    from kvviz.runs.compressed import RunSettings
+    from kvviz.runs.report import make_policy
+    from kvviz.schemes import run_cache
+
+    kivi, quanto = run_cache(case.scheme) if case.scheme else (None, None)
+    return RunSettings(make_policy(classes, case.policy, {}), case.budget, case.mode, case.every, kivi, quanto=quanto)
 
 
 def case_of(row: Row) -> Case:

@@ -21,7 +21,7 @@ from kvviz.errors import KvvizError
 from kvviz.sweeps.cases import Case, Row, by_prompt, cases_for, run_case
 from kvviz.sweeps.prompts import load_prompts
 
-FORMAT = "kvviz-sweep/1"
+FORMAT = "kvviz-sweep/2"  # 2: rows count the prefill's last row (step -1) among the steps
 
 
 @dataclass(frozen=True)
