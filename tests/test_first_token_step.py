@@ -110,3 +110,19 @@ def test_the_cli_names_and_blames_a_first_token_divergence():
     assert table[1].split()[0] == "-1" and table[1].split()[-1] == "≠"
     refused = subprocess.run(args[:-2] + ["--blame-step", "10"], capture_output=True, text=True, timeout=600)
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "-1 for the prefill's last row" in refused.stderr
+
+
+def test_blame_of_a_step_before_a_later_flush_sees_the_cache_that_step_saw(lm, eps):
+    """A QuantizedCache run rewrites its live cache at every flush: a step blamed after the run is re-run on the
+    cache as it stood (its flushes only), so nothing restored gives the step's own KL. Lending the live cache instead
+    (the later flushes' K/V) moved it by far more than rounding."""
+    from kvviz.policies import H2O
+    from kvviz.runs.quanto import QuantoCache
+
+    settings = RunSettings(H2O(), 32, "decode", quanto=QuantoCache(nbits=2, q_group_size=32, residual_length=4))
+    result = run_policy(lm, [TURNS[0]], settings, max_new_tokens=10)
+    run = result.last
+    assert len(run.forced.timeline.flushes) >= 3  # the prompt's, then one every 4 steps
+    for step in (-1, 1, 4):
+        ranked = blame(result, step=step, limit=4)
+        assert abs(ranked.kl - run.record(step).kl) <= kl_rounding(eps, ranked.kl), step
