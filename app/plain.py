@@ -35,3 +35,8 @@ def code(text: str) -> str:
 def warn(text: object) -> None:
     """``st.warning`` of text that came from data (rendered literally)."""
     st.warning(plain(text))
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 slot``, ``2 slots``: a count with its noun (regular plurals only)."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"

@@ -232,6 +232,35 @@ def test_committed_edits_stay_on_the_strip_and_the_commit_list_undoes_them():
     assert not [t.value for t in app.text if t.value.startswith("#1 ")]
 
 
+def test_a_commit_while_looking_back_says_it_applies_from_the_newest_slot():
+    """Time travel to an earlier step, evict, commit: the button and a note say before the click that the commit
+    applies from the newest slot on (the reply after the step looked at stays), and the commit list agrees."""
+    app = start()
+    app.chat_input[0].set_value("My dog is called Rex. What is my dog called?").run()
+    session = app.session_state["session"]
+    newest, back = len(session), len(session) - 6
+    app.session_state["at"] = back
+    app.session_state["draft"].toggle_evicted(5)
+    app.run()
+    assert_clean(app)
+    button = app.button(key="commit-edit")
+    assert button.label == f"Commit from slot {newest} (the next steps)"
+    assert any(f"looking back at step {back}" in i.value and f"applies from slot {newest} on" in i.value
+               for i in app.info)
+    reply = session.reply
+    button.click().run()
+    assert_clean(app)
+    assert [c.at for c in app.session_state["session"].commits.stack] == [newest]
+    assert app.session_state["session"].reply == reply  # nothing already run was rewritten
+    assert any(f"Committed from slot {newest}" in i.value for i in app.info)
+    listed = [t.value for t in app.text if t.value.startswith("#1 ")]
+    assert listed and listed[0].startswith(f"#1 · from slot {newest} ") and "evicted 1 slot (" in listed[0]
+    app.session_state["at"] = None
+    app.run()
+    assert app.button(key="commit-edit").label == "Commit edit to the conversation"
+    assert not any("looking back" in i.value for i in app.info)
+
+
 def test_step_one_token_advances_the_reply_as_the_strip_holds_it():
     app = start()
     app.session_state["max_new_tokens"] = 3  # stops before the end of the turn

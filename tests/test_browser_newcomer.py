@@ -185,3 +185,27 @@ def test_jump_to_a_slot_moves_the_step_and_the_slider(page):
     step = page.locator("[data-testid=stSlider]", has_text="Step (time travel)")
     assert step.locator("[data-testid=stSliderThumbValue]").inner_text() == "7"
     assert page.locator("[data-testid=stAlert]", has_text="Session State").count() == 0
+
+
+def test_a_commit_while_looking_back_says_where_it_applies(page):
+    """Jump to an earlier slot, evict a word, commit: before the click the button and a note say the commit applies
+    from the newest slot on; after it the note and the commit list say the same, and the reply is unchanged."""
+    send(page, "My cat is called Whiskers. What is my cat called?")
+    newest = page.locator(".kv-chip").count()  # one chip per cached slot: a commit now applies from the next
+    reply = page.locator("[data-testid=stChatMessage]").last.inner_text()
+    jump = page.locator("input[aria-label='Jump to']")
+    jump.fill("20")
+    jump.press("Enter")
+    idle(page)
+    page.locator('.kv-chip[data-slot="6"]').click()
+    idle(page)
+    button = page.get_by_role("button", name=f"Commit from slot {newest} (the next steps)")
+    expect(button).to_have_count(1)
+    expect(page.locator("[data-testid=stAlert]", has_text="You are looking back at step 20")).to_have_count(1)
+    button.click()
+    idle(page)
+    expect(page.locator("[data-testid=stAlert]", has_text=f"Committed from slot {newest}")).to_have_count(1)
+    listed = page.locator("[data-testid=stText]", has_text="#1 · from slot")
+    expect(listed).to_have_count(1)
+    assert listed.inner_text().startswith(f"#1 · from slot {newest} ") and "evicted 1 slot (" in listed.inner_text()
+    assert page.locator("[data-testid=stChatMessage]").last.inner_text() == reply

@@ -8,7 +8,7 @@ from dataclasses import replace
 import streamlit as st
 
 from app import state
-from app.plain import plain, warn
+from app.plain import plain, plural, warn
 from app.components.strip import clicked, parse_click, token_strip
 from app.views import reshape, schemes
 from kvviz.attention_math import kv_head_of
@@ -120,9 +120,10 @@ def _commits(session) -> None:
             parts = []
             if row["evicted"]:
                 words = "".join(slots[s].text for s in row["evicted"][:6]) + ("…" if len(row["evicted"]) > 6 else "")
-                parts.append(f"evicted {len(row['evicted'])} slots ({words!r})")
+                parts.append(f"evicted {plural(len(row['evicted']), 'slot')} ({words!r})")
             if row["keys"] or row["values"]:
-                parts.append(f"quantized the keys of {len(row['keys'])} and the values of {len(row['values'])} slots")
+                parts.append(f"quantized the keys of {len(row['keys'])} and the values of "
+                             f"{plural(len(row['values']), 'slot')}")
             text, button = st.columns([5, 1], vertical_alignment="center")
             text.text(f"#{row['index'] + 1} · from slot {row['at']} (turn {row['turn']}) · "
                       + ("; ".join(parts) or "no change"))

@@ -232,14 +232,25 @@ def _standalone(result: WhatIf) -> None:
 
 def _buttons() -> None:
     session, draft = state.session(), state.draft()
+    newest, at = len(session), state.step_slot()
+    travelling = at < newest - 1
+    if travelling:  # a commit edits what is still to come, never the steps already run: say so before it happens
+        st.info(f"You are looking back at step {at}. A commit applies from slot {newest} on — the next steps of the "
+                f"conversation; steps {at}–{newest - 1} already ran and their reply stays as it is. What the edit does "
+                f"at step {at} is the what-if above.", icon=":material/history:")
+    label = f"Commit from slot {newest} (the next steps)" if travelling else "Commit edit to the conversation"
     cols = st.columns(3)
-    if cols[0].button("Commit edit to the conversation", help="Later steps run on the edited cache"):
+    if cols[0].button(label, key="commit-edit", help=f"Steps from slot {newest} on run on the edited cache"):
         try:
-            session.commit(draft.edit(len(session)))
+            session.commit(draft.edit(newest))
         except KvvizError as exc:
             warn(exc)
         else:
             draft.clear()
+            if travelling:
+                state.notify(f"Committed from slot {newest}: the steps from there on run on the edited cache. You "
+                             f"are still looking at step {at}, before it (the slider's end shows the newest step).",
+                             note=True)
             st.rerun()
     if cols[1].button("Undo last commit", disabled=not session.commits.stack):
         session.undo()

@@ -111,7 +111,7 @@ def timeline(result: PolicyRun, pieces: list[str], turn: int = -1, layer: int | 
         data[0]["customdata"] = [[reason] * seen.shape[1] for reason in reasons]
         data[0]["hovertemplate"] = "step %{x} · slot %{y}<br>seen: %{z:.0%}<br>%{customdata}<extra></extra>"
     layout = dict(height=min(900, 200 + 2 * n), margin=dict(l=10, r=10, t=30, b=10), xaxis_title="decode step",
-                  yaxis=dict(title="slot", autorange="reversed", type="category", showticklabels=n <= 80), title=f"{gone} slots evicted somewhere")
+                  yaxis=dict(title="slot", autorange="reversed", type="category", showticklabels=n <= 80), title=evicted_title(gone))
     return go.Figure(dict(data=data, layout=layout))
 
 
@@ -128,6 +128,11 @@ def bit_widths(result: PolicyRun, pieces: list[str], turn: int = -1) -> go.Figur
                   yaxis=dict(title="slot", autorange="reversed", type="category", showticklabels=n <= 80),
                   title=plain_title(kivi.label))
     return go.Figure(dict(data=data, layout=layout))
+
+
+def evicted_title(gone: int) -> str:
+    """The timeline's title: how many slots left at least one layer or KV head."""
+    return f"{gone} slot{'' if gone == 1 else 's'} evicted from at least one layer or KV head"
 
 
 def plain_title(text: str) -> str:
