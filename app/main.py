@@ -14,10 +14,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 # spin. Measured on 2 cores: a click's what-if ran ~1.5x faster. Set before torch is first imported.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from app import housekeeping, launch, server_memory, state  # noqa: E402
+from app import housekeeping, launch, long_work, server_memory, state  # noqa: E402
+from app.components.scroll import mark  # noqa: E402
 from app.plain import plain, warn  # noqa: E402
 from app.views import (attention, channels, chat, growth, guide, held, policies, policy_run, sidebar, sweeps,  # noqa: E402
-                       token_strip, tour, toy, whatif)
+                       token_strip, toy, whatif)
 from kvviz.errors import KvvizError  # noqa: E402
 from kvviz.model import load_model  # noqa: E402
 
@@ -73,13 +74,14 @@ if st.session_state.large:  # every element scales: prose, widgets, numbers, tab
             "[data-testid=stTable] td, [data-testid=stTable] th {padding: 0.1rem 0.45rem !important;"
             " white-space: nowrap;}</style>")
 
+mark("top")  # a page (re)load opens at its title, not at the bottom where Streamlit keeps a chat page
 st.title("kvviz — the KV cache, visible")
 guarded(held)
-guarded(tour)
 guarded(guide)
 guarded(toy)
 guarded(chat)
 st.subheader(f"Cache: {len(state.session())} slots")
+mark("strip")  # after a message, a demo or a tour step about it: the strip and the what-if come into view, once
 guarded(token_strip.view_settings)
 
 
@@ -140,5 +142,7 @@ def views() -> None:
 
 
 editor()
+mark("views")  # a tour step about a view tab
 views()
+long_work.run_pending()  # a policy run asked for in the views: here, where Stop can interrupt it
 state.end_run()

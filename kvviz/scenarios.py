@@ -94,8 +94,9 @@ def toy_example(alpha: list[float], evict: list[int]) -> dict:
             "alpha_renorm": [None if gone else float(v) for v, gone in zip(renorm, evicted.tolist())]}
 
 
-def run_policy_scenario(lm: LoadedModel, scenario: Scenario):
-    """The scenario's policy run over its turns, and the blame of the last turn's divergence (None without one)."""
+def run_policy_scenario(lm: LoadedModel, scenario: Scenario, progress=None):
+    """The scenario's policy run over its turns, and the blame of the first turn's divergence (None without one);
+    ``progress(done, total)`` as :func:`~kvviz.runs.policy_run.run_policy` calls it."""
     from kvviz.policies.user import available
     from kvviz.runs.blame import blame
     from kvviz.runs.compressed import RunSettings
@@ -105,7 +106,7 @@ def run_policy_scenario(lm: LoadedModel, scenario: Scenario):
     spec = scenario.policy_run
     policy = make_policy(available(), spec["policy"], spec.get("params", {}))
     result = run_policy(lm, scenario.turns, RunSettings(policy, spec["budget"], spec.get("mode", "decode")),
-                        scenario.max_new_tokens)
+                        scenario.max_new_tokens, progress)
     first = next((index for index, run in enumerate(result.turns) if run.divergence is not None), None)
     ranked = None if first is None else blame(result, turn=first, unit=spec.get("blame_unit", "slot"))
     return result, ranked

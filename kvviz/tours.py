@@ -6,6 +6,8 @@ the tests against them.
 
 from __future__ import annotations
 
+import functools
+
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +20,8 @@ from kvviz.scenarios import find_slots, toy_example
 from kvviz.session import Session
 
 TOURS = Path(__file__).resolve().parents[1] / "assets" / "tours"
-TEXT_FIELDS = ("token", "full_top", "edited_top")  # the model's own text (anything): formatted by the caller
+TEXT_FIELDS = ("token", "full_top", "edited_top", "full_reply", "edited_reply")  # the model's own text (anything):
+# formatted by the caller
 
 
 @dataclass(frozen=True)
@@ -33,7 +36,9 @@ class TourStep:
     look: str = ""  # where to look on the page (shown under the caption)
     view: str = ""  # a view tab the step opens (e.g. "Channels")
     channels: list[int] | None = None  # [layer, kv_head] of the Channels view: {outliers}, {outlier_layers}, …
-    expect: dict = field(default_factory=dict)  # {"min_kl", "max_kl", "min_rho", "top1_changed", ...}: checked
+    continuation: int = 0  # greedy tokens both caches continue with: {full_reply}, {edited_reply}; the what-if shows them
+    expect: dict = field(default_factory=dict)  # {"min_kl", "max_kl", "min_rho", "top1_changed", ...,
+    # "edited_reply_lacks": text, "full_reply_contains": text}: checked
 
 
 @dataclass(frozen=True)
@@ -117,11 +122,17 @@ def stage(session: Session, step: TourStep) -> Stage:
     layer, head = (step.head if isinstance(step.head, list) else (0, 0))
     edit = draft.edit(at)
     if at > 0:
-        result = what_if(session, edit, at=at, layer=layer, head=head)
+        more = {"continuation": step.continuation}
+        result = what_if(session, edit, at=at, layer=layer, head=head, **more)
         if step.head == "max_rho" and not edit.is_empty:
             rho = result.heads["rho" if edit.evictions else "delta_isolated"]
             layer, head = divmod(int(rho.argmax()), rho.shape[1])
-            result = what_if(session, edit, at=at, layer=layer, head=head)
+            result = what_if(session, edit, at=at, layer=layer, head=head, **more)
+        if step.continuation:
+            special = session.lm.tokenizer.all_special_tokens  # the reply's words, without its end-of-turn marker
+            plain = [functools.reduce(lambda t, m: t.replace(m, ""), special, text).strip()
+                     for text in (result.continuation.full, result.continuation.edited)]
+            numbers |= {"full_reply": plain[0], "edited_reply": plain[1]}
         nt, memory, heads = result.next_token, result.memory, result.heads
         numbers |= {"kl": nt.kl, "tv": nt.tv, "top1": "flips" if nt.top1_changed else "stays",
                     "top1_changed": nt.top1_changed, "rho": float(heads["rho"][layer, head]),
@@ -149,6 +160,11 @@ def check(stage: Stage, step: TourStep) -> list[str]:
     """What of ``step.expect`` the live numbers do not meet (empty: all of it)."""
     failed, numbers = [], stage.numbers
     for key, wanted in step.expect.items():
+        if key.endswith(("_contains", "_lacks")):  # text of the model's: whether it holds ``wanted``
+            text = str(numbers.get(key.rsplit("_", 1)[0], ""))
+            if (wanted in text) != key.endswith("_contains"):
+                failed.append(f"{key}: {wanted!r} in {text!r}")
+            continue
         name, bound = (key[4:], "min") if key.startswith("min_") else (key[4:], "max") if key.startswith("max_") \
             else (key, "equal")
         value = numbers.get(name)

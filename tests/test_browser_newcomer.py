@@ -60,6 +60,7 @@ def send(page, text: str) -> None:
     page.wait_for_selector(".kv-chip", timeout=300_000)
     page.wait_for_function("document.querySelectorAll('[data-testid=stMetric]').length >= 5", timeout=300_000)
     idle(page)
+    page.mouse.wheel(0, 0)  # as a person who takes over: the page stops holding the strip in view
 
 
 def test_committed_edits_stay_on_the_strip_and_undo_from_the_list(page):
@@ -119,6 +120,7 @@ def test_a_long_conversation_opens_at_its_step_and_search_finds_a_word(page):
     page.get_by_text("Reading your message").wait_for(timeout=120_000)  # the prefill's progress, layer by layer
     page.wait_for_function("document.querySelectorAll('[data-testid=stMetric]').length >= 5", timeout=300_000)
     idle(page)
+    page.mouse.wheel(0, 0)  # as a person who takes over: the page stops holding the strip in view
     assert page.locator(".kv-chip").count() > 900
     in_view = """(chip) => { const s = chip.parentElement.getBoundingClientRect(), r = chip.getBoundingClientRect();
         return r.top >= s.top - 1 && r.bottom <= s.bottom + 1; }"""
@@ -199,7 +201,7 @@ def test_a_commit_while_looking_back_says_where_it_applies(page):
     idle(page)
     page.locator('.kv-chip[data-slot="6"]').click()
     idle(page)
-    button = page.get_by_role("button", name=f"Commit from slot {newest} (the next steps)")
+    button = page.get_by_role("button", name=f"Commit from slot {newest} on (steps to come)")
     expect(button).to_have_count(1)
     expect(page.locator("[data-testid=stAlert]", has_text="You are looking back at step 20")).to_have_count(1)
     button.click()

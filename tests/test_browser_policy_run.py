@@ -39,7 +39,7 @@ def test_run_a_policy_open_a_step_and_blame_it(tmp_path):
         page.keyboard.type("newest")  # the user's policy is offered beside the built-ins
         page.keyboard.press("Enter")
         expect(choice.locator("input")).to_have_value("newest", timeout=30_000)  # chosen before the run
-        budget = form.get_by_label("Budget (slots)")
+        budget = form.get_by_role("spinbutton", name="Budget (slots)")
         budget.fill("16")
         form.get_by_label("New tokens per turn").fill("8")
         form.get_by_role("button", name="Run the policy").click()
@@ -61,8 +61,8 @@ def test_run_a_policy_open_a_step_and_blame_it(tmp_path):
         page.get_by_role("option").nth(1).click()  # the first evicted slot
         page.get_by_text("(layer, KV head) pairs").wait_for(timeout=60_000)
         expect(page.locator("[data-testid=stDataFrame]")).to_have_count(tables + 1, timeout=30_000)  # its table
-        page.get_by_label("Open step").fill("2")
-        page.get_by_label("Open step").press("Enter")
+        page.get_by_role("spinbutton", name="Open step").fill("2")
+        page.get_by_role("spinbutton", name="Open step").press("Enter")
         page.get_by_text("Step 2 processes slot").wait_for(timeout=60_000)
         page.get_by_role("button", name="Blame this step").click()
         page.get_by_text("Restoring one evicted slot at a time").wait_for(timeout=120_000)
@@ -70,3 +70,34 @@ def test_run_a_policy_open_a_step_and_blame_it(tmp_path):
         page.get_by_text("restored together").wait_for(timeout=120_000)
         assert page.locator("[data-testid=stException]").count() == 0
         page.screenshot(path=str(ROOT / "assets" / "browser-test-policy-run.png"), full_page=True)
+
+
+def test_a_long_policy_run_shows_its_progress_and_stop_keeps_the_page(tmp_path):
+    """A policy run shows passes done of how many and the time left; Stop ends it and the page keeps what it had
+    (no run is shown, nothing is broken), and a run after it completes."""
+    from benchmarks.browser import browser_page, running_app
+    from tests.test_browser_newcomer import idle, send, watch_console
+
+    with running_app() as url, browser_page(url, height=1600) as page:
+        watch_console(page)
+        page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=120_000)
+        send(page, "Tell me a long story about a cat who travels the world.")
+        page.get_by_role("tab", name="Policy run", exact=True).click()
+        form = page.locator("[data-testid=stForm]")
+        form.wait_for(timeout=60_000)
+        form.get_by_label("New tokens per turn").fill("64")
+        form.get_by_role("button", name="Run the policy").click()
+        bar = page.locator("[data-testid=stProgress]")
+        bar.wait_for(timeout=120_000)
+        expect(bar).to_contain_text("forward passes · about", timeout=60_000)
+        text = bar.inner_text()
+        assert "Running the full cache and the policy side by side:" in text and " of " in text
+        page.get_by_role("button", name="Stop", exact=True).last.click()
+        idle(page, 2)
+        expect(page.locator("[data-testid=stProgress]")).to_have_count(0)
+        assert page.get_by_text("Turn 1 · full cache").count() == 0  # the stopped run left nothing behind
+        assert page.locator("[data-testid=stException]").count() == 0
+        form.get_by_label("New tokens per turn").fill("4")
+        form.get_by_role("button", name="Run the policy").click()
+        page.get_by_text("Turn 1 · full cache").wait_for(timeout=180_000)
+        assert page.console == []

@@ -126,3 +126,15 @@ def test_blame_of_a_step_before_a_later_flush_sees_the_cache_that_step_saw(lm, e
     for step in (-1, 1, 4):
         ranked = blame(result, step=step, limit=4)
         assert abs(ranked.kl - run.record(step).kl) <= kl_rounding(eps, ranked.kl), step
+
+
+def test_a_run_reports_every_forward_pass_and_ends_at_its_total(lm):
+    """Progress counts each forward pass once: the full side's prompt and steps, then the policy's prompt, forced
+    steps and free reply; the total is an upper bound until the replies are known, and the last report is exact."""
+    reports = []
+    result = run_policy(lm, TURNS, RunSettings(StreamingLLM(), BUDGET, "decode"), max_new_tokens=8,
+                        progress=lambda done, total: reports.append((done, total)))
+    passes = sum(2 * len(run.full_ids) + (len(run.policy_ids) - run.divergence - 2 if run.divergence is not None else 0)
+                 for run in result.turns)
+    assert [done for done, _ in reports] == list(range(1, passes + 1))
+    assert all(total >= done for done, total in reports) and reports[-1] == (passes, passes)

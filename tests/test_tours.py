@@ -54,7 +54,7 @@ def test_a_tour_plays_start_to_end_in_the_app(index):
     for number in range(len(tour.steps)):
         assert_clean(app)
         assert not app.warning, [w.value for w in app.warning]
-        heading = next(m.value for m in app.markdown if m.value.startswith("#### Tour:"))
+        heading = next(m.value for m in app.markdown if m.value.startswith("**Tour:"))
         assert heading.endswith(f"step {number + 1} of {len(tour.steps)}")
         kept = app.session_state["tour"]
         assert kept["caption"] in [m.value for m in app.markdown]
@@ -69,7 +69,7 @@ def test_a_tour_plays_start_to_end_in_the_app(index):
             next(b for b in app.button if b.label == "Next").click().run()
     next(b for b in app.button if b.label == "Back").click().run()
     assert app.session_state["tour"]["index"] == len(tour.steps) - 2
-    next(b for b in app.button if b.label == "End the tour").click().run()
+    next(b for b in app.button if b.label == "End").click().run()
     assert_clean(app)
     assert app.session_state["tour"] is None
 
@@ -80,10 +80,10 @@ def test_a_new_conversation_closes_the_tour_and_model_text_stays_text():
     next(b for b in app.sidebar.button if b.label == tour.name).click().run()
     next(b for b in app.button if b.label == "Next").click().run()  # the step naming the top tokens
     caption = app.session_state["tour"]["caption"]
-    assert "(full cache: `" in caption  # the model's tokens as code spans, made by the app
+    assert "full cache: `" in caption  # the model's text as code spans, made by the app
     next(b for b in app.sidebar.button if b.label == "New conversation").click().run()
     assert_clean(app)
-    assert app.session_state["tour"] is None and not any(m.value.startswith("#### Tour:") for m in app.markdown)
+    assert app.session_state["tour"] is None and not any(m.value.startswith("**Tour:") for m in app.markdown)
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
@@ -104,10 +104,17 @@ def test_a_tour_plays_in_the_browser_at_1280x720_with_no_warning(tmp_path):
             page.get_by_text(f"step {number} of {len(tour.steps)}").wait_for(timeout=180_000)
             page.wait_for_function(idle, timeout=180_000)
             page.wait_for_timeout(6500)  # each step scrolls itself to the top of the screen (app/components/scroll.py)
-            box = page.locator(".st-key-tour").bounding_box()  # and the whole step fits one 1280×720 screen
-            assert -40 < box["y"] and box["y"] + box["height"] <= 720 and 0 <= box["x"] and box["x"] + box["width"] <= 1280
+            box = page.locator(".st-key-tour").bounding_box()  # the card, in the sidebar, fits one 1280×720 screen
+            assert 0 <= box["y"] and box["y"] + box["height"] <= 720 and 0 <= box["x"] and box["x"] + box["width"] <= 1280, \
+                (number, box)
+            # and what the step describes is on screen beside it, above the chat box at the bottom
+            step = tour.steps[number - 1]
+            subject = page.locator("[data-testid=stExpander]", has_text="Toy numbers") if step.toy else \
+                page.locator(".kv-chip").first
+            where = subject.bounding_box()
+            assert 0 <= where["y"] <= 720 - 200, (number, where)
             if number < len(tour.steps):
                 page.get_by_role("button", name="Next").click()
-        page.get_by_role("button", name="End the tour").click()
+        page.get_by_role("button", name="End", exact=True).click()
         expect(page.locator(".st-key-tour")).to_have_count(0, timeout=60_000)
         assert not [m for m in messages if m[0] in ("warning", "error")], messages

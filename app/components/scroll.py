@@ -1,6 +1,6 @@
-"""A one-line component that scrolls the page so that it sits at the top of the view, once per ``token`` (e.g. each
-step of a tour): a speaker's next step is always on screen, however far down the page was (Streamlit keeps a chat
-page scrolled to its bottom while it grows)."""
+"""A one-line component that scrolls the page so that it sits at the top of the view, once per ``token`` (each step
+of a tour, the strip after a message or a demo, the title when the page opens): what the person is about to look at
+is on screen, however far down the page was (Streamlit keeps a chat page scrolled to its bottom while it grows)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ _JS = """export default function ({ parentElement, data }) {
   if (!mark) {
     mark = document.createElement("div");
     mark.className = "kv-scroll";
+    mark.style.scrollMarginTop = "4.5rem";  // below Streamlit's header bar, which covers the view's top
     parentElement.appendChild(mark);
   }
   if (mark.dataset.token === token) return;
@@ -29,13 +30,15 @@ _JS = """export default function ({ parentElement, data }) {
   }
   const check = () => {
     if (stopped || mark.dataset.token !== token) return;
+    const top = mark.getBoundingClientRect().top;
     const now = Date.now(), grown = main ? main.scrollHeight : 0;
     if (grown !== height) { height = grown; since = now; }
-    if (Math.abs(mark.getBoundingClientRect().top) > 40) mark.scrollIntoView({ block: "start" });
+    if (data.top) { if (main && main.scrollTop > 0) main.scrollTop = 0; }  // the page's very top (its padding too)
+    else if (Math.abs(top - 72) > 40) mark.scrollIntoView({ block: "start" });
     const app = document.querySelector("[data-testid=stApp]");
     const running = app && app.dataset.testScriptState === "running";
     const watching = running || now - since < 700 || now - started < 6000;  // charts draw after the run is over
-    if (watching && now - started < 20000) setTimeout(check, 150);
+    if (watching && now - started < 60000) setTimeout(check, 150);  // a first run may load the model first
     else if (main) main.scrollTop -= 1;  // a scroll while nothing grows: Streamlit stops sticking to the bottom
   };
   setTimeout(check, 100);
@@ -43,6 +46,23 @@ _JS = """export default function ({ parentElement, data }) {
 _component = st.components.v2.component("kvviz_scroll_here", js=_JS)
 
 
-def scroll_here(token: str, key: str) -> None:
-    """Mount the component; the page scrolls to it when ``token`` differs from the last one it saw."""
-    _component(data={"token": token}, key=key, height=1)
+def scroll_here(token: str, key: str, top: bool = False) -> None:
+    """Mount the component; the page scrolls to it (``top``: to the page's very top) when ``token`` differs from the
+    last one it saw."""
+    _component(data={"token": token, "top": top}, key=key, height=1)
+
+
+PLACES = ("top", "strip", "views")  # the page's title, the cache strip (with the what-if below it), the view tabs
+
+
+def look_at(place: str) -> None:
+    """Bring ``place`` (:data:`PLACES`) to the top of the view on the next run, once: after a message or a demo the
+    strip, for a tour step what it describes (Streamlit keeps a chat page at its bottom while it grows)."""
+    st.session_state[f"scroll_{place}"] = st.session_state.get(f"scroll_{place}", 0) + 1
+
+
+def mark(place: str) -> None:
+    """Where the page scrolls for :func:`look_at` ``(place)``; the title's also when the page (re)loads."""
+    count = st.session_state.get(f"scroll_{place}", 0)
+    if count or place == "top":
+        scroll_here(f"{place}-{count}", key=f"scroll-{place}", top=place == "top")

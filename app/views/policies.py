@@ -12,6 +12,7 @@ from app.views import why
 from app.views.policy_choice import build, is_press, kept_fraction, names, parameters, policy_classes
 from kvviz.errors import KvvizError
 from kvviz.policies import Policy
+from kvviz.policies.base import slots_kept
 from kvviz.whatif.compare import compare_policies
 
 
@@ -29,6 +30,7 @@ def render() -> None:
                               help="With a kvpress press on either side, kvpress' compression ratio 1 − this, "
                                    "rounded as kvpress rounds: int(n·(1 − ratio)) slots kept")
     budget = kept_fraction(fraction, is_press(first) or is_press(second))
+    cols[2].caption(f"{slots_kept(budget, at)} of the {at} slots before this step kept, in every layer and KV head")
     try:
         policies = [build(classes, name, parameters(cols[side], classes, name, f"policy-{side}"))
                     for side, name in enumerate((first, second))]
@@ -57,9 +59,14 @@ def render() -> None:
     _why(session, policies[0], first, budget, at)
     report = state.kept("comparison")
     if report:
-        st.dataframe([asdict(row) for row in report.rows], hide_index=True,
-                     column_config={"kl": st.column_config.NumberColumn("KL", format="%.4g"),
-                                    "tv": st.column_config.NumberColumn("TV", format="%.4g")})
+        number = st.column_config.NumberColumn
+        st.dataframe([asdict(row) for row in report.rows], hide_index=True, column_config={
+            "kept": number("slots kept", help="per layer and KV head, on average"),
+            "kl": number("KL", format="%.4g", help="KL(full ‖ policy) of the next token, nats"),
+            "tv": number("TV", format="%.4g", help="total variation distance of the next token's distributions"),
+            "top1_changed": st.column_config.CheckboxColumn("top-1 changes"),
+            "mean_rho": number("mean ρ", format="%.3f", help="evicted attention mass, mean over layers and heads"),
+            "edited_bytes": number("cache bytes after", format="%d", help="packed K/V bytes of the kept slots")})
         if report.overlap is not None:
             st.caption(f"Overlap of the evicted (layer, KV head, slot) entries: {report.overlap:.1%} (Jaccard)")
 

@@ -8,6 +8,7 @@ import streamlit as st
 
 from app import state
 from app.plain import plain, warn
+from app.long_work import Work, hand_over
 from app.views import why
 from app.views.policy_choice import build, names, parameters, policy_classes
 from app.views.slide_download import slide_popover
@@ -36,7 +37,10 @@ def render() -> None:
                                  help="kvviz's policies, then kvpress' presses by their own names (kvpress:…), with "
                                       "the settings that reproduce them; kvpress compresses once after the prompt "
                                       "(Compress: prefill)")
-        budget = cols[1].number_input("Budget (slots)", min_value=1, value=32, step=8)
+        budget = cols[1].number_input("Budget (slots)", min_value=1, value=32, step=8,
+                                      help="slots each step sees besides its own, in every layer and KV head (the "
+                                           "Policies tab's budget is a fraction of the slots; here 32 of a 64-slot "
+                                           "prompt is 0.5); or give kvpress' ratio")
         ratio = cols[4].number_input("or kvpress ratio", min_value=0.0, max_value=0.95, value=0.0, step=0.05,
                                      help="kvpress' compression_ratio, the fraction removed (int(n·(1 − ratio)) of the "
                                           "prompt's n slots kept) instead of the budget; 0: the budget")
@@ -90,8 +94,9 @@ def render() -> None:
             settings = RunSettings(policy, run_budget, mode, int(every), kivi, positions, reshape, quanto)
             lines = [line for line in prompt.splitlines() if line.strip()]
             state.make_room(held_slots(session.lm, lines, int(max_new)))
-            with st.spinner("Running the full cache and the policy side by side…"):
-                state.keep_policy_run(run_policy(session.lm, lines, settings, int(max_new)))
+            lm, count = session.lm, int(max_new)
+            hand_over(Work("Running the full cache and the policy side by side",
+                           lambda progress: run_policy(lm, lines, settings, count, progress), state.keep_policy_run))
         except KvvizError as exc:
             warn(exc)
     result = state.kept("policy_run")
@@ -173,16 +178,29 @@ def _step(result, turn: int, step: int) -> None:
     ranked = state.kept("policy_blame")
     if ranked is None or (ranked.turn, ranked.step) != (turn, step):
         return
-    st.markdown(f"Restoring one evicted {ranked.unit} at a time into the policy's cache of this step · KL to the full "
-                f"run with nothing restored {ranked.kl:.4f}, with every evicted slot back {ranked.kl_all_restored:.4f} "
-                "(the rest comes from slots the run wrote on its compressed cache)")
-    st.dataframe(pd.DataFrame([{"slots": ", ".join(map(str, r.slots)),
-                                "text": "".join(session.transcript.slots[s].text for s in r.slots),
-                                "KL after restore": r.kl_after_restore, "top-1 back": r.top1_restored,
-                                "attention (nothing hidden)": r.mass} for r in ranked.rows]), hide_index=True)
+    st.markdown(f"Restoring one evicted {ranked.unit} at a time into the policy's cache of this step, KL(full ‖ "
+                f"policy) in nats: **{ranked.kl:.4f}** with nothing restored, **{ranked.kl_all_restored:.4f}** with "
+                "every evicted slot back.")
+    if ranked.kl_all_restored > 0.5 * ranked.kl:
+        st.caption("Putting everything back leaves much of the gap: the slots this run wrote itself (its reply so far, "
+                   "a later turn's prompt) hold keys and values computed on its compressed cache, which eviction at "
+                   "this step cannot explain.")
+    pieces = session.transcript.slots
+    rows = sorted(ranked.rows, key=lambda r: not r.top1_restored)  # those that bring the full run's token back first
+    st.dataframe(pd.DataFrame([{"top-1 back": r.top1_restored, "text": visible(pieces, r.slots),
+                                "KL after restore": r.kl_after_restore, "slots": ", ".join(map(str, r.slots)),
+                                "attention paid, nothing hidden": r.mass} for r in rows]), hide_index=True,
+                 column_config={"attention paid, nothing hidden": st.column_config.NumberColumn(
+                     format="%.3f", help="the weight this step's query gives these slots with nothing hidden, summed "
+                                         "over layers and query heads (the ranking of the candidates)")})
     if cols[2].button("Restore the top 3", key="run-top3") and ranked.rows:
         slots = sorted({s for r in ranked.rows[:3] for s in r.slots})
         row = restore(result, slots, turn=turn, step=step)
-        words = " · ".join(repr("".join(session.transcript.slots[s].text for s in r.slots)) for r in ranked.rows[:3])
+        words = " · ".join(visible(pieces, r.slots) for r in ranked.rows[:3])
         st.success(f"{plain(words)} (slots {slots}) restored together: KL {row.kl_after_restore:.4f}, "
                    f"top-1 {'back' if row.top1_restored else 'still different'}")
+
+
+def visible(pieces, slots: list[int]) -> str:
+    """The text of ``slots`` with line breaks shown as ↵ (a cell of only a line break is not left blank)."""
+    return "".join(pieces[s].text for s in slots).replace("\n", "↵") or "∅"

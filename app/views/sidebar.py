@@ -7,9 +7,11 @@ import os
 import streamlit as st
 
 from app import state
+from app.components.scroll import look_at
 from app.views import tour
 from app.views.whatif import CHARTS
 from app.plain import plain
+from app.progress import long_progress
 from kvviz.errors import KvvizError
 from kvviz.model import BUNDLED, LoadedModel, allowed_models
 from kvviz.sampling import Sampling
@@ -20,6 +22,7 @@ def render() -> None:
     session = state.session()
     lm = session.lm
     with st.sidebar:
+        tour.render()  # a tour's card first: always beside the page it explains
         models = allowed_models()
         if len(models) > 1:  # the server's allow-list (KVVIZ_MODELS): each page may use another, each loaded once
             current = state.model_path() or os.environ.get("KVVIZ_MODEL") or BUNDLED
@@ -63,15 +66,18 @@ def _scenarios(lm: LoadedModel) -> None:
             else:
                 with st.spinner(plain(f"Running “{scenario.name}”…")):
                     session, draft, answer_step = run_scenario(lm, scenario)
-                    if scenario.policy_run:
-                        state.keep_policy_run(*run_policy_scenario(lm, scenario))
-                    view = demo_view(session, draft, answer_step, scenario) if draft.evicted else None
+                if scenario.policy_run:
+                    with long_progress(plain(f"“{scenario.name}”: the full cache and the policy side by side"),
+                                       "forward passes", "stop-demo") as progress:
+                        state.keep_policy_run(*run_policy_scenario(lm, scenario, progress))
+                view = demo_view(session, draft, answer_step, scenario) if draft.evicted else None
                 state.replace(session, draft, at=answer_step)
                 if view is not None:  # the views that tell the demo's story
                     st.session_state.layer, st.session_state.head = view["layer"], view["head"]
                     st.session_state.continuation = view["continuation"]
                     st.session_state.whatif_chart = CHARTS["alpha"]  # that head's weights, α and α′
                 state.notify(scenario.description, note=True)
+                look_at("strip")
             st.rerun()
 
 

@@ -11,6 +11,7 @@ import streamlit as st
 
 from app import state
 from app.plain import warn
+from app.long_work import Work, hand_over
 from app.views.policy_choice import policy_classes
 from kvviz import figures
 from kvviz.errors import KvvizError
@@ -88,12 +89,16 @@ def _open(row: dict) -> None:
         case = case_of(row)
         settings = run_settings(case, policy_classes())
         state.make_room(held_slots(session.lm, list(case.prompt.turns), case.max_new_tokens))
-        with st.spinner("Running the full cache and the policy side by side…"):
-            state.keep_policy_run(run_policy(session.lm, list(case.prompt.turns), settings, case.max_new_tokens))
     except (KvvizError, ValueError, TypeError) as exc:
         warn(exc if isinstance(exc, KvvizError) else f"this row cannot be opened ({exc})")
         return
-    state.notify(f"Opened {case.prompt.id} · {case.policy} · budget {case.budget} as a policy run on {session.lm.name}: "
-                 "it is in the Policy run tab.", note=True)
-    st.session_state.open_view = "Policy run"
-    st.rerun()
+    lm, turns = session.lm, list(case.prompt.turns)
+
+    def opened(result) -> None:
+        state.keep_policy_run(result)
+        state.notify(f"Opened {case.prompt.id} · {case.policy} · budget {case.budget} as a policy run on {lm.name}: "
+                     "it is in the Policy run tab.", note=True)
+        st.session_state.open_view = "Policy run"
+
+    hand_over(Work("Running the case again: the full cache and the policy side by side",
+                   lambda progress: run_policy(lm, turns, settings, case.max_new_tokens, progress), opened))

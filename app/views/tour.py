@@ -1,12 +1,14 @@
-"""A guided tour at the top of the page: the step's caption with the live model's numbers, where to look, and
-Back / Next / End. Each step sets the state it describes (step, edit, layer and head); it stays live and clickable."""
+"""A guided tour in the sidebar: the step's caption with the live model's numbers, where to look, and Back / Next /
+End, always on screen beside the page, which scrolls to what the step describes (the strip and the what-if, the toy
+numbers at the top, or a view tab). Each step sets the state it describes (step, edit, layer and head); it stays live
+and clickable."""
 
 from __future__ import annotations
 
 import streamlit as st
 
 from app import state
-from app.components.scroll import scroll_here
+from app.components.scroll import look_at, scroll_here
 from app.plain import code, plain
 from kvviz.figures.whatif_charts import visible
 from kvviz.model import LoadedModel
@@ -37,6 +39,8 @@ def go(tour: Tour, index: int, session) -> None:
         scenario = Scenario(name="Toy numbers", description="α, ρ and α′ = α/(1−ρ)", toy=step.toy)
         toy = (scenario, [toy_example(step.toy["alpha"], evict) for evict in step.toy["evict"]])
     state.keep("toy", toy)
+    st.session_state.continuation = step.continuation  # the what-if shows the continuations the caption quotes
+    look_at("top" if step.toy else "views" if step.view or step.channels else "strip")  # the step's subject
     if step.view:  # opened before the tabs are drawn (app/main.py)
         st.session_state["open_view"] = step.view
     if step.channels:
@@ -53,20 +57,20 @@ def render() -> None:
         state.keep("tour", None)
         return
     tour, index = kept["tour"], kept["index"]
-    with st.container(border=True, key="tour"):
-        scroll_here(f"{tour.name}/{index}", key="tour-scroll")  # each step starts on screen
-        st.markdown(f"#### Tour: {plain(tour.name)} · step {index + 1} of {len(tour.steps)}")
+    with st.sidebar.container(border=True, key="tour"):
+        scroll_here(f"{tour.name}/{index}", key="tour-scroll")  # the sidebar brings each step's card into view
+        st.markdown(f"**Tour: {plain(tour.name)}** · step {index + 1} of {len(tour.steps)}")
         st.markdown(kept["caption"])  # the tour file's own Markdown, with the model's numbers
         if kept["look"]:
             st.caption(kept["look"])
-        back, forward, end = st.columns([1, 1, 4])
+        back, forward, end = st.columns(3)
         if back.button("Back", disabled=index == 0, key="tour-back"):
             go(tour, index - 1, state.session())
             st.rerun(scope="app")
         if forward.button("Next", disabled=index == len(tour.steps) - 1, key="tour-next", type="primary"):
             go(tour, index + 1, state.session())
             st.rerun(scope="app")
-        if end.button("End the tour", key="tour-end"):
+        if end.button("End", key="tour-end", help="End the tour"):
             state.keep("tour", None)
             state.keep("toy", None)
             st.rerun(scope="app")

@@ -235,10 +235,10 @@ def _buttons() -> None:
     newest, at = len(session), state.step_slot()
     travelling = at < newest - 1
     if travelling:  # a commit edits what is still to come, never the steps already run: say so before it happens
-        st.info(f"You are looking back at step {at}. A commit applies from slot {newest} on — the next steps of the "
-                f"conversation; steps {at}–{newest - 1} already ran and their reply stays as it is. What the edit does "
-                f"at step {at} is the what-if above.", icon=":material/history:")
-    label = f"Commit from slot {newest} (the next steps)" if travelling else "Commit edit to the conversation"
+        st.info(f"You are looking back at step {at}. A commit applies from slot {newest} on — the steps still to come "
+                f"in the conversation; steps {at}–{newest - 1} already ran and their reply stays as it is. What the "
+                f"edit does at step {at} is the what-if above.", icon=":material/history:")
+    label = f"Commit from slot {newest} on (steps to come)" if travelling else "Commit edit to the conversation"
     cols = st.columns(3)
     if cols[0].button(label, key="commit-edit", help=f"Steps from slot {newest} on run on the edited cache"):
         try:

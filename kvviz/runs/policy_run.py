@@ -20,6 +20,7 @@ import torch
 from kvviz.errors import KvvizError
 from kvviz.model import LoadedModel
 from kvviz.runs.compressed import CompressedSession, RunSettings
+from kvviz.runs.progress import Progress
 from kvviz.runs.timeline import NEVER
 from kvviz.session import Session
 from kvviz.whatif.metrics import kl_divergence
@@ -136,7 +137,6 @@ class PolicyRun:
         later = (commits >= NEVER) | (slots >= run.end)  # still cached when the turn ended
         return torch.where(later, NEVER, torch.where(slots < run.prompt_end, -1, slots - run.prompt_end))
 
-
     def quantized_steps(self, turn: int = -1) -> torch.Tensor:
         """KIVI's side of the timeline: ``(n,)`` int, the turn's decode step from which each slot is stored at low
         bits (``-1``: before the turn; ``NEVER``: still at 16 bits at the end)."""
@@ -173,15 +173,20 @@ class FullTurn:
     logits: list[torch.Tensor]
 
 
-def full_replies(lm: LoadedModel, turns: Sequence[str], max_new_tokens: int) -> list[FullTurn]:
+def full_replies(lm: LoadedModel, turns: Sequence[str], max_new_tokens: int,
+                 progress: Progress | None = None) -> list[FullTurn]:
     """The full-cache side of a run of ``turns``: it depends on no policy, so runs of several policies on the same
     turns (a sweep) can share it."""
     _check(turns, max_new_tokens)
     full, replies = Session(lm), []
-    for text in turns:
+    tick = progress.tick if progress is not None else lambda: None
+    for index, text in enumerate(turns):
         full.add_user_turn(text)
+        tick()
         prompt_ids = list(full.transcript.ids)
-        replies.append(FullTurn(prompt_ids, *_full_reply(full, max_new_tokens)))
+        replies.append(FullTurn(prompt_ids, *_full_reply(full, max_new_tokens, tick)))
+        if progress is not None:  # the reply's length is known, on this side and on the policy's
+            progress.total -= 2 * (max_new_tokens - len(replies[-1].ids))
     return replies
 
 
@@ -193,20 +198,24 @@ def _check(turns: Sequence[str], max_new_tokens: int) -> None:
 
 
 def run_policy(lm: LoadedModel, turns: Sequence[str], settings: RunSettings, max_new_tokens: int = 64,
-               on_step: Callable[[int, int], None] | None = None, full: list[FullTurn] | None = None) -> PolicyRun:
+               progress: Callable[[int, int], None] | None = None, full: list[FullTurn] | None = None) -> PolicyRun:
     """Answer ``turns`` with the full cache and with ``settings``' compression, side by side (module doc).
-    ``on_step(turn, step)`` reports progress; ``full`` is the full side when already computed
+    ``progress(done, total)`` is called after each forward pass (``total``: an upper bound, exact once every reply is
+    known; an exception it raises abandons the run); ``full`` is the full side when already computed
     (:func:`full_replies` of the same turns and ``max_new_tokens``)."""
     _check(turns, max_new_tokens)
-    full = full if full is not None else full_replies(lm, turns, max_new_tokens)
+    # passes: each turn's prompt and reply steps (as many as its tokens) on the full side, then on the policy's (a free
+    # reply past a divergence is counted when it happens)
+    counter = Progress(progress, 2 * len(turns) * max_new_tokens if full is None else sum(len(t.ids) for t in full))
+    full = full if full is not None else full_replies(lm, turns, max_new_tokens, counter)
     if len(full) != len(turns):
         raise KvvizError(f"the full run has {len(full)} turns for {len(turns)} turns")
     policy = CompressedSession(lm, settings)
     result = PolicyRun(settings, lm.name)
     for index, (text, reference) in enumerate(zip(turns, full)):
         policy.add_turn(text)
-        forced, free, turn = _compare(policy, reference.ids, reference.logits, max_new_tokens,
-                                      lambda step: on_step and on_step(index, step))
+        counter.tick()  # the prompt's pass
+        forced, free, turn = _compare(policy, reference.ids, reference.logits, max_new_tokens, counter)
         result.turns.append(TurnRun(text, reference.prompt_ids, forced.prompt_end[-1], reference.ids,
                                     turn["policy_ids"], _text(lm, reference.ids), _text(lm, turn["policy_ids"]),
                                     turn["divergence"], turn["steps"], forced, torch.stack(reference.logits).cpu()))
@@ -219,11 +228,12 @@ def _text(lm: LoadedModel, ids: list[int]) -> str:
     return lm.tokenizer.decode([i for i in ids if i not in lm.stop_ids], skip_special_tokens=True)
 
 
-def _full_reply(full: Session, max_new_tokens: int) -> tuple[list[int], list[torch.Tensor]]:
+def _full_reply(full: Session, max_new_tokens: int, tick: Callable[[], None]) -> tuple[list[int], list[torch.Tensor]]:
     """The full session's greedy reply (ids, end-of-turn included) and the logits before each of its tokens."""
     ids, logits = [full.pending], [full.logits]
     while len(ids) < max_new_tokens and ids[-1] not in full.lm.stop_ids and full.has_room(1):
         full.step()
+        tick()
         ids.append(full.pending)
         logits.append(full.logits)
     full.set_announced(len(ids))
@@ -231,7 +241,7 @@ def _full_reply(full: Session, max_new_tokens: int) -> tuple[list[int], list[tor
 
 
 def _compare(policy: CompressedSession, full_ids: list[int], full_logits: list[torch.Tensor], max_new_tokens: int,
-             on_step: Callable[[int], None]) -> tuple[CompressedSession, CompressedSession, dict]:
+             progress: Progress) -> tuple[CompressedSession, CompressedSession, dict]:
     """Teacher-force ``policy`` on the full reply; fork the free run where its choice first differs. Returns the
     forced side, the free side (the same object when they never part) and the turn's records."""
     session = policy.session
@@ -249,11 +259,12 @@ def _compare(policy: CompressedSession, full_ids: list[int], full_logits: list[t
                              full_ids[step + 1]))
         if free is None and not steps[-1].top1_agree:
             divergence, free = step, _fork(policy)
-        on_step(step)
+        progress.tick()
     if free is None:
         session.set_announced(len(full_ids))
         return policy, policy, {"policy_ids": list(full_ids), "divergence": None, "steps": steps}
-    own = _free_reply(free, max_new_tokens)
+    progress.total += max_new_tokens - len(free.session.produced)  # the free reply's passes, at most
+    own = _free_reply(free, max_new_tokens, progress)
     return policy, free, {"policy_ids": own, "divergence": divergence, "steps": steps}
 
 
@@ -276,12 +287,14 @@ def _fork(policy: CompressedSession) -> CompressedSession:
     return copy.deepcopy(policy, memo={id(lm): lm})
 
 
-def _free_reply(free: CompressedSession, max_new_tokens: int) -> list[int]:
+def _free_reply(free: CompressedSession, max_new_tokens: int, progress: Progress) -> list[int]:
     """The forked run's own greedy reply: it forked right after choosing a token of its own."""
     session = free.session
     ids = list(session.produced)
     while len(ids) < max_new_tokens and ids[-1] not in free.lm.stop_ids and session.has_room(1):
         free.step()
+        progress.tick()
         ids.append(session.pending)
+    progress.total -= max_new_tokens - len(ids)  # it ended early
     session.set_announced(len(ids))
     return ids

@@ -1,0 +1,74 @@
+"""The page stays where the person looks, in a real headless Chromium at 1500×1000 and 1280×720: it opens at its title
+(Streamlit keeps a chat page at its bottom, which once opened it 563–917 px down), a message and a demo bring the
+cache strip into view (they once left the page at the attention charts far below), and a click on a chip — after
+*Jump to* too — leaves the page where it was."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from benchmarks.browser import CHROMIUM
+from tests.test_browser_newcomer import idle, watch_console
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
+                                reason="Debian's chromium is not installed (scripts/test.sh installs it)")
+
+SCROLLED = "document.querySelector('[data-testid=stAppScrollToBottomContainer]').scrollTop"
+
+
+@pytest.fixture(scope="module")
+def server():
+    from benchmarks.browser import running_app
+
+    with running_app() as url:
+        yield url
+
+
+def _strip_in_view(page, height: int) -> float:
+    """The strip's first row's top, checked to be on screen with room below it for the strip itself."""
+    top = page.locator(".kv-chip").first.bounding_box()["y"]
+    assert 0 <= top <= height - 200, f"the strip is at {top:.0f} px of a {height} px view"
+    return top
+
+
+@pytest.mark.parametrize("width,height", [(1500, 1000), (1280, 720)])
+def test_the_page_stays_where_the_person_looks(server, width, height):
+    from benchmarks.browser import browser_page
+
+    with browser_page(server, width=width, height=height) as page:
+        watch_console(page)
+        page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=120_000)
+        idle(page, 2)
+        assert page.evaluate(SCROLLED) == 0  # opens at its title
+        assert 0 <= page.get_by_role("heading", name="kvviz — the KV cache, visible").bounding_box()["y"] < 200
+
+        page.fill("[data-testid=stChatInputTextArea]", "My cat is called Whiskers. What is my cat called?")
+        page.keyboard.press("Enter")
+        page.wait_for_selector(".kv-chip", timeout=300_000)
+        idle(page, 2)
+        _strip_in_view(page, height)
+
+        before = page.evaluate(SCROLLED)
+        page.locator('.kv-chip[data-slot="5"]').click()
+        idle(page, 2)
+        assert abs(page.evaluate(SCROLLED) - before) <= 2  # a click edits; the page does not move
+
+        jump = page.locator("input[aria-label='Jump to']")
+        jump.fill("9")
+        jump.press("Enter")
+        idle(page, 2)
+        before = page.evaluate(SCROLLED)
+        page.locator('.kv-chip[data-slot="6"]').click()
+        idle(page, 2)
+        assert abs(page.evaluate(SCROLLED) - before) <= 2
+        _strip_in_view(page, height)
+
+        page.get_by_role("button", name="Evict a fact").click()
+        page.get_by_test_id("stMainBlockContainer").get_by_text("The model answers from the one fact").wait_for(
+            timeout=300_000)
+        idle(page, 2)
+        _strip_in_view(page, height)
+        assert page.console == []
