@@ -44,8 +44,10 @@ def render() -> None:
     st.toggle("Read control tokens I type (e.g. <|im_end|>) as real ones", key="raw_special_tokens",
               help="Off: what you type is text, so a message cannot end its turn or open a system turn. On: typed "
                    "control strings become the model's control tokens (outlined in purple on the strip).")
+    prompt = st.chat_input("Message the model (Stop: press any button while it writes)")  # pinned at the bottom
     _, stop, right = st.columns([3, 1, 1])
-    stop.button("Stop", help="Stops generation between two decode steps (the cache stays whole)")
+    stop.button("Stop", disabled=not prompt, help="Stops the reply being written between two decode steps (the cache "
+                "stays whole); enabled while one is written")
     with right:
         can_step = pending is not None and not session.turn_ended
         if st.button("Step one token", disabled=not can_step, help="Decode exactly one token (teaching mode)"):
@@ -53,7 +55,7 @@ def render() -> None:
                 session.set_announced(len(session.produced))  # every chosen token is now part of the reply
             state.travel(None)
             st.rerun()
-    if prompt := st.chat_input("Message the model (Stop: press any button while it writes)"):
+    if prompt:
         st.chat_message("user").text(prompt)
         tokens = len(session.lm.tokenizer.encode(prompt)) + st.session_state.max_new_tokens
         if _guard(lambda: state.make_room(tokens)) is None:

@@ -119,13 +119,14 @@ play.addEventListener("click", () => {
   play.textContent = "■ Stop";
   state.edit = -1;
   state.at = 0;
-  const stride = Math.max(1, Math.round(n / 160));
+  const stride = Math.max(1, Math.round(n / 160));  // at most ~160 frames, each long enough to follow: ~8 s in all
+  const every = Math.max(50, 8000 / Math.ceil(n / stride));
   timer = setInterval(() => {
     state.at = Math.min(state.at + stride, n - 1);
     slider.value = String(state.at);
     draw();
     if (state.at >= n - 1) { clearInterval(timer); timer = null; play.textContent = "▶ Play the growth"; }
-  }, 50);
+  }, every);
 });
 
 function table(rows, caption) {
