@@ -188,13 +188,15 @@ def overview(session: Session, at: int, bins: int = 48) -> np.ndarray:
     return session.memoized("views", ("overview", at, bins), compute)
 
 
-def head_map(session: Session, layer: int, head: int, size: int = 320) -> tuple[np.ndarray, int]:
-    """The causal map of one head (queries × keys, all cached slots), max-pooled to ``≤ size`` per side.
+def head_map(session: Session, layer: int, head: int, size: int = 320, stop: int | None = None
+             ) -> tuple[np.ndarray, int]:
+    """The causal map of one head (queries × keys, the cached slots before ``stop``: all by default; a step looked
+    back at shows no later row), max-pooled to ``≤ size`` per side.
 
     Returns the map and the block width (slots per pixel)."""
     def compute() -> tuple[np.ndarray, int]:
-        weights = session.weights(layer, head=head)[0].cpu().numpy()  # (n, n)
+        weights = session.weights(layer, 0, stop, head=head)[0].cpu().numpy()  # (n, n)
         pooled = pool(pool(weights, size, axis=0), size, axis=1)
         return pooled, -(-weights.shape[0] // pooled.shape[0])
 
-    return session.memoized("views", ("map", layer, head, size), compute)
+    return session.memoized("views", ("map", layer, head, size, stop), compute)

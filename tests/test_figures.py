@@ -48,6 +48,25 @@ def test_strip_and_attention_views(session):
     assert figures.overview_figure(rows, 3, at).data[0].z.shape[1] == 9 * rows.shape[2] + 2 * 2
 
 
+def test_the_head_map_names_tokens_stops_at_the_step_looked_at_and_the_overview_frames_the_head(session):
+    n = len(session)
+    back = n - 4  # a step looked back at
+    full, _ = head_map(session, 2, 5)
+    weights, block = head_map(session, 2, 5, stop=back + 1)
+    assert block == 1 and weights.shape == (back + 1, back + 1)
+    assert np.array_equal(weights, full[: back + 1, : back + 1])  # no row (or key) of a later step
+    texts = [s.text for s in session.transcript.slots[: back + 1]]
+    heatmap = figures.head_map_figure(weights, block, [], "t", texts).data[0]
+    assert list(heatmap.y) == [f"{i} {t!r}" for i, t in enumerate(texts)] == list(heatmap.x)  # tokens on hover
+    assert "query %{y}" in heatmap.hovertemplate and "key %{x}" in heatmap.hovertemplate
+    rows = overview(session, back, bins=16)
+    frame = figures.overview_figure(rows, 3, back, chosen=(7, 4)).layout.shapes
+    assert len(frame) == 1 and (frame[0].y0, frame[0].y1) == (6.5, 7.5)
+    z = figures.overview_figure(rows, 3, back).data[0].z  # the framed columns are head 4's tile (KV group 1)
+    left = 4 * rows.shape[2] + 2
+    assert np.array_equal(z[7, left : left + rows.shape[2]], rows[7, 4]) and frame[0].x0 == left - 0.5
+
+
 def test_a_long_row_is_drawn_as_blocks_of_slots_holding_their_maximum():
     from kvviz.figures.growth import SEGMENT_COLOURS
     from kvviz.figures.whatif_charts import POINT_LIMIT

@@ -32,10 +32,11 @@ def render() -> None:
         return
     layer, head = st.session_state.layer, state.detail_head()
     lm, caption = session.lm, plot_slides.caption(session.lm.name, at, session.commits.edit_at(at))
-    st.plotly_chart(figures.overview_figure(overview(session, at), lm.kv_heads, at), key="overview",
+    st.plotly_chart(figures.overview_figure(overview(session, at), lm.kv_heads, at, (layer, head)), key="overview",
                     config=PLOTLY_CONFIG, on_select=_pick_cell, selection_mode="points")
+    mean = " (the Head picker's mean of heads colours the strip; the maps show one head)" if state.head() is None else ""
     st.caption(f"Click a head in a layer row to open its map (or pick them above the strip) · shown: layer {layer}, "
-               f"head {head}")
+               f"head {head}, framed in red{mean}")
     slide_popover("overview", lambda: plot_slides.overview_slide(overview(session, at), lm.kv_heads, at, caption),
                   f"kvviz-overview-slot{at}")
     windows = session.lm.attention.windows
@@ -47,13 +48,15 @@ def render() -> None:
     note = window_note(session, at, layer)
     if note:
         st.caption(note)
-    weights, block = head_map(session, layer, head)
-    boundaries, title = session.transcript.boundaries(), f"Layer {layer}, head {head}"
-    st.plotly_chart(figures.head_map_figure(weights, block, boundaries, title), key="headmap", config=PLOTLY_CONFIG)
+    weights, block = head_map(session, layer, head, stop=at + 1)  # looking back: no row of a later step
     texts = [s.text for s in session.transcript.slots[: at + 1]]
-    slide_popover("headmap", lambda: plot_slides.head_map_slide(
-        *head_map(session, layer, head, SLIDE_MAP), boundaries, title, caption,
-        [s.text for s in session.transcript.slots]), f"kvviz-map-l{layer}h{head}")
+    boundaries = [(slot, label) for slot, label in session.transcript.boundaries() if slot <= at]
+    title = f"Layer {layer}, head {head}" + (f", up to step {at}" if at < len(session) - 1 else "")
+    st.plotly_chart(figures.head_map_figure(weights, block, boundaries, title, texts), key="headmap",
+                    config=PLOTLY_CONFIG)
+    slide_popover("headmap", lambda title=title: plot_slides.head_map_slide(
+        *head_map(session, layer, head, SLIDE_MAP, stop=at + 1), boundaries, title, caption, texts),
+        f"kvviz-map-l{layer}h{head}")
     segments = session.transcript.segments()[: at + 1]
     row, title = attention_row(session, at, layer, head).tolist(), f"Slot {at} attends to (layer {layer}, head {head})"
     st.plotly_chart(figures.row_figure(row, texts, segments, title), key="row", config=PLOTLY_CONFIG)

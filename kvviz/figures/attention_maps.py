@@ -13,9 +13,9 @@ from kvviz.figures.whatif_charts import POINT_LIMIT
 LAYOUT = dict(margin=dict(l=10, r=10, t=40, b=10))
 
 
-def overview_figure(rows: np.ndarray, kv_heads: int, at: int) -> go.Figure:
+def overview_figure(rows: np.ndarray, kv_heads: int, at: int, chosen: tuple[int, int] | None = None) -> go.Figure:
     """``rows`` ``(L, H, B)``: each head's attention row (max-pooled to B bins) as one tiled heatmap, query heads
-    grouped by the KV head they share, with a gap column between groups."""
+    grouped by the KV head they share, with a gap column between groups; the ``chosen`` (layer, head) framed."""
     layers, heads, bins = rows.shape
     group = heads // kv_heads
     gap = np.full((layers, 2), np.nan)
@@ -36,29 +36,41 @@ def overview_figure(rows: np.ndarray, kv_heads: int, at: int) -> go.Figure:
     centres = np.array(ticks)
     targets = dict(type="scatter", mode="markers", x=np.tile(centres, layers), y=np.repeat(np.arange(layers), heads),
                    marker=dict(size=14, opacity=0), hoverinfo="none", showlegend=False)  # point i: layer i // H
+    frame = []
+    if chosen is not None:  # the head the other views show
+        layer, head = chosen
+        left = ticks[head] - bins / 2
+        frame = [dict(type="rect", x0=left - 0.5, x1=left + bins - 0.5, y0=layer - 0.5, y1=layer + 0.5,
+                      line=dict(color="#d62728", width=2))]
     layout = dict(title=f"Attention of slot {at}: every layer × query head (keys left → right, max-pooled)",
-                  height=560, xaxis=dict(tickvals=ticks, ticktext=labels, showgrid=False),
+                  height=560, shapes=frame, xaxis=dict(tickvals=ticks, ticktext=labels, showgrid=False),
                   yaxis=dict(title="layer", autorange="reversed", dtick=2, showgrid=False), clickmode="event+select",
                   **LAYOUT)
     return go.Figure(dict(data=[heatmap, targets], layout=layout))
 
 
-def head_map_figure(weights: np.ndarray, block: int, boundaries: list[tuple[int, str]], title: str) -> go.Figure:
+def head_map_figure(weights: np.ndarray, block: int, boundaries: list[tuple[int, str]], title: str,
+                    texts: list[str] | None = None) -> go.Figure:
     """One head's causal map (queries down, keys across). ``block`` slots per pixel; ``boundaries`` are
-    ``(slot, label)`` lines, e.g. where segments or turns start."""
+    ``(slot, label)`` lines, e.g. where segments or turns start; ``texts``: each slot's token, named on hover."""
     n = weights.shape[0]
     axis = np.arange(n) * block
     masked = np.where(np.tril(np.ones_like(weights, dtype=bool)) | (block > 1), weights, np.nan)
     heatmap = dict(type="heatmap", z=masked, x=axis, y=axis, colorscale="OrRd", zmin=0,
                    hovertemplate="query %{y}<br>key %{x}<br>α %{z:.4f}<extra></extra>", colorbar=dict(title="α", thickness=10))
+    axes = dict(xaxis=dict(title="key slot", range=[0, n * block]), yaxis=dict(title="query slot", range=[n * block, 0]))
+    if texts is not None and block == 1:  # one slot a cell: its token on hover, categories that keep slot order
+        names = [f"{slot} {texts[slot]!r}" for slot in range(n)]
+        heatmap |= dict(x=names, y=names)
+        ticks = dict(type="category", tickvals=names[:: max(1, n // 12)], ticktext=[str(s) for s in axis[:: max(1, n // 12)]])
+        axes = dict(xaxis=dict(title="key slot", range=[-0.5, n - 0.5], **ticks),
+                    yaxis=dict(title="query slot", range=[n - 0.5, -0.5], **ticks))
     line = dict(type="line", line=dict(color="#2f80ed", width=1, dash="dot"))
     shapes = [line | edge for slot, _ in boundaries
               for edge in (dict(x0=slot, x1=slot, y0=0, y1=n * block), dict(y0=slot, y1=slot, x0=0, x1=n * block))]
     labels = [dict(x=slot, y=0, text=label, showarrow=False, yshift=12, font=dict(size=10)) for slot, label in boundaries]
     suffix = f" (max over {block}×{block} blocks)" if block > 1 else ""
-    layout = dict(title=title + suffix, height=520, shapes=shapes, annotations=labels,
-                  yaxis=dict(title="query slot", range=[n * block, 0]), xaxis=dict(title="key slot", range=[0, n * block]),
-                  **LAYOUT)
+    layout = dict(title=title + suffix, height=520, shapes=shapes, annotations=labels, **axes, **LAYOUT)
     return go.Figure(dict(data=[heatmap], layout=layout))
 
 

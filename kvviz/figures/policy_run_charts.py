@@ -111,7 +111,7 @@ def timeline(result: PolicyRun, pieces: list[str], turn: int = -1, layer: int | 
         data[0]["customdata"] = [[reason] * seen.shape[1] for reason in reasons]
         data[0]["hovertemplate"] = "step %{x} · slot %{y}<br>seen: %{z:.0%}<br>%{customdata}<extra></extra>"
     layout = dict(height=min(900, 200 + 2 * n), margin=dict(l=10, r=10, t=30, b=10), xaxis_title="decode step",
-                  yaxis=dict(title="slot", autorange="reversed", type="category", showticklabels=n <= 80), title=evicted_title(gone))
+                  yaxis=slot_axis(labels), title=evicted_title(gone))
     return go.Figure(dict(data=data, layout=layout))
 
 
@@ -125,9 +125,15 @@ def bit_widths(result: PolicyRun, pieces: list[str], turn: int = -1) -> go.Figur
                  colorscale=[[0, "#f2994a"], [1, "#2f80ed"]], colorbar=dict(title="key bits"),
                  hovertemplate="step %{x} · slot %{y}<br>keys at %{z} bits<extra></extra>")]
     layout = dict(height=min(900, 200 + 2 * n), margin=dict(l=10, r=10, t=30, b=10), xaxis_title="decode step",
-                  yaxis=dict(title="slot", autorange="reversed", type="category", showticklabels=n <= 80),
+                  yaxis=slot_axis(labels),
                   title=plain_title(kivi.label))
     return go.Figure(dict(data=data, layout=layout))
+
+
+def slot_axis(labels: list[str]) -> dict:
+    """A slot axis naming each slot's token: every slot up to 80, then every k-th (a long run keeps its labels)."""
+    every = -(-len(labels) // 80)
+    return dict(title="slot", autorange="reversed", type="category", tickvals=labels[::every])
 
 
 def evicted_title(gone: int) -> str:
