@@ -30,6 +30,9 @@ def render() -> None:
     session = state.session()
     classes = policy_classes()
     turns = [turn["user"] for turn in session.turns]
+    kivi_on = st.checkbox("KIVI quantization", key="run-kivi", help="KIVI keeps the newest R slots at 16 bits and "
+                          "quantizes older ones in groups of G as they leave that window: keys per channel, values per "
+                          "token, at the chosen bits (its settings below are used only when this is on)")
     with st.form("policy-run"):
         cols = st.columns([3, 2, 2, 2, 2])
         offered = ["(none: a quantized cache only)", *names(classes)]
@@ -49,18 +52,15 @@ def render() -> None:
                                       "after_steps: after every N-th step, as kvpress' DecodingPress")
         every = cols[3].number_input("Every N steps", min_value=1, value=1)
         quant = st.columns(4)
-        kivi_on = quant[0].checkbox("KIVI quantization", help="KIVI keeps the newest R slots at 16 bits and quantizes "
-                                    "older ones in groups of G as they leave that window: keys per channel, values per "
-                                    "token, at the chosen bits")
-        bits = quant[1].selectbox("KIVI bits", [2, 4], index=0)
-        group = quant[2].number_input("Group G", min_value=1, value=32)
+        bits = quant[1].selectbox("KIVI bits", [2, 4], index=0, disabled=not kivi_on)
+        group = quant[2].number_input("KIVI group G", min_value=1, value=32, disabled=not kivi_on)
         residual = quant[3].number_input("Full-precision R", min_value=0, value=128)
         quanto_bits = quant[0].selectbox("QuantizedCache", ["off", "quanto 4 bits", "quanto 2 bits", "hqq 8 bits",
                                                             "hqq 4 bits", "hqq 2 bits"],
                                          help="The run's cache as transformers' QuantizedCache with the quanto or HQQ "
                                               "backend: the prompt quantized at once, then every R new slots all "
                                               "quantized again together (R: Full-precision R; groups of 64, axis 0)")
-        grouping = st.radio("Key scales", ["blocks", "shared"], horizontal=True,
+        grouping = st.radio("KIVI key scales", ["blocks", "shared"], horizontal=True, disabled=not kivi_on,
                             help="blocks: one scale per channel and group of G slots (KIVI); shared: one for all")
         positions = st.radio("Positions", ["original", "rerotated"], horizontal=True,
                              help="original: every key keeps the position it was computed at; rerotated "
