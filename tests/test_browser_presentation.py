@@ -27,14 +27,15 @@ BOXES = """() => {
 }"""
 
 
-def test_one_projector_screen_holds_the_numbers_the_strip_and_both_tables(tmp_path):
+@pytest.mark.parametrize("demo", ["Evict a fact", "Policy run: a name asked late"])  # 52 and 98 slots
+def test_one_projector_screen_holds_the_numbers_the_strip_and_both_tables(tmp_path, demo):
     from benchmarks.browser import browser_page, running_app
 
     with running_app({"KVVIZ_SESSIONS": str(tmp_path)}) as url, browser_page(url, 1280, 720) as page:
         messages = []
         page.on("console", lambda message: messages.append((message.type, message.text)))
         page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=180_000)
-        page.get_by_role("button", name="Evict a fact").click()
+        page.get_by_role("button", name=demo).click()
         page.locator(".kv-chip").first.wait_for(timeout=180_000)
         page.locator("[data-testid=stMetricValue]").first.wait_for(timeout=180_000)  # the what-if's numbers drawn
         page.wait_for_function(IDLE, timeout=120_000)
