@@ -60,7 +60,7 @@ def send(page, text: str) -> None:
     page.wait_for_selector(".kv-chip", timeout=300_000)
     page.wait_for_function("document.querySelectorAll('[data-testid=stMetric]').length >= 5", timeout=300_000)
     idle(page)
-    page.mouse.wheel(0, 0)  # as a person who takes over: the page stops holding the strip in view
+    page.mouse.wheel(0, 1)  # as a person who takes over: the page stops holding the strip in view
 
 
 def test_committed_edits_stay_on_the_strip_and_undo_from_the_list(page):
@@ -120,7 +120,7 @@ def test_a_long_conversation_opens_at_its_step_and_search_finds_a_word(page):
     page.get_by_text("Reading your message").wait_for(timeout=120_000)  # the prefill's progress, layer by layer
     page.wait_for_function("document.querySelectorAll('[data-testid=stMetric]').length >= 5", timeout=300_000)
     idle(page)
-    page.mouse.wheel(0, 0)  # as a person who takes over: the page stops holding the strip in view
+    page.mouse.wheel(0, 1)  # as a person who takes over: the page stops holding the strip in view
     assert page.locator(".kv-chip").count() > 900
     in_view = """(chip) => { const s = chip.parentElement.getBoundingClientRect(), r = chip.getBoundingClientRect();
         return r.top >= s.top - 1 && r.bottom <= s.bottom + 1; }"""

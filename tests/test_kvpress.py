@@ -203,7 +203,7 @@ def test_sweep_cases_name_presses_with_kvpress_ratios(lm, tmp_path):
     for row, press in zip(table.to_dict("records"), (from_kvpress("SnapKVPress"),
                                                       from_kvpress("AdaKVPress", press="SnapKVPress"))):
         alone = run_policy(lm, [json.loads(row["turns"])[0]], RunSettings(press.policy, Ratio(0.5), "prefill"), 4)
-        assert row["kl_max"] == max(step.kl for step in alone.last.steps)  # the same run, the same process
+        assert row["kl_max"] == max(step.kl for step in alone.last.records)  # the same run, the same process
         case = case_of(row)
         assert isinstance(case.budget, Ratio) and case.budget.ratio == 0.5 and case.policy == row["policy"]
 

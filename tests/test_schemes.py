@@ -148,7 +148,7 @@ def test_a_sweep_takes_cache_schemes_as_an_axis(lm, tmp_path):
     rows = records(run_sweep(spec, tmp_path / "out", progress=False))
     assert [r["scheme"] for r in rows] == ["fp16", "quanto-2"] and len({r["key"] for r in rows}) == 2
     alone = run_policy(lm, [PROMPT], RunSettings(POLICIES["streaming_llm"](), 16, quanto=QuantoCache(2)), 4).last
-    kls = [step.kl for step in alone.steps]
+    kls = [step.kl for step in alone.records]  # one per reply token, the prompt's last row (step -1) first
     assert rows[1]["kl_mean"] == sum(kls) / len(kls) and rows[1]["policy_text"] == alone.policy_text
     assert rows[1]["kl_mean"] != rows[0]["kl_mean"]
     assert case_of(rows[1]).scheme == "quanto-2" and case_of(rows[0]).scheme is None
