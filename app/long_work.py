@@ -42,6 +42,8 @@ def run_pending() -> None:
             result = work.run(progress)
     except KvvizError as exc:
         state.notify(str(exc))
+    except Exception as exc:  # noqa: BLE001 — a failure is one line; the page keeps what it had
+        state.notify(f"{work.label} could not finish ({type(exc).__name__}: {exc}); the page is unchanged.")
     else:
         work.done(result)
     st.rerun()

@@ -333,3 +333,21 @@ def test_kept_edits_are_saved_with_the_session_and_make_the_standalone_page():
     next(b for b in app.button if b.label == "Forget the kept edits").click().run()
     assert_clean(app)
     assert not app.session_state["prepared"]
+
+
+def test_long_work_that_fails_is_one_line_and_keeps_the_page():
+    """Work handed to the page's run (a policy run, a sweep case) that raises shows one line, not a traceback, and
+    keeps nothing."""
+    from app.long_work import Work
+
+    def broken(progress):
+        progress(1, 4)
+        raise RuntimeError("out of luck")
+
+    app = start()
+    app.session_state["long_work"] = Work("Running the full cache and the policy side by side", broken,
+                                          lambda result: app.session_state.__setitem__("kept", result))
+    app.run()
+    assert_clean(app)
+    assert any("could not finish" in w.value and "out of luck" in w.value for w in app.warning)  # (Markdown-escaped)
+    assert "kept" not in app.session_state and "long_work" not in app.session_state
