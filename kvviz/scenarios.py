@@ -4,6 +4,7 @@ blame of its divergence, or the toy numbers of docs/math.md §3."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,7 +95,8 @@ def toy_example(alpha: list[float], evict: list[int]) -> dict:
             "alpha_renorm": [None if gone else float(v) for v, gone in zip(renorm, evicted.tolist())]}
 
 
-def run_policy_scenario(lm: LoadedModel, scenario: Scenario, progress=None):
+def run_policy_scenario(lm: LoadedModel, scenario: Scenario,
+                        progress: Callable[[int, int], None] | None = None):
     """The scenario's policy run over its turns, and the blame of the first turn's divergence (None without one);
     ``progress(done, total)`` as :func:`~kvviz.runs.policy_run.run_policy` calls it."""
     from kvviz.policies.user import available

@@ -6,8 +6,6 @@ the tests against them.
 
 from __future__ import annotations
 
-import functools
-
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,10 +127,9 @@ def stage(session: Session, step: TourStep) -> Stage:
             layer, head = divmod(int(rho.argmax()), rho.shape[1])
             result = what_if(session, edit, at=at, layer=layer, head=head, **more)
         if step.continuation:
-            special = session.lm.tokenizer.all_special_tokens  # the reply's words, without its end-of-turn marker
-            plain = [functools.reduce(lambda t, m: t.replace(m, ""), special, text).strip()
-                     for text in (result.continuation.full, result.continuation.edited)]
-            numbers |= {"full_reply": plain[0], "edited_reply": plain[1]}
+            words = [session.lm.tokenizer.decode(ids, skip_special_tokens=True).strip()  # no end-of-turn marker
+                     for ids in (result.continuation.full_ids, result.continuation.edited_ids)]
+            numbers |= {"full_reply": words[0], "edited_reply": words[1]}
         nt, memory, heads = result.next_token, result.memory, result.heads
         numbers |= {"kl": nt.kl, "tv": nt.tv, "top1": "flips" if nt.top1_changed else "stays",
                     "top1_changed": nt.top1_changed, "rho": float(heads["rho"][layer, head]),

@@ -15,6 +15,7 @@ from app.views.slide_download import slide_popover
 from kvviz import figures
 from kvviz.figures import plot_slides
 from kvviz.figures.slides import PLOTLY_CONFIG
+from kvviz.figures.whatif_charts import visible
 from kvviz.errors import KvvizError
 from kvviz.policies.base import Ratio
 from kvviz.runs.blame import blame, restore, variants
@@ -187,7 +188,7 @@ def _step(result, turn: int, step: int) -> None:
                    "this step cannot explain.")
     pieces = session.transcript.slots
     rows = sorted(ranked.rows, key=lambda r: not r.top1_restored)  # those that bring the full run's token back first
-    st.dataframe(pd.DataFrame([{"top-1 back": r.top1_restored, "text": visible(pieces, r.slots),
+    st.dataframe(pd.DataFrame([{"top-1 back": r.top1_restored, "text": visible("".join(pieces[s].text for s in r.slots)),
                                 "KL after restore": r.kl_after_restore, "slots": ", ".join(map(str, r.slots)),
                                 "attention paid, nothing hidden": r.mass} for r in rows]), hide_index=True,
                  column_config={"attention paid, nothing hidden": st.column_config.NumberColumn(
@@ -196,11 +197,7 @@ def _step(result, turn: int, step: int) -> None:
     if cols[2].button("Restore the top 3", key="run-top3") and ranked.rows:
         slots = sorted({s for r in ranked.rows[:3] for s in r.slots})
         row = restore(result, slots, turn=turn, step=step)
-        words = " · ".join(visible(pieces, r.slots) for r in ranked.rows[:3])
+        words = " · ".join(visible("".join(pieces[s].text for s in r.slots)) for r in ranked.rows[:3])
         st.success(f"{plain(words)} (slots {slots}) restored together: KL {row.kl_after_restore:.4f}, "
                    f"top-1 {'back' if row.top1_restored else 'still different'}")
 
-
-def visible(pieces, slots: list[int]) -> str:
-    """The text of ``slots`` with line breaks shown as ↵ (a cell of only a line break is not left blank)."""
-    return "".join(pieces[s].text for s in slots).replace("\n", "↵") or "∅"

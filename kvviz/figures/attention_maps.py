@@ -62,7 +62,8 @@ def head_map_figure(weights: np.ndarray, block: int, boundaries: list[tuple[int,
     if texts is not None and block == 1:  # one slot a cell: its token on hover, categories that keep slot order
         names = [f"{slot} {texts[slot]!r}" for slot in range(n)]
         heatmap |= dict(x=names, y=names)
-        ticks = dict(type="category", tickvals=names[:: max(1, n // 12)], ticktext=[str(s) for s in axis[:: max(1, n // 12)]])
+        every = max(1, n // 12)
+        ticks = dict(type="category", tickvals=names[::every], ticktext=[str(s) for s in axis[::every]])
         axes = dict(xaxis=dict(title="key slot", range=[-0.5, n - 0.5], **ticks),
                     yaxis=dict(title="query slot", range=[n - 0.5, -0.5], **ticks))
     line = dict(type="line", line=dict(color="#2f80ed", width=1, dash="dot"))

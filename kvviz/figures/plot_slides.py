@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvviz.edits import Edit
-from kvviz.figures.policy_run_charts import bits_grid, evicted_title, seen_grid
+from kvviz.figures.policy_run_charts import STEP_TITLE, bits_grid, evicted_title, seen_grid
 from kvviz.figures.slides import SEGMENT_SCALE, THEME, TOKEN_AXIS, WIDTH, describe, heading, token_labels
 from kvviz.runs.policy_run import PolicyRun
 from kvviz.transcript import SEGMENTS, Transcript
@@ -119,9 +119,6 @@ def run_caption(model: str, result: PolicyRun, turn: int) -> str:
     """The caption of a policy run's figure: the model, the turn and what the policy did."""
     index = turn % len(result.turns)
     return f"{model} · turn {index + 1}, {len(result.turns[turn].steps)} decode steps · {result.settings.label}"
-
-
-STEP_TITLE = "step (−1: the prompt's last token, which chose the first reply token)"
 
 
 def kl_slide(result: PolicyRun, turn: int, caption_text: str) -> dict:

@@ -14,6 +14,10 @@ _LAYOUT = dict(height=280, margin=dict(l=10, r=10, t=40, b=10),
                legend=dict(orientation="h", yanchor="bottom", y=1.02))  # above the plot: below, it hid the ticks
 
 
+STEP_TITLE = "step (−1: the prompt's last token, which chose the first reply token)"  # the charts' and the slides'
+STEP_AXIS = dict(title=STEP_TITLE, tickformat="d", zeroline=False)
+
+
 def kl_steps(result: PolicyRun, turn: int = -1) -> go.Figure:
     """KL(full ‖ policy) per step (teacher-forced; step -1 is the prefill's last row, which chose the first token),
     steps where the top-1 differs marked."""
@@ -30,11 +34,6 @@ def kl_steps(result: PolicyRun, turn: int = -1) -> go.Figure:
         data.append(dict(type="scatter", mode="lines", x=[run.divergence] * 2, y=[0, max(kl)],
                          name="divergence", line=dict(dash="dot", color="#d62728")))
     return go.Figure(dict(data=data, layout=dict(**_LAYOUT, xaxis=STEP_AXIS, yaxis_title="nats")))
-
-
-# step -1 named: the prefill's last row chose the reply's first token
-STEP_AXIS = dict(title="step (−1: the prompt's last token, which chose the first reply token)", tickformat="d",
-                 zeroline=False)
 
 
 def cache_size(result: PolicyRun, turn: int = -1) -> go.Figure:

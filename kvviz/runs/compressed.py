@@ -221,8 +221,11 @@ class CompressedSession:
 
     def alive(self) -> torch.Tensor:
         """Bool ``(L, KV, n)``: the cached slots the next step sees (not evicted, within each layer's window)."""
-        n = len(self.session)
-        return ~self.timeline.hidden(n, n) & ~self.lm.attention.outside(n, n)[:, None]
+        return self.visible_to(len(self.session))
+
+    def visible_to(self, slot: int) -> torch.Tensor:
+        """Bool ``(L, KV, slot)``: the slots before ``slot`` that the step of ``slot`` saw (or will see)."""
+        return ~self.timeline.hidden(slot, slot) & ~self.lm.attention.outside(slot, slot)[:, None]
 
     def _compress(self, evict: bool) -> torch.Tensor | None:
         """Compress before the slot about to be processed, as the mode says; the slots it evicted now (bool

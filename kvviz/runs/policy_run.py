@@ -179,14 +179,13 @@ def full_replies(lm: LoadedModel, turns: Sequence[str], max_new_tokens: int,
     turns (a sweep) can share it."""
     _check(turns, max_new_tokens)
     full, replies = Session(lm), []
-    tick = progress.tick if progress is not None else lambda: None
-    for index, text in enumerate(turns):
+    progress = progress or Progress(None, 0)
+    for text in turns:
         full.add_user_turn(text)
-        tick()
+        progress.tick()
         prompt_ids = list(full.transcript.ids)
-        replies.append(FullTurn(prompt_ids, *_full_reply(full, max_new_tokens, tick)))
-        if progress is not None:  # the reply's length is known, on this side and on the policy's
-            progress.total -= 2 * (max_new_tokens - len(replies[-1].ids))
+        replies.append(FullTurn(prompt_ids, *_full_reply(full, max_new_tokens, progress.tick)))
+        progress.total -= 2 * (max_new_tokens - len(replies[-1].ids))  # the reply's length is known, on both sides
     return replies
 
 
@@ -212,7 +211,7 @@ def run_policy(lm: LoadedModel, turns: Sequence[str], settings: RunSettings, max
         raise KvvizError(f"the full run has {len(full)} turns for {len(turns)} turns")
     policy = CompressedSession(lm, settings)
     result = PolicyRun(settings, lm.name)
-    for index, (text, reference) in enumerate(zip(turns, full)):
+    for text, reference in zip(turns, full):
         policy.add_turn(text)
         counter.tick()  # the prompt's pass
         forced, free, turn = _compare(policy, reference.ids, reference.logits, max_new_tokens, counter)
@@ -248,8 +247,8 @@ def _compare(policy: CompressedSession, full_ids: list[int], full_logits: list[t
     free: CompressedSession | None = None
     divergence = None
     row = policy.prompt_end[-1] - 1  # the prefill's last row saw the history as it stood before this prompt
-    seen = ~policy.timeline.hidden(row, row) & ~policy.lm.attention.outside(row, row)[:, None]
-    steps = [_record(-1, row, seen, session.transcript.segments(), session.logits, full_logits[0], full_ids[0])]
+    steps = [_record(-1, row, policy.visible_to(row), session.transcript.segments(), session.logits, full_logits[0],
+                     full_ids[0])]
     if not steps[0].top1_agree:  # the prefill already chose otherwise (a follow-up turn on a compressed history)
         divergence, free = -1, _fork(policy)
     for step in range(len(full_ids) - 1):

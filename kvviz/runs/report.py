@@ -33,8 +33,7 @@ def make_policy(classes: Mapping[str, type[Policy]], name: str, params: Mapping[
 def _kept_after_prompt(run: TurnRun) -> list[list[list[int]]]:
     """Per layer and KV head, the slots the turn's first decode step sees: what its prompt's compression kept (to
     compare with another implementation's kept set slot by slot)."""
-    n, lm = run.prompt_end, run.forced.lm
-    seen = ~run.forced.timeline.hidden(n, n) & ~lm.attention.outside(n, n)[:, None]  # (L, KV, n)
+    seen = run.forced.visible_to(run.prompt_end)  # (L, KV, n)
     return [[heads.nonzero()[:, 0].tolist() for heads in layer] for layer in seen]
 
 
