@@ -54,6 +54,23 @@ def idle(page, seconds: float = 1.0) -> None:
             return
 
 
+def click_when_still(page, target, **options) -> None:
+    """Click ``target`` once the page has stopped moving under it. Streamlit sticks a chat page to its bottom while
+    charts still draw (late on a loaded machine), so an element scrolled into view can leave it before the click
+    lands; such a click is tried again after the page settles."""
+    from playwright.sync_api import Error
+
+    for attempt in range(4):
+        target.scroll_into_view_if_needed()
+        idle(page)
+        try:
+            target.click(**options)
+            return
+        except Error as error:
+            if "outside of the viewport" not in str(error) or attempt == 3:
+                raise
+
+
 def send(page, text: str) -> None:
     page.fill("[data-testid=stChatInputTextArea]", text)
     page.keyboard.press("Enter")
@@ -145,7 +162,7 @@ def test_a_long_conversation_opens_at_its_step_and_search_finds_a_word(page):
 def test_the_rho_map_and_the_overview_choose_the_head(page):
     send(page, "My cat is called Whiskers. What is my cat called?")
     heads = page.locator("[data-testid=stVegaLiteChart]").first.locator("g.mark-rect path")  # the first chart tab
-    heads.nth(2 * 9 + 5).click(force=True)  # ρ of layer 2, head 5 (9 query heads)
+    click_when_still(page, heads.nth(2 * 9 + 5), force=True)  # ρ of layer 2, head 5 (9 query heads)
     idle(page)
     expect(page.get_by_text("now layer 2, head 5")).to_have_count(1)
     page.get_by_role("tab", name="Attention").click()
@@ -154,7 +171,7 @@ def test_the_rho_map_and_the_overview_choose_the_head(page):
     plot = page.locator(".js-plotly-plot").first
     x, y = plot.evaluate("""(el) => { const l = el._fullLayout, t = el._fullData[1], i = 7 * 9 + 4;
         return [l.xaxis._offset + l.xaxis.l2p(t.x[i]), l.yaxis._offset + l.yaxis.l2p(t.y[i])]; }""")
-    plot.click(position={"x": x, "y": y})
+    click_when_still(page, plot, position={"x": x, "y": y})
     idle(page)
     expect(page.get_by_text("shown: layer 7, head 4", exact=False)).to_have_count(1)
     expect(page.get_by_text("now layer 7, head 4", exact=False)).to_have_count(1)  # the what-if's too: the whole page
