@@ -1,15 +1,18 @@
 """Sweeps: the rows equal the policy runs done one by one; a killed sweep resumes to the full table without
-duplicates; a local process pool and a local Ray instance give the same rows; prompt files are checked line by
+duplicates; a rerun with more cases adds only those, one with other result settings or prompt texts is refused; a
+local process pool and a local Ray instance give the same rows; prompt files are checked line by
 line. On the bundled model (short prompts, short replies)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -43,7 +46,8 @@ def test_a_sweep_gives_the_rows_of_the_runs_done_one_by_one(spec, one_by_one, tm
     assert records(table) == one_by_one
     assert len(one_by_one) == 8 and len({row["key"] for row in one_by_one}) == 8
     assert records(read_table(tmp_path)) == one_by_one  # from table.parquet
-    assert set(json.loads((tmp_path / "manifest.json").read_text())) == {"format", "spec", "cases"}
+    assert json.loads((tmp_path / "manifest.json").read_text())["settings"] == {
+        "model": None, "mode": "decode", "every": 1, "max_new_tokens": 6, "extra": {}}
     row = one_by_one[0]
     assert 0 <= row["top1_agreement"] <= 1 and row["kl_max"] >= row["kl_mean"] >= 0
     assert row["answer_changed"] == (row["full_text"] != row["policy_text"]) or row["divergence"] is not None
@@ -72,10 +76,45 @@ def test_a_killed_sweep_resumes_to_the_full_table_without_duplicates(eps, spec, 
     assert len(keys) == len(set(keys)) == 8
 
 
-def test_a_folder_holding_another_sweep_is_refused(spec, tmp_path):
-    run_sweep(SweepSpec(spec.prompts, ("h2o",), (8,), max_new_tokens=2, limit=1), tmp_path, progress=False)
-    with pytest.raises(KvvizError, match="holds another sweep"):
-        run_sweep(spec, tmp_path, progress=False)
+def test_a_sweep_grows_by_the_cases_it_lacks(spec, one_by_one, tmp_path):
+    run_sweep(replace(spec, policies=("h2o",), budgets=(8,), limit=1), tmp_path, progress=False)
+    first = (tmp_path / "rows.jsonl").read_text()
+    manifest = tmp_path / "manifest.json"  # as the version before growing sweeps wrote it: read the same way
+    manifest.write_text(json.dumps({"format": "kvviz-sweep/2", "spec": asdict(spec), "cases": 1}))
+    ran: list[str] = []
+    table = run_sweep(spec, tmp_path, progress=False, on_row=lambda row: ran.append(row["key"]))
+    assert ran == [row["key"] for row in one_by_one[1:]]  # only the missing cases ran
+    assert (tmp_path / "rows.jsonl").read_text().startswith(first)
+    assert records(table) == one_by_one
+    ran.clear()
+    narrower = replace(spec, policies=("streaming_llm",), budgets=(0.5,))
+    table = records(run_sweep(narrower, tmp_path, progress=False, on_row=lambda row: ran.append(row["key"])))
+    assert ran == []  # the whole table stays, this run's cases first
+    assert [r["key"] for r in table] == [r["key"] for r in one_by_one if r["key"].split("|")[1:3] == [
+        "streaming_llm", "0.5"]] + [r["key"] for r in one_by_one if r["key"].split("|")[1:3] != ["streaming_llm", "0.5"]]
+    assert records(read_table(tmp_path)) == table
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"max_new_tokens": 2}, "max_new_tokens 6 there, 2 here"),
+    ({"mode": "prefill", "every": 4}, "mode 'decode' there, 'prefill' here; every 1 there, 4 here"),
+    ({"model": "HuggingFaceTB/SmolLM2-360M-Instruct"}, "model None there, 'HuggingFaceTB/SmolLM2-360M-Instruct' here"),
+])
+def test_a_folder_with_other_result_settings_is_refused_and_kept(spec, tmp_path, change, words):
+    small = replace(spec, policies=("h2o",), budgets=(8,), limit=1)
+    run_sweep(small, tmp_path, progress=False)
+    before = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
+    with pytest.raises(KvvizError, match=re.escape(words)):
+        run_sweep(replace(small, **change), tmp_path, progress=False)
+    assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == before
+
+
+def test_a_prompt_id_with_other_text_is_refused(spec, tmp_path):
+    run_sweep(replace(spec, policies=("h2o",), budgets=(8,), limit=1), tmp_path, progress=False)
+    other = tmp_path.parent / f"{tmp_path.name}-other.jsonl"
+    other.write_text(json.dumps({**PROMPTS[0], "expected": "Lyon"}) + "\n")
+    with pytest.raises(KvvizError, match="another prompt with the id 'capital'"):
+        run_sweep(replace(spec, prompts=str(other), policies=("h2o",), budgets=(8,)), tmp_path, progress=False)
 
 
 def _same(eps: float, rows: list[dict], reference: list[dict]) -> None:

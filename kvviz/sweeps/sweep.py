@@ -1,9 +1,10 @@
 """Run a sweep's cases — in this process, a local process pool or Ray tasks — into one table, resumably.
 
 Rows are appended to ``DIR/rows.jsonl`` by this process alone, one line per finished case, flushed to disk at once:
-a killed sweep loses at most the cases in flight, and a rerun with the same settings skips every case it has (a torn
-last line is dropped). ``DIR/manifest.json`` holds the settings; ``DIR/table.csv`` and ``DIR/table.parquet`` the
-finished table, in case order.
+a killed sweep loses at most the cases in flight, and a rerun skips every case it has (a torn last line is dropped).
+A rerun with more prompts, policies, budgets or schemes grows the table by the cases it lacks; ``DIR/manifest.json``
+holds the settings that change every case's result (model, mode, reply length, …), and a rerun with others is refused.
+``DIR/table.csv`` and ``DIR/table.parquet`` hold the whole table.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ class SweepSpec:
 
 def run_sweep(spec: SweepSpec, out: str | os.PathLike, workers: int = 1, ray: str | None = None,
               progress: bool = True, on_row: Callable[[Row], None] | None = None) -> pd.DataFrame:
-    """Run every case of ``spec`` not yet in ``out`` and return the whole table. ``workers`` > 1: a local process
+    """Run every case of ``spec`` not yet in ``out`` and return the folder's whole table: ``spec``'s cases in order,
+    then those an earlier run with other prompts, policies, budgets or schemes added. ``workers`` > 1: a local process
     pool (each worker loads the model once); ``ray``: Ray tasks on the cluster at that address (``auto``, or
     ``local`` for a new local instance), ``workers`` actors."""
     from kvviz.policies.user import available
@@ -62,9 +64,10 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike, workers: int = 1, ray: st
         run_cache(name)
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
-    _check_manifest(folder, spec, len(cases))
     rows_file = folder / "rows.jsonl"
+    _check_manifest(folder, spec)
     done = _read_rows(rows_file)
+    _check_prompts(folder, cases, done)
     todo = [case for case in cases if case.key not in done]
     bar = _bar(len(cases), len(cases) - len(todo)) if progress else None
     with rows_file.open("a", encoding="utf-8") as handle:
@@ -79,7 +82,8 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike, workers: int = 1, ray: st
                 on_row(row)
     if bar is not None:
         bar.close()
-    table = _frame([done[case.key] for case in cases if case.key in done])
+    keys = [case.key for case in cases if case.key in done]
+    table = _frame([done[key] for key in keys + [key for key in done if key not in set(keys)]])
     table.to_csv(folder / "table.csv", index=False)
     table.to_parquet(folder / "table.parquet", index=False)
     return table
@@ -112,21 +116,44 @@ def read_table(source: str | os.PathLike) -> pd.DataFrame:
     raise KvvizError(f"{path} is not a sweep folder, .csv or .parquet table")
 
 
-def _check_manifest(folder: Path, spec: SweepSpec, count: int) -> None:
-    """Write the manifest, or refuse a folder that holds another sweep."""
+RESULT_SETTINGS = ("model", "mode", "every", "max_new_tokens", "extra")  # change every case's result: one per folder
+
+
+def _check_manifest(folder: Path, spec: SweepSpec) -> None:
+    """Write the manifest, or refuse a folder whose sweep has other result-changing settings (:data:`RESULT_SETTINGS`),
+    naming each. Prompts, policies, budgets, schemes and the limit may differ: the rerun adds its missing cases."""
     manifest = folder / "manifest.json"
-    settings = {"format": FORMAT, "spec": asdict(spec), "cases": count}
+    settings = json.loads(json.dumps({"format": FORMAT, "settings": _settings(asdict(spec))}))
     if manifest.is_file():
         try:
             held = json.loads(manifest.read_text())
         except json.JSONDecodeError:
             held = None
-        if isinstance(held, dict) and isinstance(held.get("spec"), dict):
-            held["spec"].setdefault("schemes", [])  # a sweep written before schemes were an axis
-        if held != json.loads(json.dumps(settings)):
-            raise KvvizError(f"{folder} holds another sweep (its manifest.json differs); pass another --out")
-        return
+        if isinstance(held, dict) and isinstance(held.get("spec"), dict):  # written before sweeps could grow
+            held = {"format": held.get("format"), "settings": _settings(held["spec"])}
+        if not isinstance(held, dict) or held.get("format") != FORMAT or not isinstance(held.get("settings"), dict):
+            raise KvvizError(f"{folder} holds another sweep (its manifest.json is not a {FORMAT} one); pass another "
+                             "--out")
+        other = [f"{name} {held['settings'].get(name)!r} there, {value!r} here"
+                 for name, value in settings["settings"].items() if held["settings"].get(name) != value]
+        if other:
+            raise KvvizError(f"{folder} holds a sweep with other settings ({'; '.join(other)}): its rows cannot share "
+                             "a table with these; pass another --out")
     manifest.write_text(json.dumps(settings, indent=1))
+
+
+def _settings(spec: dict) -> dict:
+    return {name: spec.get(name) for name in RESULT_SETTINGS}
+
+
+def _check_prompts(folder: Path, cases: list[Case], done: dict[str, Row]) -> None:
+    """Refuse prompts whose id names other text (turns or expected answer) in the rows the folder holds."""
+    held = {row["prompt_id"]: (row["turns"], row["expected"]) for row in done.values()}
+    for case in cases:
+        text = held.get(case.prompt.id)
+        if text is not None and text != (json.dumps(list(case.prompt.turns)), case.prompt.expected):
+            raise KvvizError(f"{folder} holds rows of another prompt with the id {case.prompt.id!r} (other turns or "
+                             "expected answer); give the prompt a new id or pass another --out")
 
 
 def _read_rows(path: Path) -> dict[str, Row]:
