@@ -28,7 +28,10 @@ def planned(quick: bool = False, browser: bool = True) -> dict[str, Callable[[Be
     rows |= {f"prefill {n}": lambda b, n=n: b.prefill(n) for n in (*contexts, *(() if quick else (8000,)))}
     rows |= {"generate 64": lambda b: b.generate(), "whatif evict 1024": lambda b: b.whatif(1024),
              "whatif evict 1024 cold": lambda b: b.whatif(1024, cold=True)}
-    rows |= {} if quick else {"whatif evict 4096": lambda b: b.whatif(4096), "whatif evict 8000": lambda b: b.whatif(8000),
+    rows |= {} if quick else {"whatif evict 4096": lambda b: b.whatif(4096),
+                              "whatif evict 4096 cold": lambda b: b.whatif(4096, cold=True),
+                              "whatif quant 4096": lambda b: b.whatif(4096, quantize=True),
+                              "whatif evict 8000": lambda b: b.whatif(8000),
                               "click during prefill 8000": lambda b: b.click_during_prefill()}
     rows |= {"whatif quant 1024": lambda b: b.whatif(1024, quantize=True),
              "whatif fp8 1024": lambda b: b.whatif(1024, quantize=True, fp8=True),
