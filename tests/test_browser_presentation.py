@@ -1,6 +1,6 @@
 """Presentation mode on a projector (1280×720, headless Chromium): every element scales, and one screen holds the
 headline numbers, the strip around the current step and the two top-k tables, above the chat box and below the
-page's header — measured as element boxes."""
+page's header, no button label cut and no control label wrapped — measured as element boxes."""
 
 from __future__ import annotations
 
@@ -23,7 +23,11 @@ BOXES = """() => {
   return {header: box(document.querySelector('[data-testid=stHeader]')),
           chat: box(document.querySelector('[data-testid=stChatInput]')),
           strip: box(document.querySelector('[class*=st-key-strip]')), metrics: all('[data-testid=stMetric]'),
-          tables: all('[data-testid=stTable]'), value: parseFloat(getComputedStyle(value).fontSize)};
+          tables: all('[data-testid=stTable]'), value: parseFloat(getComputedStyle(value).fontSize),
+          cut: [...document.querySelectorAll('main.stMain button .stMarkdownEllipsis')]
+            .filter(e => e.offsetParent !== null && e.scrollWidth > e.clientWidth + 1).map(e => e.innerText),
+          labels: Object.fromEntries([...document.querySelectorAll('main.stMain [data-testid=stWidgetLabel]')]
+            .filter(e => e.offsetParent !== null).map(e => [e.innerText, e.getBoundingClientRect().height]))};
 }"""
 
 
@@ -61,4 +65,6 @@ def test_one_projector_screen_holds_the_numbers_the_strip_and_both_tables(tmp_pa
             assert top <= element["top"] and element["bottom"] <= bottom, (element, top, bottom)
             assert 0 <= element["left"] and element["right"] <= 1280
         assert max(m["bottom"] - m["top"] for m in boxes["metrics"]) < 110  # no label or value wraps
+        assert boxes["cut"] == []  # no button label cut short ("Apply to 0 se…")
+        assert boxes["labels"].get("Jump to") == boxes["labels"]["Layer"], boxes["labels"]  # one line, as its row's
         assert not [m for m in messages if m[0] in ("warning", "error")], messages

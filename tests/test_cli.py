@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -83,3 +84,10 @@ def test_whatif_help_names_every_built_in_policy():
     whatif = build_parser()._subparsers._group_actions[0].choices["whatif"]
     help_text = next(a.help for a in whatif._actions if "--policy" in a.option_strings)
     assert [name for name in POLICIES if name not in help_text] == []
+
+
+def test_whatif_text_names_the_first_divergence_in_words():
+    result = run("whatif", "--turn", "Hello there", "--max-new-tokens", "2", "--evict", "1", "--continue", "3")
+    assert result.returncode == 0, result.stderr
+    line = next(line for line in result.stdout.splitlines() if line.startswith("first divergence: "))
+    assert re.fullmatch(r"first divergence: (none \(the same tokens\)|token \d+)", line), line

@@ -5,6 +5,7 @@ from __future__ import annotations
 import altair as alt
 import numpy as np
 import pytest
+import vl_convert
 
 from kvviz import figures
 from kvviz.draft import EditDraft
@@ -103,7 +104,10 @@ def test_whatif_charts_and_html(session):
         [v or 0 for v in result.detail.alpha_edited])
     assert list(series["α full"]["slot"]) == result.detail.slots
     assert sorted(set(rows.loc[rows["evicted"], "slot"])) == [2, 3]  # the evicted slots, crossed
-    assert spec["layer"][0]["mark"] == "bar"  # short: grouped bars
+    assert spec["layer"][0]["mark"] == "bar"  # short: grouped bars, each slot named by its token on the axis
+    svg = vl_convert.vegalite_to_svg(spec)
+    named = max(range(len(texts)), key=lambda s: (texts[s].strip().isalpha(), len(texts[s].strip()) <= 8, len(texts[s])))
+    assert f">{named} {figures.whatif_charts.visible(texts[named])}<" in svg, texts[named]  # e.g. "12 ␣Whiskers"
     long = Detail(0, 0, list(range(300)), [1 / 300] * 300, [None] * 10 + [1 / 290] * 290, [None] * 10 + [1 / 290] * 290)
     marks = [layer["mark"]["type"] for layer in valid(figures.alpha_chart(long, ["t"] * 300))["layer"]]
     assert marks == ["line", "point", "point"]  # long: step lines, hover targets, crosses

@@ -45,7 +45,7 @@ def render() -> None:
               help="Off: what you type is text, so a message cannot end its turn or open a system turn. On: typed "
                    "control strings become the model's control tokens (outlined in purple on the strip).")
     prompt = st.chat_input("Message the model (Stop: press any button while it writes)")  # pinned at the bottom
-    _, stop, right = st.columns([3, 1, 1])
+    _, stop, right = st.columns([3, 1, 1.6 if st.session_state.get("large", False) else 1])  # large type: wider
     stop.button("Stop", disabled=not prompt, help="Stops the reply being written between two decode steps (the cache "
                 "stays whole); enabled while one is written")
     with right:

@@ -29,9 +29,10 @@ def render(session, draft, at: int) -> None:
                                     " · add (CaM): v + Σ w·v_e")
         threshold = merge.slider("Least key similarity to merge", 0.0, 1.0, 0.0, 0.05, key="merge_threshold")
         evicted = bool(draft.evicted_somewhere())
-        if merge.button("Merge the evicted slots into their most similar kept slot", disabled=not evicted,
+        if merge.button("Merge the evicted slots", disabled=not evicted,
                         help="Each slot evicted in a layer and KV head folds its value into the kept slot whose key "
-                             "is most like its own there, weighted by that similarity and the two value norms"):
+                             "is most like its own there (its most similar kept slot), weighted by that similarity "
+                             "and the two value norms"):
             _apply(lambda: draft.reshape(merges=merge_evicted(session, replace(draft.edit(at), merges=()), at,
                                                               float(threshold)).merges, rule=rule))
         if draft.prunings or draft.merges:

@@ -42,7 +42,8 @@ def _on_click() -> None:
 def view_settings() -> None:
     """Layer, head and step: they change every view, so they live outside the editor fragment."""
     session = state.session()
-    view = st.columns([2, 2, 2, 3, 1], vertical_alignment="bottom")
+    large = st.session_state.get("large", False)  # larger type: "Jump to" needs a wider column to stay one line
+    view = st.columns([2, 2, 2, 3, 1.5 if large else 1], vertical_alignment="bottom")
     view[0].selectbox("Layer", range(session.lm.layers), key="layer")
     view[1].selectbox("Head", [state.MEAN, *range(session.lm.heads)], key="head",
                       format_func=lambda h: "mean of heads" if h == state.MEAN else
@@ -207,7 +208,11 @@ def _set_bits(slots: list[int], selection: bool = False) -> None:
 
 
 def _picker(draft, session, at) -> None:
-    cols = st.columns([1, 1, 2, 2, 2, 2])
+    if st.session_state.get("large", False):  # larger type: the buttons get a row of their own (labels cut otherwise)
+        bits, buttons = st.columns([1, 1, 4]), st.columns(4)
+        cols = [bits[0], bits[1], *buttons]
+    else:
+        cols = st.columns([1, 1, 2, 2, 2, 2])
     cols[0].selectbox("K bits", BITS, key="pick_k")
     cols[1].selectbox("V bits", BITS, key="pick_v")
     cols[2].button(f"Apply to {len(draft.selected)} selected", disabled=not draft.selected, on_click=_set_bits,

@@ -111,7 +111,8 @@ CAPTIONS = {
 
 
 def rest() -> None:
-    """Below the tables: top-k and continuation settings, the charts, the downloads, the buttons."""
+    """Below the tables: top-k and continuation settings, the continuations, the charts, the downloads, the
+    buttons."""
     session = state.session()
     if len(session) < 2:
         return
@@ -123,6 +124,8 @@ def rest() -> None:
         result = compute()
     except KvvizError:
         return
+    if result.continuation:  # right below the next-token tables they continue
+        _continuation(result)
     texts = [s.text for s in session.transcript.slots[: result.at + 1]]
     charts = {"alpha": lambda: figures.alpha_chart(result.detail, texts),
               "heads": lambda: figures.head_grid_chart(result.heads),
@@ -143,8 +146,6 @@ def rest() -> None:
                                                     f"kvviz what-if at slot {result.at}"),
                        file_name=f"kvviz-whatif-slot{result.at}.html", mime="text/html", on_click="ignore")
     _slides(result)
-    if result.continuation:
-        _continuation(result)
     _buttons()
     _standalone(result)
 
@@ -239,7 +240,7 @@ def _buttons() -> None:
                 f"in the conversation; steps {at}–{newest - 1} already ran and their reply stays as it is. What the "
                 f"edit does at step {at} is the what-if above.", icon=":material/history:")
     label = f"Commit from slot {newest} on (steps to come)" if travelling else "Commit edit to the conversation"
-    cols = st.columns(3)
+    cols = st.columns([2, 1, 1])  # the commit's label is the longest
     if cols[0].button(label, key="commit-edit", help=f"Steps from slot {newest} on run on the edited cache"):
         try:
             session.commit(draft.edit(newest))

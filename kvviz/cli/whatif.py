@@ -186,4 +186,6 @@ def _print_summary(doc: dict) -> None:
     print("max ρ by layer:", " ".join(f"{r:.3f}" for r in rho))
     if doc["continuation"]:
         cont = doc["continuation"]
-        print(f"full:   {cont['full']!r}\nedited: {cont['edited']!r}\nfirst divergence: {cont['first_divergence']}")
+        where = cont["first_divergence"]
+        where = "none (the same tokens)" if where is None else f"token {where}"
+        print(f"full:   {cont['full']!r}\nedited: {cont['edited']!r}\nfirst divergence: {where}")

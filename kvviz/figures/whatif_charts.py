@@ -3,6 +3,7 @@ deltas, top-k tables."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -88,8 +89,10 @@ def alpha_chart(detail: Detail, texts: list[str]) -> Chart:
         "series": np.repeat([name for name, _ in SERIES.values()], count), "weight": np.concatenate(weights),
         "evicted": np.tile(flags[0], 3), "outside": np.tile(flags[1], 3)})
     names = [name for name, _ in SERIES.values()]
-    if n <= BAR_LIMIT:
-        x = _field("slot", "ordinal", title="slot")
+    if n <= BAR_LIMIT:  # few slots: each is named by its token on the axis
+        names_of = json.dumps({str(slot): str(label) for slot, label in zip(slots.tolist(), labels)}, ensure_ascii=False)
+        x = _field("slot", "ordinal", title="slot · token", axis={
+            "labelExpr": f"datum.value + ' ' + {names_of}[datum.value]", "labelAngle": -60, "labelLimit": 90})
         marks = [{"mark": "bar", "encoding": {"x": x, "xOffset": _field("series", "nominal", sort=names),
                                               "y": _field("weight", "quantitative", stack=None)}}]
     else:
