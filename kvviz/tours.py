@@ -18,7 +18,8 @@ from kvviz.scenarios import find_slots, toy_example
 from kvviz.session import Session
 
 TOURS = Path(__file__).resolve().parents[1] / "assets" / "tours"
-TEXT_FIELDS = ("token", "full_top", "edited_top", "full_reply", "edited_reply")  # the model's own text (anything):
+TEXT_FIELDS = ("token", "full_top", "edited_top", "full_reply", "edited_reply", "policy_reply", "blame_top")  # the
+# model's own text (anything):
 # formatted by the caller
 
 
@@ -33,8 +34,14 @@ class TourStep:
     # as {toy_rho} and {toy_renorm}
     look: str = ""  # where to look on the page (shown under the caption)
     view: str = ""  # a view tab the step opens (e.g. "Channels")
+    scroll: str = ""  # where the page scrolls (the app's places: top, strip, views, run, blame); default: the step's
+    # subject (the toy numbers, the view, else the strip)
     channels: list[int] | None = None  # [layer, kv_head] of the Channels view: {outliers}, {outlier_layers}, …
     continuation: int = 0  # greedy tokens both caches continue with: {full_reply}, {edited_reply}; the what-if shows them
+    policy_run: str = ""  # a policy-run demo (assets/scenarios) on the tour's turns, opened with its blame: the turn
+    # that goes wrong first, {divergence}, {full_reply} / {policy_reply}, {policy_kl}, and blame's best row: {blame_top},
+    # {blame_kl}, {top1_restored}, {blame_left_turn} (the turn, from 0, during which its slots were first evicted);
+    # {first_reply_same}: whether the first turn's replies are the same
     expect: dict = field(default_factory=dict)  # {"min_kl", "max_kl", "min_rho", "top1_changed", ...,
     # "edited_reply_lacks": text, "full_reply_contains": text}: checked
 
@@ -57,6 +64,7 @@ class Stage:
     layer: int
     head: int
     numbers: dict
+    policy_run: tuple | None = None  # (PolicyRun, Blame) of the step's policy-run demo
 
     def caption(self, step: TourStep, text=lambda value: value) -> str:
         """The step's caption with the numbers; ``text`` formats the model's text fields (:data:`TEXT_FIELDS`) for
@@ -146,11 +154,37 @@ def stage(session: Session, step: TourStep) -> Stage:
         numbers |= {"channel_layer": channel_layer, "kv_head": kv_head, "layers": len(found),
                     "outliers": ", ".join(map(str, channels(session, channel_layer, kv_head, at).outliers)) or "none",
                     "outlier_layers": sum(any(row) for row in found)}
+    ran = _policy_run(session, step.policy_run) if step.policy_run else None
+    if ran is not None:
+        result, ranked = ran
+        turn, best = result.turns[ranked.turn], ranked.rows[0]
+        slots = turn.forced.session.transcript.slots
+        numbers |= {"divergence": ranked.step, "policy_kl": ranked.kl, "full_reply": turn.full_text.strip(),
+                    "policy_reply": turn.policy_text.strip(), "blame_top": "".join(slots[s].text for s in best.slots),
+                    "blame_kl": best.kl_after_restore, "top1_restored": best.top1_restored,
+                    "first_reply_same": result.turns[0].full_ids == result.turns[0].policy_ids,
+                    "blame_left_turn": next((index for index in range(len(result.turns)) if any(  # when it left
+                        e["slot"] in best.slots for e in result.evictions(index))), None)}
     if step.toy:
         toy = toy_example(step.toy["alpha"], step.toy["evict"][0])
         numbers |= {"toy_rho": toy["rho"],
                     "toy_renorm": ", ".join("gone" if v is None else f"{v:.3f}" for v in toy["alpha_renorm"])}
-    return Stage(at, draft, layer, head, numbers | {"layer": layer, "head": head})
+    return Stage(at, draft, layer, head, numbers | {"layer": layer, "head": head}, ran)
+
+
+def _policy_run(session: Session, name: str) -> tuple:
+    """The policy-run demo ``name`` and the blame of its first divergence; its turns must be the tour's."""
+    from kvviz.scenarios import load_scenarios, run_policy_scenario
+
+    scenario = next((s for s in load_scenarios() if s.name == name and s.policy_run), None)
+    if scenario is None:
+        raise KvvizError(f"a tour step names the policy-run demo {name!r}, which assets/scenarios does not hold")
+    if scenario.turns != [turn["user"] for turn in session.conversation()]:
+        raise KvvizError(f"the demo {name!r} runs other turns than its tour")
+    result, ranked = run_policy_scenario(session.lm, scenario)
+    if ranked is None:
+        raise KvvizError(f"the demo {name!r} never diverges: it has nothing to blame")
+    return result, ranked
 
 
 def check(stage: Stage, step: TourStep) -> list[str]:

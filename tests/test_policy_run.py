@@ -324,7 +324,7 @@ def test_policy_run_cli_json(tmp_path):
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "KVVIZ_POLICIES" in out.stderr
 
 
-@pytest.mark.parametrize("name", ["policy-name", "policy-instruction"])
+@pytest.mark.parametrize("name", ["policy-name", "policy-instruction", "policy-follow-up"])
 def test_policy_demos_go_wrong_and_blame_the_evicted_words(lm, name):
     from kvviz.scenarios import SCENARIOS, Scenario, run_policy_scenario
 
@@ -336,6 +336,18 @@ def test_policy_demos_go_wrong_and_blame_the_evicted_words(lm, name):
     slots = run.forced.session.transcript.slots
     assert "".join(slots[s].text for s in best.slots) == scenario.policy_run["expect_blame"]
     assert best.top1_restored and best.kl_after_restore < ranked.kl / 10
+
+
+def test_the_follow_up_demo_fails_only_on_the_follow_up(lm):
+    """The engineer's story: H2O gives the first turn's reply unchanged (so the follow-up's history differs only by
+    what H2O evicted), and the follow-up goes wrong — the full cache names the secret word, H2O's does not."""
+    from kvviz.scenarios import SCENARIOS, Scenario, run_policy_scenario
+
+    scenario = Scenario(**json.loads((SCENARIOS / "policy-follow-up.json").read_text()))
+    result, ranked = run_policy_scenario(lm, scenario)
+    first, follow_up = result.turns
+    assert first.full_ids == first.policy_ids and first.divergence is None
+    assert ranked.turn == 1 and "mango" in follow_up.full_text.lower() and "mango" not in follow_up.policy_text.lower()
 
 
 def test_kivi_runs_with_eviction_and_the_timeline_names_when_each_group_was_quantized(lm):

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from app.components.scroll import PLACES
 from kvviz.tours import TOURS, check, load_tours, play, stage
 from kvviz.whatif import what_if
 from benchmarks.browser import CHROMIUM
@@ -19,8 +20,9 @@ from tests.test_app import APP, assert_clean
 TOUR_NAMES = [tour.name for tour in load_tours()]
 
 
-def test_there_are_three_tours_with_their_stories():
-    assert TOUR_NAMES == ["What the KV cache is", "Eviction: what ρ and α′ mean", "Quantization: why keys per channel"]
+def test_there_are_four_tours_with_their_stories():
+    assert TOUR_NAMES == ["What the KV cache is", "Eviction: what ρ and α′ mean", "Quantization: why keys per channel",
+                          "A policy on a follow-up question"]
     for path in sorted(TOURS.glob("*.json")):
         json.loads(path.read_text())  # each file is plain JSON a speaker can edit
 
@@ -60,6 +62,13 @@ def test_a_tour_plays_start_to_end_in_the_app(index):
         assert kept["caption"] in [m.value for m in app.markdown]
         assert app.session_state["layer"] == stage(app.session_state["session"], tour.steps[number]).layer
         step = tour.steps[number]
+        assert step.scroll in ("", *PLACES)
+        if step.policy_run:  # the step opens the demo's run and blame in the Policy run tab
+            assert app.session_state["view"] == "Policy run"
+            result, ranked = app.session_state["policy_run"], app.session_state["policy_blame"]
+            assert ranked.turn == 1 and result.turns[ranked.turn].divergence == ranked.step
+            table = next(d.value for d in app.dataframe if "top-1 back" in d.value.columns)  # the blame, shown
+            assert "mango" in table["text"].iloc[0] and bool(table["top-1 back"].iloc[0])
         if step.view:  # the step opens the view it talks about, on the layer and KV head it names
             assert app.session_state["view"] == step.view
             if step.channels:
@@ -88,12 +97,13 @@ def test_a_new_conversation_closes_the_tour_and_model_text_stays_text():
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
                     reason="Debian's chromium is not installed (scripts/test.sh installs it)")
-def test_a_tour_plays_in_the_browser_at_1280x720_with_no_warning(tmp_path):
+@pytest.mark.parametrize("index", [1, 3])  # the eviction tour; the policy engineer's (its steps open the Policy run)
+def test_a_tour_plays_in_the_browser_at_1280x720_with_no_warning(tmp_path, index):
     from playwright.sync_api import expect
 
     from benchmarks.browser import browser_page, running_app
 
-    tour = load_tours()[1]
+    tour = load_tours()[index]
     idle = "!document.querySelector('[data-testid=stStatusWidget]')"
     with running_app({"KVVIZ_SESSIONS": str(tmp_path)}) as url, browser_page(url, 1280, 720) as page:
         messages = []
@@ -110,7 +120,11 @@ def test_a_tour_plays_in_the_browser_at_1280x720_with_no_warning(tmp_path):
             # and what the step describes is on screen beside it, above the chat box at the bottom
             step = tour.steps[number - 1]
             subject = page.locator("[data-testid=stExpander]", has_text="Toy numbers") if step.toy else \
+                page.get_by_text({"run": "Turn 2 · full cache", "blame": "with nothing restored"}[step.scroll]) \
+                if step.policy_run else \
                 page.locator(".kv-chip").first
+            if step.policy_run:  # its run and the blame of the divergence are drawn in that tab
+                expect(page.get_by_text("with nothing restored", exact=False)).to_have_count(1)
             where = subject.bounding_box()
             assert 0 <= where["y"] <= 720 - 200, (number, where)
             if number < len(tour.steps):

@@ -7,6 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from app import state
+from app.components.scroll import mark
 from app.plain import plain, warn
 from app.long_work import Work, hand_over
 from app.views import why
@@ -106,14 +107,15 @@ def render() -> None:
 
 
 def _show(result) -> None:
+    mark("run")  # a tour step about the run brings its replies into view
     st.caption(plain(result.settings.label))
     for index, turn in enumerate(result.turns):
         left, right = st.columns(2)
-        mark = "same answer" if not turn.changed else (
+        parted = "same answer" if not turn.changed else (
             "differs from its first token on (step −1)" if turn.divergence == -1 else
             f"diverges at step {turn.divergence}")
         left.markdown(f"**Turn {index + 1} · full cache**  \n{plain(turn.full_text)}")
-        right.markdown(f"**Policy · {mark}**  \n{plain(turn.policy_text)}")
+        right.markdown(f"**Policy · {parted}**  \n{plain(turn.policy_text)}")
     ranked = state.kept("policy_blame")
     index = len(result.turns) - 1
     if len(result.turns) > 1:
@@ -179,6 +181,7 @@ def _step(result, turn: int, step: int) -> None:
     ranked = state.kept("policy_blame")
     if ranked is None or (ranked.turn, ranked.step) != (turn, step):
         return
+    mark("blame")
     st.markdown(f"Restoring one evicted {ranked.unit} at a time into the policy's cache of this step, KL(full ‖ "
                 f"policy) in nats: **{ranked.kl:.4f}** with nothing restored, **{ranked.kl_all_restored:.4f}** with "
                 "every evicted slot back.")

@@ -1,7 +1,7 @@
 """A guided tour in the sidebar: the step's caption with the live model's numbers, where to look, and Back / Next /
 End, always on screen beside the page, which scrolls to what the step describes (the strip and the what-if, the toy
-numbers at the top, or a view tab). Each step sets the state it describes (step, edit, layer and head); it stays live
-and clickable."""
+numbers at the top, or a view tab; a policy run's step opens its run and blame). Each step sets the state it
+describes (step, edit, layer and head); it stays live and clickable."""
 
 from __future__ import annotations
 
@@ -29,7 +29,11 @@ def choose(lm: LoadedModel) -> None:
 def go(tour: Tour, index: int, session) -> None:
     """Show step ``index`` of ``tour`` on ``session``."""
     step = tour.steps[index]
-    shown = stage(session, step)
+    if step.policy_run:  # the demo's full and compressed runs side by side: seconds
+        with st.spinner(plain(f"Running “{step.policy_run}”: the full cache and the policy side by side…")):
+            shown = stage(session, step)
+    else:
+        shown = stage(session, step)
     newest = shown.at == len(session) - 1
     kept = list(state.prepared()) if session is state.session() else []  # edits kept for the page stay
     state.replace(session, shown.draft, {"layer": shown.layer, "head": shown.head, "at": None if newest else shown.at,
@@ -40,9 +44,11 @@ def go(tour: Tour, index: int, session) -> None:
         toy = (scenario, [toy_example(step.toy["alpha"], evict) for evict in step.toy["evict"]])
     state.keep("toy", toy)
     st.session_state.continuation = step.continuation  # the what-if shows the continuations the caption quotes
-    look_at("top" if step.toy else "views" if step.view or step.channels else "strip")  # the step's subject
-    if step.view:  # opened before the tabs are drawn (app/main.py)
-        st.session_state["open_view"] = step.view
+    look_at(step.scroll or ("top" if step.toy else "views" if step.view or step.channels else "strip"))  # its subject
+    if step.policy_run:
+        state.keep_policy_run(*shown.policy_run)
+    if step.view or step.policy_run:  # opened before the tabs are drawn (app/main.py)
+        st.session_state["open_view"] = step.view or "Policy run"
     if step.channels:
         st.session_state["channels_layer"], st.session_state["channels_kv_head"] = step.channels
     state.keep("tour", {"tour": tour, "index": index, "caption": shown.caption(step, lambda t: code(visible(t))),
