@@ -91,3 +91,36 @@ def test_ranks_match_a_stable_sort(seed):
     expected = torch.empty_like(order)
     expected[order] = torch.arange(len(logits))
     assert ranks_of(logits, ids).tolist() == expected[ids].tolist()
+
+
+@pytest.mark.parametrize("scale", [0.0, 1e-6, 1e-4, 1e-2, 1.0, 10.0])
+def test_float32_kl_matches_a_float64_reference(scale):
+    """KL computed in float32 as log1p(Σ p·expm1(δ − m)) against log_softmax in float64, over a 49k vocabulary with a
+    constant shift in the other logits (which softmax ignores). Bound: the dot products' rounding of the first-order
+    terms, ≤ 2·log2(V)·u·E_p|δ − m| ≤ 32·u·sqrt(2·KL) (E|x| ≤ sqrt(E x²) ≈ sqrt(2·KL)), plus a few roundings of KL
+    itself (8·u·KL), u = 2⁻²⁴."""
+    from kvviz.whatif.metrics import kl_divergence
+
+    generator = torch.Generator().manual_seed(0)
+    full = torch.randn(49152, generator=generator) * 4
+    others = full + scale * torch.randn(3, 49152, generator=generator) + torch.tensor([[0.0], [5.0], [-30.0]])
+    log_p = torch.log_softmax(full.double(), -1)
+    reference = (log_p.exp() * (log_p - torch.log_softmax(others.double(), -1))).sum(-1)
+    ours = kl_divergence(full, others)
+    u = 2.0 ** -24
+    bound = 32 * u * (2 * reference.clamp(min=0)).sqrt() + 8 * u * reference.abs() + 1e-15
+    assert ((ours - reference).abs() <= bound).all(), (ours, reference, bound)
+    one_by_one = torch.stack([kl_divergence(full, row) for row in others])
+    assert ((one_by_one - reference).abs() <= bound).all()
+    assert float(kl_divergence(full, full)) == 0.0  # identical logits: exactly 0
+
+
+def test_float32_kl_of_far_apart_distributions_does_not_overflow():
+    from kvviz.whatif.metrics import kl_divergence
+
+    full = torch.zeros(1000)
+    other = full.clone()
+    other[:10] += 200  # expm1 would overflow float32 here: the log-sum-exp form takes over
+    log_p = torch.log_softmax(full.double(), -1)
+    reference = float((log_p.exp() * (log_p - torch.log_softmax(other.double(), -1))).sum())
+    assert float(kl_divergence(full, other)) == pytest.approx(reference, rel=1e-6)
