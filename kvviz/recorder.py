@@ -104,6 +104,8 @@ def kvviz_attention(
                                                  **kwargs)
     elif visible is not None and visible.dim() == 3 and query.shape[2] == 1 and attention_mask is None:
         output, weights = _decode_step(query, key, value, visible, scaling), None
+    elif visible is not None and visible.dim() == 4 and visible.dtype == torch.bool:
+        output, weights = _grouped_rows(query, key, value, visible.to(key.device), scaling), None
     else:
         if visible is not None:
             attention_mask = _full_mask(attention_mask, query, key, visible)
@@ -125,6 +127,20 @@ def _decode_step(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, vi
     output = torch.nn.functional.scaled_dot_product_attention(
         query.reshape(batch, groups, heads // groups, dim), key, value, attn_mask=visible[:, :, None, :], scale=scaling)
     return output.reshape(batch, 1, heads, dim)
+
+
+def _grouped_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: torch.Tensor,
+                  scaling: float | None) -> torch.Tensor:
+    """SDPA with every query row's mask given whole, per KV head: ``visible`` bool ``(B, KV, q, n)`` (e.g. the
+    variants of one step, each seeing itself only). As in :func:`_decode_step`, the query heads of a KV group become
+    that group's rows, so K/V are never repeated per query head. Query ``(B, H, q, D)`` → output ``(B, q, H, D)``."""
+    batch, heads, rows, dim = query.shape
+    groups, n = key.shape[1], key.shape[2]
+    share = heads // groups
+    mask = visible[:, :, None].expand(batch, groups, share, rows, n).reshape(batch, groups, share * rows, n)
+    output = torch.nn.functional.scaled_dot_product_attention(
+        query.reshape(batch, groups, share * rows, dim), key, value, attn_mask=mask, scale=scaling)
+    return output.reshape(batch, heads, rows, dim).transpose(1, 2).contiguous()
 
 
 def register() -> None:
