@@ -87,7 +87,7 @@ def blame_row(bench, context: int = 1024, slots: int = 32) -> Row:
     session.add_ids(result.last.forced.session.transcript.ids[: result.last.steps[0].slot + 1])
     step, cache = bench._plain_step(session)
     ours, plain = paired_times(lambda _: blame(result, step=0, limit=slots), step, bench.repeats, theirs_setup=cache)
-    return row(f"blame {slots} slots at {context // 1024}k", ours, plain, 3.0)
+    return row(f"blame {slots} slots at {context // 1024}k", ours, plain, 2.0)
 
 
 def timeline_draw(bench, context: int = 1024, steps: int = 256) -> Row:
