@@ -181,7 +181,8 @@ def _policy_run(session: Session, name: str) -> tuple:
         raise KvvizError(f"a tour step names the policy-run demo {name!r}, which assets/scenarios does not hold")
     if scenario.turns != [turn["user"] for turn in session.conversation()]:
         raise KvvizError(f"the demo {name!r} runs other turns than its tour")
-    result, ranked = run_policy_scenario(session.lm, scenario)
+    # consecutive steps on the same demo (its run, then its blame) share one run, kept with the tour's conversation
+    result, ranked = session.memoized("tour_policy_run", name, lambda: run_policy_scenario(session.lm, scenario), keep=1)
     if ranked is None:
         raise KvvizError(f"the demo {name!r} never diverges: it has nothing to blame")
     return result, ranked

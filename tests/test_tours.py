@@ -132,3 +132,10 @@ def test_a_tour_plays_in_the_browser_at_1280x720_with_no_warning(tmp_path, index
         page.get_by_role("button", name="End", exact=True).click()
         expect(page.locator(".st-key-tour")).to_have_count(0, timeout=60_000)
         assert not [m for m in messages if m[0] in ("warning", "error")], messages
+
+
+def test_steps_on_the_same_policy_demo_share_its_run(lm):
+    tour = next(t for t in load_tours() if any(step.policy_run for step in t.steps))
+    session = play(lm, tour)
+    runs = [stage(session, step).policy_run for step in tour.steps if step.policy_run]
+    assert len(runs) == 2 and runs[0][0] is runs[1][0] and runs[0][1] is runs[1][1]  # one run, then its blame
