@@ -37,7 +37,7 @@ _JS = """export default function ({ parentElement, data }) {
     else if (Math.abs(top - 72) > 40) mark.scrollIntoView({ block: "start" });
     const app = document.querySelector("[data-testid=stApp]");
     const running = app && app.dataset.testScriptState === "running";
-    const watching = running || now - since < 700 || now - started < 6000;  // charts draw after the run is over
+    const watching = running || now - since < 2000 || now - started < 6000;  // charts draw after the run is over (late on a loaded machine)
     if (watching && now - started < 60000) setTimeout(check, 150);  // a first run may load the model first
     else if (main) main.scrollTop -= 1;  // a scroll while nothing grows: Streamlit stops sticking to the bottom
   };
