@@ -18,9 +18,8 @@ from kvviz.scenarios import find_slots, toy_example
 from kvviz.session import Session
 
 TOURS = Path(__file__).resolve().parents[1] / "assets" / "tours"
-TEXT_FIELDS = ("token", "full_top", "edited_top", "full_reply", "edited_reply", "policy_reply", "blame_top")  # the
-# model's own text (anything):
-# formatted by the caller
+# the model's own text (anything): formatted by the caller
+TEXT_FIELDS = ("token", "full_top", "edited_top", "full_reply", "edited_reply", "policy_reply", "blame_top")
 
 
 @dataclass(frozen=True)
@@ -158,9 +157,8 @@ def stage(session: Session, step: TourStep) -> Stage:
     if ran is not None:
         result, ranked = ran
         turn, best = result.turns[ranked.turn], ranked.rows[0]
-        slots = turn.forced.session.transcript.slots
         numbers |= {"divergence": ranked.step, "policy_kl": ranked.kl, "full_reply": turn.full_text.strip(),
-                    "policy_reply": turn.policy_text.strip(), "blame_top": "".join(slots[s].text for s in best.slots),
+                    "policy_reply": turn.policy_text.strip(), "blame_top": turn.forced.session.transcript.text_of(best.slots),
                     "blame_kl": best.kl_after_restore, "top1_restored": best.top1_restored,
                     "first_reply_same": result.turns[0].full_ids == result.turns[0].policy_ids,
                     "blame_left_turn": next((index for index in range(len(result.turns)) if any(  # when it left

@@ -7,6 +7,7 @@ never renumbered, even after eviction. The *segment* of a slot is relative to th
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from typing import Literal
@@ -101,6 +102,10 @@ class Transcript:
             found.append([s.slot for s, start in zip(slots, starts) if start < end and start + len(s.text) > begin])
             begin = joined.find(text, begin + 1)
         return found
+
+    def text_of(self, slots: Iterable[int]) -> str:
+        """The pieces of ``slots`` joined, in the order given (e.g. the word a blame row restores)."""
+        return "".join(self.slots[s].text for s in slots)
 
     def history_slots(self, before: int) -> list[int]:
         """Slots below ``before`` that belong to earlier turns."""

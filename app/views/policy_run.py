@@ -189,9 +189,8 @@ def _step(result, turn: int, step: int) -> None:
         st.caption("Putting everything back leaves much of the gap: the slots this run wrote itself (its reply so far, "
                    "a later turn's prompt) hold keys and values computed on its compressed cache, which eviction at "
                    "this step cannot explain.")
-    pieces = session.transcript.slots
     rows = sorted(ranked.rows, key=lambda r: not r.top1_restored)  # those that bring the full run's token back first
-    st.dataframe(pd.DataFrame([{"top-1 back": r.top1_restored, "text": visible("".join(pieces[s].text for s in r.slots)),
+    st.dataframe(pd.DataFrame([{"top-1 back": r.top1_restored, "text": visible(session.transcript.text_of(r.slots)),
                                 "KL after restore": r.kl_after_restore, "slots": ", ".join(map(str, r.slots)),
                                 "attention paid, nothing hidden": r.mass} for r in rows]), hide_index=True,
                  column_config={"attention paid, nothing hidden": st.column_config.NumberColumn(
@@ -200,7 +199,7 @@ def _step(result, turn: int, step: int) -> None:
     if cols[2].button("Restore the top 3", key="run-top3") and ranked.rows:
         slots = sorted({s for r in ranked.rows[:3] for s in r.slots})
         row = restore(result, slots, turn=turn, step=step)
-        words = " · ".join(visible("".join(pieces[s].text for s in r.slots)) for r in ranked.rows[:3])
+        words = " · ".join(visible(session.transcript.text_of(r.slots)) for r in ranked.rows[:3])
         st.success(f"{plain(words)} (slots {slots}) restored together: KL {row.kl_after_restore:.4f}, "
                    f"top-1 {'back' if row.top1_restored else 'still different'}")
 

@@ -115,12 +115,11 @@ def _commits(session) -> None:
         return
     with st.container(border=True, key="commit-list"):
         st.markdown("**Committed edits** — part of the conversation: every step after them ran on the edited cache")
-        slots = session.transcript.slots
         for row in reversed(rows):
             later = len(rows) - row["index"]
             parts = []
             if row["evicted"]:
-                words = "".join(slots[s].text for s in row["evicted"][:6]) + ("…" if len(row["evicted"]) > 6 else "")
+                words = session.transcript.text_of(row["evicted"][:6]) + ("…" if len(row["evicted"]) > 6 else "")
                 parts.append(f"evicted {plural(len(row['evicted']), 'slot')} ({words!r})")
             if row["keys"] or row["values"]:
                 parts.append(f"quantized the keys of {len(row['keys'])} and the values of "

@@ -5,6 +5,8 @@ describes (step, edit, layer and head); it stays live and clickable."""
 
 from __future__ import annotations
 
+import contextlib
+
 import streamlit as st
 
 from app import state
@@ -29,10 +31,9 @@ def choose(lm: LoadedModel) -> None:
 def go(tour: Tour, index: int, session) -> None:
     """Show step ``index`` of ``tour`` on ``session``."""
     step = tour.steps[index]
-    if step.policy_run:  # the demo's full and compressed runs side by side: seconds
-        with st.spinner(plain(f"Running “{step.policy_run}”: the full cache and the policy side by side…")):
-            shown = stage(session, step)
-    else:
+    waiting = st.spinner(plain(f"Running “{step.policy_run}”: the full cache and the policy side by side…")) \
+        if step.policy_run else contextlib.nullcontext()  # the demo's two runs take seconds
+    with waiting:
         shown = stage(session, step)
     newest = shown.at == len(session) - 1
     kept = list(state.prepared()) if session is state.session() else []  # edits kept for the page stay

@@ -158,11 +158,11 @@ def run(args: argparse.Namespace) -> None:
     for slot, rows in report["why"].items():
         _print_why(int(slot), rows, result)
     if ranked is not None:
-        pieces = last.forced.session.transcript.slots
+        transcript = last.forced.session.transcript
         print(f"\nblame at {_step_name(ranked.step)} (KL {ranked.kl:.3f} with nothing restored, "
               f"{ranked.kl_all_restored:.3f} with every evicted slot back): restoring one candidate at a time")
         for row in ranked.rows[:10]:
-            words = "".join(pieces[s].text for s in row.slots)
+            words = transcript.text_of(row.slots)
             print(f"  {words!r} (slots {row.slots}): KL {row.kl_after_restore:.3f}, "
                   f"top-1 {'back' if row.top1_restored else 'not back'}")
 

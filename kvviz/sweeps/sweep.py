@@ -83,7 +83,8 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike, workers: int = 1, ray: st
     if bar is not None:
         bar.close()
     keys = [case.key for case in cases if case.key in done]
-    table = _frame([done[key] for key in keys + [key for key in done if key not in set(keys)]])
+    ours = set(keys)
+    table = _frame([done[key] for key in keys + [key for key in done if key not in ours]])  # then in the file's order
     table.to_csv(folder / "table.csv", index=False)
     table.to_parquet(folder / "table.parquet", index=False)
     return table
