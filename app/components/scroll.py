@@ -23,13 +23,17 @@ _JS = """export default function ({ parentElement, data }) {
   const host = parentElement.host || parentElement;
   const main = host.closest && host.closest("[data-testid=stAppScrollToBottomContainer]");
   const started = Date.now();
+  // the newest request for a scroll area wins: an older watcher (the streamed reply's, still on the page while the
+  // next run draws the strip) stops instead of pulling the page back to its own mark
+  const area = main || host;
+  const turn = (area.kvScrollTurn = (area.kvScrollTurn || 0) + 1);
   let stopped = false, height = -1, since = started;
   const stop = () => { stopped = true; };
   for (const kind of ["wheel", "touchstart", "keydown", "pointerdown"]) {
     window.addEventListener(kind, stop, { once: true, capture: true });
   }
   const check = () => {
-    if (stopped || mark.dataset.token !== token) return;
+    if (stopped || mark.dataset.token !== token || area.kvScrollTurn !== turn) return;
     const top = mark.getBoundingClientRect().top;
     const now = Date.now(), grown = main ? main.scrollHeight : 0;
     if (grown !== height) { height = grown; since = now; }
