@@ -47,7 +47,7 @@ def planned(quick: bool = False, browser: bool = True) -> dict[str, Callable[[Be
                               "policy run decode 64, critical_kv, 1k": policy_rows.critical_kv_run,
                               "policy run prefill 64, kv_zip, 1k": policy_rows.kv_zip_run}
     rows |= {"launches of two what-ifs at 1024": launch_rows}
-    rows |= {"sweep throughput, 2 workers": sweep_row}
+    rows |= {"sweep throughput, batch 4": sweep_row}
     rows |= {"whatif evict 512 on tiny llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3": architecture_rows}
     if browser and not quick:
         rows["browser click and settled 2048, 8000, overview draw"] = _browser

@@ -71,6 +71,17 @@ def _grown(old: torch.Tensor, length: int, new: torch.Tensor, capacity: int) -> 
     return buffer
 
 
+def compact_memo(cache: Cache) -> dict[int, object]:
+    """A ``copy.deepcopy`` memo under which a copy of ``cache`` holds each :class:`RoomyLayer`'s cached slots alone:
+    not its spare room, nor the other rows of a buffer shared by a batch of sessions (:mod:`kvviz.runs.lockstep`)."""
+    memo: dict[int, object] = {}
+    for entry in cache.layers:
+        if isinstance(entry, RoomyLayer) and entry._buffers is not None and entry.keys.dim() == 4:
+            keys, values = entry.keys.clone(), entry.values.clone()
+            memo[id(entry.keys)], memo[id(entry.values)], memo[id(entry._buffers)] = keys, values, (keys, values)
+    return memo
+
+
 def layer_kv(cache: Cache, layer: int) -> KV:
     """Keys and values of ``layer``: two ``(B, KV, n, D)`` tensors."""
     entry = cache.layers[layer]

@@ -178,6 +178,13 @@ class QueryLog:
     def commit(self, count: int) -> None:
         self.length += count
 
+    def __deepcopy__(self, memo: dict) -> QueryLog:
+        """A copy holding the recorded queries, not the spare capacity (a forked run copies its session)."""
+        copied = QueryLog.__new__(QueryLog)
+        copied.length, copied.layers = self.length, self.layers
+        copied._buffer = self._buffer[:, :, : self.length].clone()
+        return copied
+
     def layer(self, layer: int) -> torch.Tensor:
         """Queries of ``layer``: ``(H, n, D)`` (a view)."""
         return self._buffer[layer, :, : self.length]

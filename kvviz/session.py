@@ -26,7 +26,6 @@ from kvviz.recorder import QueryLog
 from kvviz.sampling import Sampling, Token
 from kvviz.transcript import Transcript, token_pieces
 
-
 T = TypeVar("T")
 
 
@@ -137,14 +136,23 @@ class Session:
 
     def step(self) -> Token:
         """Decode one step: the pending token's K/V is appended to the cache and the next token is chosen."""
+        self.check_step()
+        self.end_step(self._forward([self.pending]))
+        return self._token(self.pending)
+
+    def check_step(self) -> None:
+        """Refuse a decode step that cannot run (a released session, no turn yet, no room)."""
+        self._check_held()
         if self.pending is None:
             raise KvvizError("nothing to decode yet: add a turn first")
         if self.transcript.next_position >= self.lm.context_window:
             raise KvvizError("the context window is full")
         self.check_room(1)
-        self._accept([self.pending], self._forward([self.pending]), "decode")
+
+    def end_step(self, logits: torch.Tensor) -> None:
+        """Accept a step whose pass (here, or batched: kvviz.runs.lockstep) cached the pending token; logits (V,)."""
+        self._accept([self.pending], logits, "decode")
         self._announced = max(self._announced, len(self.produced) - 1)  # a cached token is part of the reply
-        return self._token(self.pending)
 
     def _forward(self, ids: list[int]) -> torch.Tensor:
         """Append the K/V and queries of ``ids`` (atomic, see :mod:`kvviz.prefill`); the last one's ``(V,)`` logits."""
@@ -198,24 +206,19 @@ class Session:
         return self.past_replies + ([(list(self.produced), self._announced)] if self.turns else [])
 
     def set_announced(self, count: int) -> None:
-        """How many chosen tokens of this turn count as shown (replay of a recorded reply); never fewer than the
-        tokens already cached (see :attr:`reply`)."""
+        """How many chosen tokens of this turn count as shown (replay), never fewer than are cached (:attr:`reply`)."""
         self._announced = max(0, len(self.produced) - 1, min(int(count), len(self.produced)))
 
     @property
     def reply(self) -> str:
-        """The current turn's reply, by one rule: its generated slots as the cache holds them, followed by the pending
-        token once :meth:`stream` (or :meth:`generate`) has yielded it; end-of-turn excluded. :meth:`step` counts
-        every token it caches as part of the reply; :meth:`set_announced` replays a recorded count."""
+        """The current turn's reply, by one rule: its generated slots as the cache holds them (every token :meth:`step`
+        cached), then the pending token once :meth:`stream` has yielded it; end-of-turn excluded."""
         ids = [i for i in self.produced[: self._announced] if i not in self.lm.stop_ids]
         return self.lm.tokenizer.decode(ids, skip_special_tokens=True)
 
     def conversation(self) -> list[dict[str, str]]:
         """Turns so far as ``{"user", "assistant"}``; the newest assistant text is the reply so far."""
-        turns = [dict(turn) for turn in self.turns]
-        if turns:
-            turns[-1]["assistant"] = self.reply
-        return turns
+        return [dict(turn) for turn in self.turns[:-1]] + [dict(turn, assistant=self.reply) for turn in self.turns[-1:]]
 
     def piece(self, token_id: int) -> str:
         """The text of one token (see :func:`token_pieces`)."""

@@ -32,6 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=positive, default=1, help="local worker processes (or Ray actors)")
     parser.add_argument("--ray", default=None, metavar="ADDRESS",
                         help="run the cases as Ray tasks on this cluster (auto: the running one; local: a new one)")
+    parser.add_argument("--batch", type=int, default=4, metavar="N",
+                        help="cases of a prompt decoded together as one batch beside one full run (default 4; 0: "
+                             "each case alone, one step at a time)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -45,7 +48,7 @@ def run(args: argparse.Namespace) -> None:
         raise KvvizError("give at least one --budget or --ratio")
     spec = SweepSpec(args.prompts, tuple(args.policy), budgets, args.mode, args.every, args.max_new_tokens,
                      args.limit, args.model, schemes=tuple(args.scheme))
-    table = run_sweep(spec, args.out, args.workers, args.ray, progress=not args.no_progress)
+    table = run_sweep(spec, args.out, args.workers, args.ray, progress=not args.no_progress, batch=args.batch)
     if table.empty:
         raise KvvizError("the sweep produced no rows")
     print(f"{len(table)} cases in {args.out}/table.csv (and .parquet); the worst by mean KL:")

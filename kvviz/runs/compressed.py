@@ -143,6 +143,14 @@ class CompressedSession:
             self.session.add_user_turn(text)
         self._prompted(start)
 
+    def take_prompt(self, session: Session) -> None:
+        """:meth:`add_turn` of a first turn whose prompt ``session`` already holds (a fresh copy of a session with
+        just that prompt prefilled: the same pass, not run again); this run takes the session over."""
+        if len(self.session) or self.hidden is not None or session.commits.boundaries():
+            raise KvvizError("only a fresh run of a policy that reads no hidden states takes over a prefilled prompt")
+        self.session, self.timeline.cache, session.commits = session, session.cache, self.timeline
+        self._prompted(0)
+
     def add_ids(self, ids: list[int]) -> None:
         """:meth:`add_turn` for raw token ids (no chat template)."""
         start = len(self.session)
@@ -187,6 +195,23 @@ class CompressedSession:
     def step(self, token: int | None = None) -> torch.Tensor:
         """Decode one step — of ``token`` instead of the chosen one when given (teacher forcing) — after the
         compression due before it. Returns the step's next-token logits ``(V,)`` float32."""
+        self.begin_step(token)
+        with self._recording():
+            self.session.step()
+        return self.end_step()
+
+    @property
+    def batchable(self) -> bool:
+        """Whether its decode steps can run in a batch of sessions (:mod:`kvviz.runs.lockstep`): evictions only hide
+        slots (no KIVI, QuantizedCache, pruning, merging or re-rotation rewrites the cache) and the policy reads no
+        hidden states."""
+        reshape = self.settings.reshape
+        return (self.hidden is None and self.settings.kivi is None and self.settings.quanto is None
+                and self.timeline.rotary is None and not (reshape is not None and (reshape.think or reshape.merge)))
+
+    def begin_step(self, token: int | None = None) -> Session:
+        """The part of :meth:`step` before its pass: the compression due, then ``token`` forced. Returns the session
+        whose pending token the pass processes."""
         mode, every = self.settings.mode, self.settings.every
         due = mode in ("decode", "both") and self.steps % every == 0 or (
             mode == "after_steps" and self.steps and self.steps % every == 0)  # after step every − 1, 2·every − 1 …
@@ -194,8 +219,11 @@ class CompressedSession:
         self.seen = self.alive()
         if token is not None:
             self.session.force(token)
-        with self._recording():
-            self.session.step()
+        return self.session
+
+    def end_step(self) -> torch.Tensor:
+        """The part of :meth:`step` after its pass (the session accepted it): the attention the slots received, the
+        quantization due. Returns the step's next-token logits ``(V,)`` float32."""
         self._computed(len(self.session) - 1)
         self._received(slice(len(self.session) - 1, len(self.session)))
         self.steps += 1

@@ -5,9 +5,9 @@
 - :mod:`kvviz.sweeps.sweep` runs them all — in this process, a local process pool or Ray — resumably, into a table.
 """
 
-from kvviz.sweeps.cases import Case, cases_for, run_case
+from kvviz.sweeps.cases import Case, cases_for, run_case, run_cases
 from kvviz.sweeps.prompts import Prompt, load_prompts
 from kvviz.sweeps.sweep import SweepSpec, read_table, records, run_sweep
 
-__all__ = ["Case", "Prompt", "SweepSpec", "cases_for", "load_prompts", "read_table", "records", "run_case",
+__all__ = ["Case", "Prompt", "SweepSpec", "cases_for", "load_prompts", "read_table", "records", "run_case", "run_cases",
            "run_sweep"]

@@ -57,33 +57,32 @@ def matches(reply: str, expected: str | None) -> bool | None:
     return None if expected is None else expected.strip().lower() in reply.lower()
 
 
-_shared: dict = {}  # the last full-cache run, by (model, turns, reply length): consecutive cases of a prompt share it
+def run_cases(lm: LoadedModel, cases: list[Case], batch: int = 4) -> list[Row]:
+    """The rows of ``cases`` (:func:`run_case`). Consecutive cases of one prompt run together, up to ``batch`` at a
+    time: one full-cache run beside them and their decode steps batched (:func:`~kvviz.runs.policy_run.run_policies`);
+    ``batch`` 0: each case alone, one step at a time."""
+    from kvviz.policies.user import available
+    from kvviz.runs.policy_run import run_policies
+
+    classes, rows = available(), []
+    for group in by_prompt(cases):
+        for start in range(0, len(group), max(batch, 1)):
+            part = group[start:start + max(batch, 1)]
+            runs = run_policies(lm, part[0].prompt.turns, [run_settings(case, classes) for case in part],
+                                part[0].max_new_tokens, batch=batch > 0)
+            rows += [_row(case, run.last) for case, run in zip(part, runs)]
+    return rows
 
 
-def full_side(lm: LoadedModel, case: Case) -> list:
-    """The full-cache run of ``case``'s prompt (:func:`~kvviz.runs.policy_run.full_replies`), computed once for the
-    consecutive cases of one prompt."""
-    from kvviz.runs.policy_run import full_replies
-
-    key = (lm, case.prompt.turns, case.max_new_tokens)
-    if key not in _shared:
-        _shared.clear()
-        _shared[key] = full_replies(lm, case.prompt.turns, case.max_new_tokens)
-    return _shared[key]
-
-
-def run_case(lm: LoadedModel, case: Case, share: bool = True) -> Row:
+def run_case(lm: LoadedModel, case: Case) -> Row:
     """The case's policy run, summarised over its last turn: mean / max KL(full ‖ policy) teacher-forced on the full
     reply over its steps -1, 0, … (one per reply token), top-1 agreement, the divergence step (-1: the first token;
-    None: none), whether the answer changed, and whether each reply
-    contains the expected answer; the prompt's turns ride along (JSON), so a row can be opened again. ``share``:
-    reuse the full-cache run of the previous case when it had the same prompt."""
-    from kvviz.policies.user import available
-    from kvviz.runs.policy_run import run_policy
+    None: none), whether the answer changed, and whether each reply contains the expected answer; the prompt's turns
+    ride along (JSON), so a row can be opened again."""
+    return run_cases(lm, [case])[0]
 
-    settings = run_settings(case, available())
-    full = full_side(lm, case) if share else None
-    last = run_policy(lm, case.prompt.turns, settings, case.max_new_tokens, full=full).last
+
+def _row(case: Case, last) -> Row:
     kls = [step.kl for step in last.records]  # one per reply token: the prefill's last row (step -1) first
     return {
         "key": case.key, "prompt_id": case.prompt.id, "family": case.prompt.family, "policy": case.policy,

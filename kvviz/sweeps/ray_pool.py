@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from kvviz.errors import KvvizError
-from kvviz.sweeps.cases import Case, Row, by_prompt, run_case
+from kvviz.sweeps.cases import Case, Row, by_prompt, run_cases
 
 
 class _Runner:
@@ -17,11 +17,11 @@ class _Runner:
 
         self.lm = load_model(model)
 
-    def run(self, cases: list[Case]) -> list[Row]:
-        return [run_case(self.lm, case) for case in cases]
+    def run(self, cases: list[Case], batch: int) -> list[Row]:
+        return run_cases(self.lm, cases, batch)
 
 
-def ray_rows(model: str | None, todo: list[Case], workers: int, address: str) -> Iterator[Row]:
+def ray_rows(model: str | None, todo: list[Case], workers: int, address: str, batch: int = 4) -> Iterator[Row]:
     """The rows of ``todo`` from ``workers`` actors on the Ray cluster at ``address`` (``auto``: the running one;
     ``local``: a new instance on this machine), as they finish."""
     try:
@@ -34,7 +34,7 @@ def ray_rows(model: str | None, todo: list[Case], workers: int, address: str) ->
     runner = ray.remote(num_cpus=1)(_Runner)
     actors = [runner.remote(model) for _ in range(max(1, workers))]
     groups = by_prompt(todo)  # one task per prompt: its cases share the full-cache run
-    pending = [actors[index % len(actors)].run.remote(group) for index, group in enumerate(groups)]
+    pending = [actors[index % len(actors)].run.remote(group, batch) for index, group in enumerate(groups)]
     while pending:
         finished, pending = ray.wait(pending, num_returns=1)
         yield from ray.get(finished[0])

@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from kvviz.errors import KvvizError
-from kvviz.sweeps.cases import Case, Row, by_prompt, cases_for, run_case
+from kvviz.sweeps.cases import Case, Row, by_prompt, cases_for, run_cases
 from kvviz.sweeps.prompts import load_prompts
 
 FORMAT = "kvviz-sweep/2"  # 2: rows count the prefill's last row (step -1) among the steps
@@ -47,11 +47,12 @@ class SweepSpec:
 
 
 def run_sweep(spec: SweepSpec, out: str | os.PathLike, workers: int = 1, ray: str | None = None,
-              progress: bool = True, on_row: Callable[[Row], None] | None = None) -> pd.DataFrame:
+              progress: bool = True, on_row: Callable[[Row], None] | None = None, batch: int = 4) -> pd.DataFrame:
     """Run every case of ``spec`` not yet in ``out`` and return the folder's whole table: ``spec``'s cases in order,
     then those an earlier run with other prompts, policies, budgets or schemes added. ``workers`` > 1: a local process
     pool (each worker loads the model once); ``ray``: Ray tasks on the cluster at that address (``auto``, or
-    ``local`` for a new local instance), ``workers`` actors."""
+    ``local`` for a new local instance), ``workers`` actors. ``batch``: cases of a prompt decoded together
+    (:func:`~kvviz.sweeps.cases.run_cases`)."""
     from kvviz.policies.user import available
     from kvviz.runs.report import make_policy
 
@@ -71,7 +72,7 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike, workers: int = 1, ray: st
     todo = [case for case in cases if case.key not in done]
     bar = _bar(len(cases), len(cases) - len(todo)) if progress else None
     with rows_file.open("a", encoding="utf-8") as handle:
-        for row in _rows(spec.model, todo, workers, ray):
+        for row in _rows(spec.model, todo, workers, ray, batch):
             handle.write(json.dumps(row) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
@@ -184,21 +185,21 @@ def _bar(total: int, initial: int):
     return tqdm(total=total, initial=initial, desc="sweep", unit="case", file=sys.stderr, dynamic_ncols=True)
 
 
-def _rows(model: str | None, todo: list[Case], workers: int, ray: str | None) -> Iterator[Row]:
+def _rows(model: str | None, todo: list[Case], workers: int, ray: str | None, batch: int) -> Iterator[Row]:
     if not todo:
         return
     if ray is not None:
         from kvviz.sweeps.ray_pool import ray_rows
 
-        yield from ray_rows(model, todo, workers, ray)
+        yield from ray_rows(model, todo, workers, ray, batch)
     elif workers > 1:
-        yield from _pool_rows(model, todo, workers)
+        yield from _pool_rows(model, todo, workers, batch)
     else:
         from kvviz.model import load_model
 
         lm = load_model(model)
-        for case in todo:
-            yield run_case(lm, case)
+        for group in by_prompt(todo):
+            yield from run_cases(lm, group, batch)
 
 
 _worker_lm = None
@@ -214,11 +215,11 @@ def _start_worker(model: str | None, threads: int) -> None:
     _worker_lm = load_model(model)
 
 
-def _work(cases: list[Case]) -> list[Row]:
-    return [run_case(_worker_lm, case) for case in cases]
+def _work(cases: list[Case], batch: int) -> list[Row]:
+    return run_cases(_worker_lm, cases, batch)
 
 
-def _pool_rows(model: str | None, todo: list[Case], workers: int) -> Iterator[Row]:
+def _pool_rows(model: str | None, todo: list[Case], workers: int, batch: int) -> Iterator[Row]:
     """The rows of ``todo`` from a local pool of ``workers`` processes (spawned: no state shared with this one), one
     task per prompt (its cases share the full-cache run)."""
     import multiprocessing
@@ -226,5 +227,5 @@ def _pool_rows(model: str | None, todo: list[Case], workers: int) -> Iterator[Ro
 
     threads = max(1, (os.cpu_count() or 1) // workers)
     with ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"), _start_worker, (model, threads)) as pool:
-        for future in as_completed([pool.submit(_work, group) for group in by_prompt(todo)]):
+        for future in as_completed([pool.submit(_work, group, batch) for group in by_prompt(todo)]):
             yield from future.result()

@@ -1,0 +1,173 @@
+"""Decode steps of several sessions as one batched forward pass (docs/math.md §9).
+
+Sessions whose caches hold the same number of slots — the full run and the policy runs of one prompt, forced on the
+same reply or free on their own — process their pending tokens at the same position. Their caches become the rows of
+shared per-layer buffers ``(B, KV, capacity, D)`` (each session's cache layers are views of its row, so nothing is
+copied per step), one forward of ``B`` rows appends every row's slot, and each row hides its own evicted slots per
+(layer, KV head) through the attention mask. A row's numbers are those of its session stepping alone, up to the
+rounding of another batch shape (matrix-matrix instead of matrix-vector products).
+
+:func:`drive` runs many step sequences written as generators (they yield ``(row, token)``, a session to step and
+the token to force or None, and receive its next-token logits), batching the requests of each round by cache length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from typing import Any
+
+import torch
+
+from kvviz import kv_cache
+from kvviz.model import LoadedModel
+from kvviz.recorder import Probe, QueryLog, probing
+from kvviz.runs.compressed import CompressedSession
+from kvviz.session import Session
+
+Row = Session | CompressedSession
+Steps = Generator[tuple[Row, int | None], torch.Tensor, Any]
+
+
+def drive(lm: LoadedModel, sequences: Sequence[Steps], batch: bool = True) -> list[Any]:
+    """Run every generator of ``sequences`` to its end and return their values. Each round, every live generator's
+    request is served, those of batchable rows at equal cache length in one pass (:func:`step_rows`; ``batch``
+    False: each alone), and the logits are sent back in the order of ``sequences``."""
+    results: list[Any] = [None] * len(sequences)
+    live: dict[int, tuple[Row, int | None]] = {}
+    for index, steps in enumerate(sequences):
+        _advance(steps, index, None, live, results)
+    rows = _Rows()
+    while live:
+        groups: dict[tuple, list[int]] = {}
+        for index, (row, _) in live.items():
+            session = _session(row)
+            key = (len(session), session.transcript.next_position) if batch and _batchable(row) else (index,)
+            groups.setdefault(key, []).append(index)
+        logits: dict[int, torch.Tensor] = {}
+        for members in groups.values():
+            if len(members) == 1:
+                row, token = live[members[0]]
+                logits[members[0]] = row.step(token) if isinstance(row, CompressedSession) else _plain_step(row)
+            else:
+                out = step_rows(lm, [live[index] for index in members], rows)
+                logits.update(zip(members, out))
+        rows.keep()
+        for index in sorted(logits):
+            _advance(sequences[index], index, logits[index], live, results)
+    return results
+
+
+def _advance(steps: Steps, index: int, logits: torch.Tensor | None, live: dict, results: list) -> None:
+    try:
+        live[index] = next(steps) if logits is None else steps.send(logits)
+    except StopIteration as done:
+        live.pop(index, None)
+        results[index] = done.value
+
+
+def _plain_step(session: Session) -> torch.Tensor:
+    session.step()
+    return session.logits
+
+
+def _session(row: Row) -> Session:
+    return row.session if isinstance(row, CompressedSession) else row
+
+
+def _batchable(row: Row) -> bool:
+    return not isinstance(row, CompressedSession) or row.batchable
+
+
+def step_rows(lm: LoadedModel, requests: Sequence[tuple[Row, int | None]], rows: _Rows | None = None
+              ) -> list[torch.Tensor]:
+    """One decode step of every ``(row, token)`` (rows of equal length, all batchable) as one forward pass; returns
+    each row's next-token logits ``(V,)`` float32, as ``row.step(token)`` would. ``rows``: the buffers of the last
+    batches, reused while the same sessions step together."""
+    sessions = [row.begin_step(token) if isinstance(row, CompressedSession) else row for row, token in requests]
+    for session in sessions:
+        session.check_step()
+    length, position = len(sessions[0]), sessions[0].transcript.next_position
+    if any(len(s) != length or s.transcript.next_position != position for s in sessions):
+        raise ValueError("a batched step needs sessions of equal length and position")
+    buffers, views = (rows or _Rows()).joined(sessions, length + 1)
+    hidden = [session.commits.evicted(length + 1) for session in sessions]  # (L, KV, n + 1) each, or None
+    visible = None
+    if any(mask is not None for mask in hidden):
+        visible = ~torch.stack([mask if mask is not None else torch.zeros_like(next(m for m in hidden if m is not None))
+                                for mask in hidden], 1)  # (L, B, KV, n + 1)
+    for session in sessions:
+        session.queries.reserve(session.queries.length + 1)
+    device = lm.device
+    with torch.no_grad(), probing(_RowsProbe([s.queries for s in sessions], visible)):
+        out = lm.model(input_ids=torch.tensor([[s.pending] for s in sessions], device=device),
+                       position_ids=torch.full((len(sessions), 1), position, device=device),
+                       cache=kv_cache.over(buffers, length, views), use_cache=True, logits_to_keep=1)
+    logits = out.logits[:, -1].float()
+    for index, (session, (row, _)) in enumerate(zip(sessions, requests)):
+        session.queries.commit(1)
+        for entry, (keys, values) in zip(session.cache.layers, buffers):
+            entry.keys, entry.values = keys[index:index + 1, :, :length + 1], values[index:index + 1, :, :length + 1]
+        session.end_step(logits[index].clone())  # not a view keeping the batch's logits
+    return [row.end_step() if isinstance(row, CompressedSession) else row.logits for row, _ in requests]
+
+
+class _RowsProbe(Probe):
+    """Records each row's query in its session's :class:`QueryLog` and hides each row's evicted slots: ``visible``
+    bool ``(L, B, KV, n)`` or None."""
+
+    def __init__(self, logs: list[QueryLog], visible: torch.Tensor | None):
+        self.logs, self.visible = logs, visible
+
+    def on_query(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor | None:
+        for row, log in enumerate(self.logs):
+            log.write(layer, query[row])
+        return None if self.visible is None else self.visible[layer].to(key.device)
+
+
+class _Rows:
+    """The shared buffers of the batches in use: ``(sessions' ids) → per-layer (keys, values) (B, KV, capacity, D)``.
+    A batch is made again (its rows copied once) when its sessions change or outgrow it."""
+
+    def __init__(self):
+        self.batches: dict[tuple[int, ...], list[kv_cache.KV]] = {}
+        self.used: list[tuple[int, ...]] = []
+
+    def joined(self, sessions: list[Session], need: int) -> tuple[list[kv_cache.KV], list[kv_cache.KV]]:
+        """The buffers holding ``sessions``' caches as their rows (each session's layers then views of its row),
+        with room for ``need`` slots; and the views of the cached slots."""
+        key = tuple(id(session) for session in sessions)
+        self.used.append(key)
+        length = need - 1
+        buffers = self.batches.get(key)
+        if buffers is None or buffers[0][0].shape[2] < need or not all(
+                self._holds(session, buffers, index) for index, session in enumerate(sessions)):
+            buffers = self.batches[key] = self._join(sessions, length, need)
+        return buffers, kv_cache.leading(buffers, length)
+
+    @staticmethod
+    def _holds(session: Session, buffers: list[kv_cache.KV], index: int) -> bool:
+        """Whether ``session``'s cache layers are still views of row ``index`` of ``buffers``."""
+        return all(entry.keys.data_ptr() == keys[index].data_ptr()
+                   and entry.values.data_ptr() == values[index].data_ptr()
+                   for entry, (keys, values) in zip(session.cache.layers, buffers))
+
+    @staticmethod
+    def _join(sessions: list[Session], length: int, need: int) -> list[kv_cache.KV]:
+        capacity = need + max(need // 4, 64)
+        buffers = []
+        for layer, entries in enumerate(zip(*(session.cache.layers for session in sessions))):
+            keys, values = entries[0].keys, entries[0].values  # (1, KV, length, D)
+            shape = (len(sessions), keys.shape[1], capacity, keys.shape[3])
+            pair = keys.new_empty(shape), values.new_empty((*shape[:3], values.shape[3]))
+            for index, entry in enumerate(entries):
+                for buffer, old in zip(pair, (entry.keys, entry.values)):
+                    buffer[index, :, :length] = old[0, :, :length]
+                entry._buffers = pair[0][index:index + 1], pair[1][index:index + 1]
+                entry.keys, entry.values = (buffer[index:index + 1, :, :length] for buffer in pair)
+            buffers.append(pair)
+        return buffers
+
+    def keep(self) -> None:
+        """End of a round: keep the buffers of the batches this round used (the others' sessions moved on)."""
+        self.batches = {key: self.batches[key] for key in self.used if key in self.batches}
+        self.used = []
