@@ -56,9 +56,24 @@ def reserve(cache: Cache, capacity: int) -> None:
     per chunk)."""
     for entry in cache.layers:
         if isinstance(entry, RoomyLayer) and entry.is_initialized and not entry._fits(capacity):
+            _regrow(entry, capacity)
+
+
+def own(cache: Cache) -> None:
+    """Buffers of their own for the :class:`RoomyLayer` s of ``cache`` that are rows of a buffer shared by a batch of
+    sessions (:mod:`kvviz.runs.lockstep`): their cached slots copied, with a quarter more room; the batch's buffer is
+    freed once no session holds a row of it."""
+    for entry in cache.layers:
+        if isinstance(entry, RoomyLayer) and entry.is_initialized and entry._buffers is not None and any(
+                buffer.untyped_storage().nbytes() > buffer.numel() * buffer.element_size() for buffer in entry._buffers):
             length = entry.get_seq_length()
-            entry._buffers = tuple(_grown(t, length, t, capacity) for t in (entry.keys, entry.values))
-            entry.keys, entry.values = (buffer[:, :, :length] for buffer in entry._buffers)
+            _regrow(entry, length + max(length // 4, 64))
+
+
+def _regrow(entry: RoomyLayer, capacity: int) -> None:
+    length = entry.get_seq_length()
+    entry._buffers = tuple(_grown(t, length, t, capacity) for t in (entry.keys, entry.values))
+    entry.keys, entry.values = (buffer[:, :, :length] for buffer in entry._buffers)
 
 
 def _grown(old: torch.Tensor, length: int, new: torch.Tensor, capacity: int) -> torch.Tensor:

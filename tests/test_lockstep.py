@@ -45,6 +45,8 @@ def test_batched_runs_equal_the_runs_one_by_one(lm, eps, turns, tokens):
             assert (turn.full_ids, turn.policy_ids, turn.divergence) == (ref.full_ids, ref.policy_ids, ref.divergence)
             assert (turn.prompt_ids, turn.prompt_end) == (ref.prompt_ids, ref.prompt_end)
             assert torch.equal(turn.forced.timeline.evicted_at, ref.forced.timeline.evicted_at)
+            for entry in turn.forced.session.cache.layers:  # the run keeps its own cache, not a row of the batch's
+                assert entry.keys.untyped_storage().nbytes() == entry._buffers[0].nbytes
             assert (turn.full_logits - ref.full_logits).abs().max() <= eps
             for step, other in zip(turn.records, ref.records, strict=True):
                 assert (step.step, step.slot, step.top1_agree, step.policy_top1) == (

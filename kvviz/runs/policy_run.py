@@ -100,6 +100,9 @@ def run_policies(lm: LoadedModel, turns: Sequence[str], settings: Sequence[RunSe
                 _text(lm, reference.ids), _text(lm, turn["policy_ids"]), turn["divergence"], turn["steps"], forced,
                 torch.stack(reference.logits).cpu()))
             policies[index] = free
+            for kept in {id(forced): forced, id(free): free}.values():  # not rows of the turn's batch buffers any more
+                kv_cache.own(kept.session.cache)
+        kv_cache.own(full.cache)
     return runs
 
 
