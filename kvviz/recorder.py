@@ -137,7 +137,9 @@ def _grouped_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, v
     batch, heads, rows, dim = query.shape
     groups, n = key.shape[1], key.shape[2]
     share = heads // groups
-    mask = visible[:, :, None].expand(batch, groups, share, rows, n).reshape(batch, groups, share * rows, n)
+    # additive before it is repeated per query head: SDPA would turn the repeated boolean mask into this itself
+    additive = torch.zeros(visible.shape, dtype=query.dtype, device=query.device).masked_fill_(~visible, float("-inf"))
+    mask = additive[:, :, None].expand(batch, groups, share, rows, n).reshape(batch, groups, share * rows, n)
     output = torch.nn.functional.scaled_dot_product_attention(
         query.reshape(batch, groups, share * rows, dim), key, value, attn_mask=mask, scale=scaling)
     return output.reshape(batch, heads, rows, dim).transpose(1, 2).contiguous()
