@@ -21,6 +21,14 @@ def positive(text: str) -> int:
     return value
 
 
+def non_negative(text: str) -> int:
+    """An argparse type: an integer of at least 0."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
 def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags shared by ``chat`` and the commands that replay a chat first."""
     parser.add_argument("--turn", action="append", required=True, metavar="TEXT", help="a user message (repeatable)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from kvviz.cli.common import positive
+from kvviz.cli.common import non_negative, positive
 from kvviz.cli.whatif import _budget
 from kvviz.errors import KvvizError
 
@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=positive, default=1, help="local worker processes (or Ray actors)")
     parser.add_argument("--ray", default=None, metavar="ADDRESS",
                         help="run the cases as Ray tasks on this cluster (auto: the running one; local: a new one)")
-    parser.add_argument("--batch", type=int, default=4, metavar="N",
+    parser.add_argument("--batch", type=non_negative, default=4, metavar="N",
                         help="cases of a prompt decoded together as one batch beside one full run (default 4; 0: "
                              "each case alone, one step at a time)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -7,8 +7,9 @@ copied per step), one forward of ``B`` rows appends every row's slot, and each r
 (layer, KV head) through the attention mask. A row's numbers are those of its session stepping alone, up to the
 rounding of another batch shape (matrix-matrix instead of matrix-vector products).
 
-:func:`drive` runs many step sequences written as generators (they yield ``(row, token)``, a session to step and
-the token to force or None, and receive its next-token logits), batching the requests of each round by cache length.
+:func:`drive` runs many step sequences written as generators (each round they yield a list of ``(row, token)``, a
+session to step and the token to force or None, and receive the next-token logits of each), batching the requests of
+each round by cache length.
 """
 
 from __future__ import annotations
@@ -25,39 +26,43 @@ from kvviz.runs.compressed import CompressedSession
 from kvviz.session import Session
 
 Row = Session | CompressedSession
-Steps = Generator[tuple[Row, int | None], torch.Tensor, Any]
+Request = tuple[Row, int | None]  # a session to step and the token to force (None: its own pending token)
+Steps = Generator[list[Request], list[torch.Tensor], Any]
 
 
 def drive(lm: LoadedModel, sequences: Sequence[Steps], batch: bool = True) -> list[Any]:
-    """Run every generator of ``sequences`` to its end and return their values. Each round, every live generator's
-    request is served, those of batchable rows at equal cache length in one pass (:func:`step_rows`; ``batch``
-    False: each alone), and the logits are sent back in the order of ``sequences``."""
+    """Run every generator of ``sequences`` to its end and return their values. Each round, every live generator
+    yields the steps it takes in that round (a list of requests, e.g. a forced run and the free run forked from it)
+    and receives their next-token logits, in the same order; those of batchable rows at equal cache length run as
+    one pass (:func:`step_rows`; ``batch`` False: each alone), and the generators are resumed in the order of
+    ``sequences``."""
     results: list[Any] = [None] * len(sequences)
-    live: dict[int, tuple[Row, int | None]] = {}
+    live: dict[int, list[Request]] = {}
     for index, steps in enumerate(sequences):
         _advance(steps, index, None, live, results)
     rows = _Rows()
     while live:
-        groups: dict[tuple, list[int]] = {}
-        for index, (row, _) in live.items():
-            session = _session(row)
-            key = (len(session), session.transcript.next_position) if batch and _batchable(row) else (index,)
-            groups.setdefault(key, []).append(index)
-        logits: dict[int, torch.Tensor] = {}
+        groups: dict[tuple, list[tuple[int, int]]] = {}
+        for index, requests in live.items():
+            for place, (row, _) in enumerate(requests):
+                session = _session(row)
+                key = (len(session), session.transcript.next_position) if batch and _batchable(row) else (index, place)
+                groups.setdefault(key, []).append((index, place))
+        logits: dict[tuple[int, int], torch.Tensor] = {}
         for members in groups.values():
+            requests = [live[index][place] for index, place in members]
             if len(members) == 1:
-                row, token = live[members[0]]
-                logits[members[0]] = row.step(token) if isinstance(row, CompressedSession) else _plain_step(row)
+                logits[members[0]] = _step_alone(*requests[0])
             else:
-                out = step_rows(lm, [live[index] for index in members], rows)
-                logits.update(zip(members, out))
+                logits.update(zip(members, step_rows(lm, requests, rows)))
         rows.keep()
-        for index in sorted(logits):
-            _advance(sequences[index], index, logits[index], live, results)
+        for index in sorted(live):
+            _advance(sequences[index], index, [logits[index, place] for place in range(len(live[index]))], live,
+                     results)
     return results
 
 
-def _advance(steps: Steps, index: int, logits: torch.Tensor | None, live: dict, results: list) -> None:
+def _advance(steps: Steps, index: int, logits: list[torch.Tensor] | None, live: dict, results: list) -> None:
     try:
         live[index] = next(steps) if logits is None else steps.send(logits)
     except StopIteration as done:
@@ -65,9 +70,17 @@ def _advance(steps: Steps, index: int, logits: torch.Tensor | None, live: dict, 
         results[index] = done.value
 
 
-def _plain_step(session: Session) -> torch.Tensor:
-    session.step()
-    return session.logits
+def _step_alone(row: Row, token: int | None) -> torch.Tensor:
+    if isinstance(row, CompressedSession):
+        return row.step(token)
+    _no_token(token)
+    row.step()
+    return row.logits
+
+
+def _no_token(token: int | None) -> None:
+    if token is not None:
+        raise ValueError("only a policy run's session is forced to a token")
 
 
 def _session(row: Row) -> Session:
@@ -83,6 +96,9 @@ def step_rows(lm: LoadedModel, requests: Sequence[tuple[Row, int | None]], rows:
     """One decode step of every ``(row, token)`` (rows of equal length, all batchable) as one forward pass; returns
     each row's next-token logits ``(V,)`` float32, as ``row.step(token)`` would. ``rows``: the buffers of the last
     batches, reused while the same sessions step together."""
+    for row, token in requests:
+        if not isinstance(row, CompressedSession):
+            _no_token(token)
     sessions = [row.begin_step(token) if isinstance(row, CompressedSession) else row for row, token in requests]
     for session in sessions:
         session.check_step()

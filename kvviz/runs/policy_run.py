@@ -13,7 +13,7 @@ tokens, and it is the free run that carries the conversation into the next turn,
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -81,11 +81,12 @@ def run_policies(lm: LoadedModel, turns: Sequence[str], settings: Sequence[RunSe
     counter = Progress(progress, sides * len(turns) * max_new_tokens)
     full, policies = Session(lm), [CompressedSession(lm, each) for each in settings]
     runs = [PolicyRun(each, lm.name) for each in settings]
-    for text in turns:
+    for number, text in enumerate(turns, start=1):
         full.add_user_turn(text)
         counter.tick()
         for policy in policies:
             if batch and not len(policy) and policy.hidden is None:
+                full.memo.clear()  # derived data is not copied
                 policy.take_prompt(_copy(full, full.cache))
             else:
                 policy.add_turn(text)
@@ -102,7 +103,8 @@ def run_policies(lm: LoadedModel, turns: Sequence[str], settings: Sequence[RunSe
             policies[index] = free
             for kept in {id(forced): forced, id(free): free}.values():  # not rows of the turn's batch buffers any more
                 kv_cache.own(kept.session.cache)
-        kv_cache.own(full.cache)
+        if number < len(turns):
+            kv_cache.own(full.cache)
     return runs
 
 
@@ -120,7 +122,7 @@ def _full_reply(full: Session, reply: FullTurn, max_new_tokens: int, progress: P
     """The full session's greedy reply, step by step into ``reply`` (ids, end-of-turn included, and the logits before
     each of its tokens)."""
     while _goes_on(full, reply.ids, max_new_tokens):
-        yield full, None
+        yield [(full, None)]
         progress.tick()
         reply.ids.append(full.pending)
         reply.logits.append(full.logits)
@@ -129,34 +131,49 @@ def _full_reply(full: Session, reply: FullTurn, max_new_tokens: int, progress: P
 
 
 def _compare(policy: CompressedSession, full: FullTurn, more: Callable[[], bool], max_new_tokens: int,
-             progress: Progress) -> Generator:
+             progress: Progress) -> Steps:
     """Teacher-force ``policy`` on the full reply (known up to its last token; ``more()``: whether the full run
-    takes another step now); fork the free run where its choice first differs. Returns the forced side, the free side
-    (the same object when they never part) and the turn's records."""
+    takes another step now); fork the free run where its choice first differs, and step it beside the forced run
+    (both hold as many slots) to the end of its own greedy reply. Returns the forced side, the free side (the same
+    object when they never part) and the turn's records."""
     session = policy.session
     free: CompressedSession | None = None
-    divergence = None
+    divergence, own = None, []  # own: the free run's reply so far
     row = policy.prompt_end[-1] - 1  # the prefill's last row saw the history as it stood before this prompt
     steps = [_record(-1, row, policy.visible_to(row), session.transcript.segments(), session.logits, full.logits[0],
                      full.ids[0])]
     if not steps[0].top1_agree:  # the prefill already chose otherwise (a follow-up turn on a compressed history)
-        divergence, free = -1, _fork(policy)
+        divergence, free, own = -1, _fork(policy), _forked(policy, max_new_tokens, progress)
     step = 0
-    while step + 1 < len(full.ids) or more():
-        segments = session.transcript.segments()
-        logits = yield policy, full.ids[step]  # the full run's step of the same token gives full.ids[step + 1]
-        steps.append(_record(step, len(session) - 1, policy.seen, segments, logits, full.logits[step + 1],
-                             full.ids[step + 1]))
-        if free is None and not steps[-1].top1_agree:
-            divergence, free = step, _fork(policy)
-        progress.tick()
-        step += 1
+    while True:
+        forced = step + 1 < len(full.ids) or more()
+        freely = free is not None and _goes_on(free.session, own, max_new_tokens)
+        if not (forced or freely):
+            break
+        segments = session.transcript.segments() if forced else None
+        logits = yield [(policy, full.ids[step])] * forced + [(free, None)] * freely
+        if freely:
+            progress.tick()
+            own.append(free.session.pending)
+        if forced:  # the full run's step of the same token gave full.ids[step + 1]
+            steps.append(_record(step, len(session) - 1, policy.seen, segments, logits[0], full.logits[step + 1],
+                                 full.ids[step + 1]))
+            if free is None and not steps[-1].top1_agree:
+                divergence, free, own = step, _fork(policy), _forked(policy, max_new_tokens, progress)
+            progress.tick()
+            step += 1
     if free is None:
         session.set_announced(len(full.ids))
         return policy, policy, {"policy_ids": list(full.ids), "divergence": None, "steps": steps}
-    progress.total += max_new_tokens - len(free.session.produced)  # the free reply's passes, at most
-    own = yield from _free_reply(free, max_new_tokens, progress)
+    progress.total -= max_new_tokens - len(own)  # the free reply ended early
+    free.session.set_announced(len(own))
     return policy, free, {"policy_ids": own, "divergence": divergence, "steps": steps}
+
+
+def _forked(policy: CompressedSession, max_new_tokens: int, progress: Progress) -> list[int]:
+    """The free reply so far, right after the fork (its last token its own choice), its passes counted."""
+    progress.total += max_new_tokens - len(policy.session.produced)  # the free reply's passes, at most
+    return list(policy.session.produced)
 
 
 def _record(step: int, slot: int, seen: torch.Tensor, segments: list[str], logits: torch.Tensor,
@@ -182,16 +199,3 @@ def _copy(value, cache) -> object:
     shared, not copied, and the cache's slots are copied without its spare room or a batch's other rows."""
     lm = value.lm
     return copy.deepcopy(value, memo={id(lm): lm} | kv_cache.compact_memo(cache))
-
-
-def _free_reply(free: CompressedSession, max_new_tokens: int, progress: Progress) -> Steps:
-    """The forked run's own greedy reply (returned: its ids): it forked right after choosing a token of its own."""
-    session = free.session
-    ids = list(session.produced)
-    while _goes_on(session, ids, max_new_tokens):
-        yield free, None
-        progress.tick()
-        ids.append(session.pending)
-    progress.total -= max_new_tokens - len(ids)  # it ended early
-    session.set_announced(len(ids))
-    return ids

@@ -65,13 +65,17 @@ def run_cases(lm: LoadedModel, cases: list[Case], batch: int = 4) -> list[Row]:
     from kvviz.runs.policy_run import run_policies
 
     classes, rows = available(), []
-    for group in by_prompt(cases):
-        for start in range(0, len(group), max(batch, 1)):
-            part = group[start:start + max(batch, 1)]
-            runs = run_policies(lm, part[0].prompt.turns, [run_settings(case, classes) for case in part],
-                                part[0].max_new_tokens, batch=batch > 0)
-            rows += [_row(case, run.last) for case, run in zip(part, runs)]
+    for part in parts(cases, batch):
+        runs = run_policies(lm, part[0].prompt.turns, [run_settings(case, classes) for case in part],
+                            part[0].max_new_tokens, batch=batch > 0)
+        rows += [_row(case, run.last) for case, run in zip(part, runs)]
     return rows
+
+
+def parts(cases: list[Case], batch: int) -> list[list[Case]]:
+    """The cases as :func:`run_cases` runs them together: consecutive ones of one prompt, up to ``batch`` (≥ 1)."""
+    size = max(batch, 1)
+    return [group[start:start + size] for group in by_prompt(cases) for start in range(0, len(group), size)]
 
 
 def run_case(lm: LoadedModel, case: Case) -> Row:

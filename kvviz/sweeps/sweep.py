@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from kvviz.errors import KvvizError
-from kvviz.sweeps.cases import Case, Row, by_prompt, cases_for, run_cases
+from kvviz.sweeps.cases import Case, Row, by_prompt, cases_for, parts, run_cases
 from kvviz.sweeps.prompts import load_prompts
 
 FORMAT = "kvviz-sweep/2"  # 2: rows count the prefill's last row (step -1) among the steps
@@ -198,8 +198,8 @@ def _rows(model: str | None, todo: list[Case], workers: int, ray: str | None, ba
         from kvviz.model import load_model
 
         lm = load_model(model)
-        for group in by_prompt(todo):
-            yield from run_cases(lm, group, batch)
+        for part in parts(todo, batch):  # each part's rows written as soon as they are known
+            yield from run_cases(lm, part, batch)
 
 
 _worker_lm = None
