@@ -24,11 +24,11 @@ SETTINGS = [RunSettings(H2O(), 24, "decode"), RunSettings(StreamingLLM(), 20, "d
             RunSettings(SnapKV(), 0.5, "prefill"), RunSettings(H2O(), 0.5, "decode", every=2)]
 
 
-def _passes(lm, run):
-    """``run()`` and the batch sizes of the model's forward passes it made."""
+def _passes(lm, run, dim: int = 0):
+    """``run()`` and the sizes of dimension ``dim`` of the model's forward passes' input ids (0: batch rows)."""
     sizes = []
-    hook = lm.model.register_forward_pre_hook(lambda module, args, kwargs: sizes.append(kwargs["input_ids"].shape[0]),
-                                              with_kwargs=True)
+    hook = lm.model.register_forward_pre_hook(
+        lambda module, args, kwargs: sizes.append(kwargs["input_ids"].shape[dim]), with_kwargs=True)
     try:
         return run(), sizes
     finally:
@@ -90,3 +90,25 @@ def test_a_batched_streaming_llm_run_equals_one_masked_forward(lm, eager_model):
             kl = float(kl_divergence(turn.full_logits[record.step + 1], reference))
             assert abs(record.kl - kl) <= 2 * kl_rounding(eps, kl), record.step  # two roundings: full and policy side
             assert record.policy_top1 == int(reference.argmax())
+
+
+@pytest.mark.parametrize("back", [0, 5], ids=["newest step", "an earlier step"])
+def test_a_comparison_of_policies_equals_a_what_if_each(lm, eps, back):
+    """The policies' edited runs as variants of one batched pass give each what-if's numbers: KL and TV to the
+    rounding of another batch shape, the top-1 flip, ρ and the bytes exactly (the same full run and masks)."""
+    from kvviz.session import Session
+    from kvviz.whatif.compare import _alone, compare_policies
+
+    session = Session(lm)
+    session.add_user_turn(PROMPT)
+    session.generate(8)
+    at = len(session) - 1 - back
+    policies = [H2O(), StreamingLLM(), SnapKV()]
+    batched, sizes = _passes(lm, lambda: compare_policies(session, policies, 16, at), dim=1)
+    assert sizes[0] == len(policies)  # one pass, a variant per policy (then the what-if's full run)
+    for row in batched.rows:
+        kl, tv, flipped, rho, edited_bytes = _alone(session, batched.edits[row.policy], at)
+        assert abs(row.kl - kl) <= kl_rounding(eps, kl) and abs(row.tv - tv) <= 2 * eps
+        assert (row.top1_changed, row.mean_rho, row.edited_bytes) == (flipped, rho, edited_bytes)
+        assert row.kl > 1e-4  # each policy evicts something that matters at a budget of 16
+    assert len(session) == at + 1 + back  # the lent cache was cut back

@@ -2,9 +2,10 @@
 
 Each candidate — an evicted slot, or a word of evicted slots — is put back alone into the policy's cache of that step,
 and the step is re-run; the report says how much KL to the full run's next-token distribution is left after each
-restore and whether the full run's token comes back on top. All variants of the step run in one batched forward pass:
-the step's token is fed once per variant, at its true position, on the step's cache (shared, not copied), and a probe
-gives every variant its own mask — its restored slots visible, and of the new slots only its own.
+restore and whether the full run's token comes back on top. All variants of the step run in one batched forward pass
+(kvviz.step_variants): the step's token is fed once per variant, at its true position, on the step's cache (shared,
+not copied), and a probe gives every variant its own mask — its restored slots visible, and of the new slots only
+its own.
 
 Any step of :attr:`~kvviz.runs.policy_run.TurnRun.records` can be blamed, the prefill's last row (step -1, which
 chose the first reply token) too: it is re-run the same way, on the cache its prompt was prefilled on. Restoring
@@ -22,8 +23,8 @@ import torch
 
 from kvviz import kv_cache
 from kvviz.errors import KvvizError
-from kvviz.recorder import Probe, probing
 from kvviz.runs.policy_run import PolicyRun, TurnRun
+from kvviz.step_variants import rerun
 from kvviz.whatif.full_step import layer_views, prefix_kv, stacked
 from kvviz.whatif.metrics import kl_divergence
 
@@ -49,21 +50,6 @@ class Blame:
     unit: str = "slot"  # what a row restores: one slot, or a word
 
 
-class _Variants(Probe):
-    """Gives variant ``i`` the mask ``visible[i]`` over the cache's first ``at`` slots, none of the slots between
-    them and the new ones, and of the new slots only its own."""
-
-    def __init__(self, visible: torch.Tensor):
-        self.visible = visible  # (B, L, KV, at)
-
-    def on_query(self, layer, query, key, value):
-        batch, _, kv, at = self.visible.shape
-        mask = torch.zeros(kv, batch, key.shape[2], dtype=torch.bool, device=key.device)
-        mask[:, :, :at] = self.visible[:, layer].to(key.device).transpose(0, 1)
-        mask[:, :, key.shape[2] - batch :] = torch.eye(batch, dtype=torch.bool, device=key.device)
-        return mask[None]  # (1, KV, B, n + B)
-
-
 def _slot_of(run: TurnRun, step: int) -> int:
     return run.record(step).slot
 
@@ -82,22 +68,11 @@ def variants(run: TurnRun, step: int, restores: list[set[int]]) -> tuple[torch.T
     visible[0] = True
     for row, slots in enumerate(restores, start=1):
         visible[row, :, :, sorted(slots)] = True
-    lm, slot, batch = session.lm, session.transcript.slots[at], len(visible)
-    length = len(session)
-    timeline = run.forced.timeline
-    if not (run.forced.settings.kivi or timeline.rotary or timeline.flushes or timeline.parts):
-        cache = session.cache
-    else:
-        cache = kv_cache.over(layer_views(stacked(prefix_kv(session, at, session.commits.edit_at(at)), batch)), at)
-    try:
-        with torch.no_grad(), probing(_Variants(visible)):
-            out = lm.model(input_ids=torch.full((1, batch), slot.id, device=lm.device),
-                           position_ids=torch.full((1, batch), slot.position, device=lm.device),
-                           cache=cache, use_cache=True, logits_to_keep=batch)
-    finally:
-        if cache is session.cache:
-            kv_cache.truncate(session.cache, length)
-    return out.logits[0].float(), hidden
+    timeline, cache = run.forced.timeline, None  # None: the session's own
+    if run.forced.settings.kivi or timeline.rotary or timeline.flushes or timeline.parts:
+        cache = kv_cache.over(layer_views(stacked(prefix_kv(session, at, session.commits.edit_at(at)), len(visible))),
+                              at)
+    return rerun(session, at, visible, cache), hidden
 
 
 def attention_mass(run: TurnRun, step: int) -> torch.Tensor:

@@ -1,0 +1,49 @@
+"""One decode step re-run as B variants in one batched forward pass, each with its own mask (docs/math.md §9).
+
+The step's token is fed once per variant, at its true position, on a cache holding at least the slots before it (the
+session's own, lent: the variants' slots are written into its spare room and cut off afterwards), and a probe gives
+every variant its own mask: which of the slots before the step it sees, none of the slots between them and the new
+ones, and of the new slots only its own. Blame ranks restores this way; the comparison of policies at a step runs
+each policy's eviction this way.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import Cache
+
+from kvviz import kv_cache
+from kvviz.recorder import Probe, probing
+from kvviz.session import Session
+
+
+class Variants(Probe):
+    """Gives variant ``i`` the mask ``visible[i]`` over the cache's first ``at`` slots, none of the slots between
+    them and the new ones, and of the new slots only its own."""
+
+    def __init__(self, visible: torch.Tensor):
+        self.visible = visible  # (B, L, KV, at)
+
+    def on_query(self, layer, query, key, value):
+        batch, _, kv, at = self.visible.shape
+        mask = torch.zeros(kv, batch, key.shape[2], dtype=torch.bool, device=key.device)
+        mask[:, :, :at] = self.visible[:, layer].to(key.device).transpose(0, 1)
+        mask[:, :, key.shape[2] - batch :] = torch.eye(batch, dtype=torch.bool, device=key.device)
+        return mask[None]  # (1, KV, B, n + B)
+
+
+def rerun(session: Session, at: int, visible: torch.Tensor, cache: Cache | None = None) -> torch.Tensor:
+    """The step of slot ``at`` once per variant, ``visible`` bool ``(B, L, KV, at)`` the slots before it each sees, in
+    one pass on ``cache`` (default: the session's own, lent and cut back afterwards). Returns the logits ``(B, V)``
+    float32."""
+    lm, slot, batch, length = session.lm, session.transcript.slots[at], len(visible), len(session)
+    cache = session.cache if cache is None else cache
+    try:
+        with torch.no_grad(), probing(Variants(visible)):
+            out = lm.model(input_ids=torch.full((1, batch), slot.id, device=lm.device),
+                           position_ids=torch.full((1, batch), slot.position, device=lm.device),
+                           cache=cache, use_cache=True, logits_to_keep=batch)
+    finally:
+        if cache is session.cache:
+            kv_cache.truncate(session.cache, length)
+    return out.logits[0].float()
