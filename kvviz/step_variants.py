@@ -33,10 +33,11 @@ class Variants(Probe):
 
 
 def rerun(session: Session, at: int, visible: torch.Tensor, cache: Cache | None = None) -> torch.Tensor:
-    """The step of slot ``at`` once per variant, ``visible`` bool ``(B, L, KV, at)`` the slots before it each sees, in
-    one pass on ``cache`` (default: the session's own, lent and cut back afterwards). Returns the logits ``(B, V)``
-    float32."""
+    """The step of slot ``at`` once per variant, ``visible`` bool ``(B, L, KV, at)`` the slots before it each sees
+    (within the model's sliding windows: the variants' masks replace the model's own), in one pass on ``cache``
+    (default: the session's own, lent and cut back afterwards). Returns the logits ``(B, V)`` float32."""
     lm, slot, batch, length = session.lm, session.transcript.slots[at], len(visible), len(session)
+    visible = visible & ~lm.attention.outside(at, at, visible.device)[:, None]  # (L, 1, at): outside each window
     cache = session.cache if cache is None else cache
     try:
         with torch.no_grad(), probing(Variants(visible)):

@@ -90,6 +90,21 @@ def test_every_policy_runs(model):
     assert all(step.visible == pytest.approx(12) for step in result.last.steps)
 
 
+def test_blame_nothing_back_is_the_runs_own_step(model):
+    """Blame's variants replace the model's mask with their own: restoring nothing gives the run's own KL at each
+    step, also where sliding windows hide slots (they once saw past the window: KL 1.77 against the run's 0.995)."""
+    from kvviz.runs.blame import blame
+    from tests.rounding import kl_rounding
+
+    lm, _, _ = model
+    result = run_policy(lm, ["Tell me a long story about a cat and a dog and a bird who live in a house."],
+                        RunSettings(POLICIES["h2o"](), 12, "decode"), max_new_tokens=6)
+    eps = logit_rounding(lm.model.config, result.last.full_logits)
+    for step in range(len(result.last.steps)):
+        kl = result.last.record(step).kl
+        assert abs(blame(result, step=step).kl - kl) <= 2 * kl_rounding(eps, kl), step  # both sides rounded
+
+
 def test_export_then_import_gives_identical_logits(model):
     lm, _, session = model
     restored, _, _ = import_session(lm, export_session(session))

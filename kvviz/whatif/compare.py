@@ -84,7 +84,7 @@ def _batched(session: Session, edits: dict[str, Edit], at: int) -> dict[str, tup
     shape = (at + 1, lm.layers, lm.kv_heads, lm.device)
     hidden_full = full.evicted_mask(*shape)
     hidden = torch.stack([edited.evicted_mask(*shape) for _, edited in steps])  # (B, L, KV, at + 1)
-    logits = rerun(session, at, ~hidden[..., :at] & ~lm.attention.outside(at, at, lm.device)[:, None])
+    logits = rerun(session, at, ~hidden[..., :at])
     full_step = kept_full_step(session, at, full, hidden_full)  # the what-if's own, kept between clicks
     alpha = full_step.probe.alpha  # (L, H, at + 1)
     measured = {}
