@@ -112,3 +112,23 @@ def test_a_comparison_of_policies_equals_a_what_if_each(lm, eps, back):
         assert (row.top1_changed, row.mean_rho, row.edited_bytes) == (flipped, rho, edited_bytes)
         assert row.kl > 1e-4  # each policy evicts something that matters at a budget of 16
     assert len(session) == at + 1 + back  # the lent cache was cut back
+
+
+def test_policies_deciding_again_at_a_step_reuse_the_attention_sums(lm):
+    """A second comparison at the same cache version decides from the attention sums the session kept: the same
+    edits, and what is kept is not changed by the policies that read it (each gets a copy)."""
+    from kvviz.session import Session
+    from kvviz.whatif.compare import compare_policies
+
+    session = Session(lm)
+    session.add_user_turn(PROMPT)
+    policies = [H2O(), SnapKV()]
+    first = compare_policies(session, policies, 16)
+    kept = {key: value.clone() for key, value in session.memo.entries("received_attention").items()}
+    assert len(kept) == 2  # H2O's sum over every query, SnapKV's over its window
+    again = compare_policies(session, policies, 16)
+    assert all(first.edits[name] == again.edits[name] for name in first.edits) and first.rows == again.rows
+    assert all(torch.equal(value, kept[key]) for key, value in session.memo.entries("received_attention").items())
+    session.generate(1)  # a new cache version: summed anew, the old sums dropped
+    compare_policies(session, policies, 16)
+    assert {key[0] for key in session.memo.entries("received_attention")} == {len(session) - 1}

@@ -41,8 +41,10 @@ class Candidates:
 
     def attention(self, rows: slice) -> torch.Tensor:
         """Attention the candidates received from the query slots ``rows``, as those steps computed it (on the cache
-        as it stood then), summed over the rows and the query heads of each KV group: ``(L, KV, at)``."""
-        return received_attention(self.session, self.at, rows)
+        as it stood then), summed over the rows and the query heads of each KV group: ``(L, KV, at)`` (a copy of
+        what the session keeps for its cache version: policies deciding again at the same step sum nothing again)."""
+        return self.session.memoized("received_attention", (self.at, rows.start, rows.stop),
+                                     lambda: received_attention(self.session, self.at, rows), keep=4).clone()
 
     def hidden_states(self, layer: int) -> torch.Tensor:
         """The input hidden states of ``layer``'s attention for the candidates: ``(at, hidden)`` (kvpress'
