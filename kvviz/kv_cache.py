@@ -64,8 +64,8 @@ def own(cache: Cache) -> None:
     sessions (:mod:`kvviz.runs.lockstep`): their cached slots copied, with a quarter more room; the batch's buffer is
     freed once no session holds a row of it."""
     for entry in cache.layers:
-        if isinstance(entry, RoomyLayer) and entry.is_initialized and entry._buffers is not None and any(
-                buffer.untyped_storage().nbytes() > buffer.numel() * buffer.element_size() for buffer in entry._buffers):
+        buffers = entry._buffers if isinstance(entry, RoomyLayer) and entry.is_initialized else None
+        if buffers is not None and any(b.untyped_storage().nbytes() > b.numel() * b.element_size() for b in buffers):
             length = entry.get_seq_length()
             _regrow(entry, length + max(length // 4, 64))
 
@@ -84,6 +84,39 @@ def _grown(old: torch.Tensor, length: int, new: torch.Tensor, capacity: int) -> 
     if length:
         buffer[:, :, :length] = old[:, :, :length]
     return buffer
+
+
+def share(caches: list[Cache], length: int, capacity: int) -> list[KV]:
+    """Per layer, buffers ``(B, KV, capacity, D)`` whose row ``i`` holds the first ``length`` slots of ``caches[i]``
+    (a batch of sessions, :mod:`kvviz.runs.lockstep`); every cache's :class:`RoomyLayer` s become views of its row,
+    so their updates write there. :func:`own` gives a cache buffers of its own again."""
+    buffers = []
+    for entries in zip(*(cache.layers for cache in caches)):
+        keys, values = entries[0].keys, entries[0].values  # (1, KV, ≥ length, D)
+        pair = (keys.new_empty(len(caches), keys.shape[1], capacity, keys.shape[3]),
+                values.new_empty(len(caches), values.shape[1], capacity, values.shape[3]))
+        for row, entry in enumerate(entries):
+            for buffer, old in zip(pair, (entry.keys, entry.values)):
+                buffer[row, :, :length] = old[0, :, :length]
+            entry._buffers = tuple(buffer[row:row + 1] for buffer in pair)
+        buffers.append(pair)
+    extend(caches, buffers, length)
+    return buffers
+
+
+def extend(caches: list[Cache], buffers: list[KV], length: int) -> None:
+    """Point each cache of a :func:`share` batch at the first ``length`` slots of its row of ``buffers`` (after a
+    batched pass wrote its new slots there)."""
+    for row, cache in enumerate(caches):
+        for entry, (keys, values) in zip(cache.layers, buffers):
+            entry.keys, entry.values = keys[row:row + 1, :, :length], values[row:row + 1, :, :length]
+
+
+def shared(caches: list[Cache], buffers: list[KV]) -> bool:
+    """Whether every cache's layers are still views of its row of ``buffers`` (:func:`share`): nothing reallocated
+    them since."""
+    return all(entry.keys.data_ptr() == keys[row].data_ptr() and entry.values.data_ptr() == values[row].data_ptr()
+               for row, cache in enumerate(caches) for entry, (keys, values) in zip(cache.layers, buffers))
 
 
 def compact_memo(cache: Cache) -> dict[int, object]:

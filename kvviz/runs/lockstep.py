@@ -99,18 +99,18 @@ def step_rows(lm: LoadedModel, requests: Sequence[tuple[Row, int | None]], rows:
     for row, token in requests:
         if not isinstance(row, CompressedSession):
             _no_token(token)
+    first = _session(requests[0][0])
+    length, position = len(first), first.transcript.next_position
+    if any(len(_session(row)) != length or _session(row).transcript.next_position != position for row, _ in requests):
+        raise ValueError("a batched step needs sessions of equal length and position")
     sessions = [row.begin_step(token) if isinstance(row, CompressedSession) else row for row, token in requests]
     for session in sessions:
         session.check_step()
-    length, position = len(sessions[0]), sessions[0].transcript.next_position
-    if any(len(s) != length or s.transcript.next_position != position for s in sessions):
-        raise ValueError("a batched step needs sessions of equal length and position")
     buffers, views = (rows or _Rows()).joined(sessions, length + 1)
     hidden = [session.commits.evicted(length + 1) for session in sessions]  # (L, KV, n + 1) each, or None
-    visible = None
-    if any(mask is not None for mask in hidden):
-        visible = ~torch.stack([mask if mask is not None else torch.zeros_like(next(m for m in hidden if m is not None))
-                                for mask in hidden], 1)  # (L, B, KV, n + 1)
+    shown = [mask for mask in hidden if mask is not None]
+    visible = None if not shown else ~torch.stack(
+        [mask if mask is not None else torch.zeros_like(shown[0]) for mask in hidden], 1)  # (L, B, KV, n + 1)
     for session in sessions:
         session.queries.reserve(session.queries.length + 1)
     device = lm.device
@@ -119,10 +119,9 @@ def step_rows(lm: LoadedModel, requests: Sequence[tuple[Row, int | None]], rows:
                        position_ids=torch.full((len(sessions), 1), position, device=device),
                        cache=kv_cache.over(buffers, length, views), use_cache=True, logits_to_keep=1)
     logits = out.logits[:, -1].float()
-    for index, (session, (row, _)) in enumerate(zip(sessions, requests)):
+    kv_cache.extend([session.cache for session in sessions], buffers, length + 1)
+    for index, session in enumerate(sessions):
         session.queries.commit(1)
-        for entry, (keys, values) in zip(session.cache.layers, buffers):
-            entry.keys, entry.values = keys[index:index + 1, :, :length + 1], values[index:index + 1, :, :length + 1]
         session.end_step(logits[index].clone())  # not a view keeping the batch's logits
     return [row.end_step() if isinstance(row, CompressedSession) else row.logits for row, _ in requests]
 
@@ -141,8 +140,9 @@ class _RowsProbe(Probe):
 
 
 class _Rows:
-    """The shared buffers of the batches in use: ``(sessions' ids) → per-layer (keys, values) (B, KV, capacity, D)``.
-    A batch is made again (its rows copied once) when its sessions change or outgrow it."""
+    """The shared buffers of the batches in use: ``(sessions' ids) → per-layer (keys, values) (B, KV, capacity, D)``
+    (:func:`kvviz.kv_cache.share`). A batch is made again (its rows copied once) when its sessions change or outgrow
+    it."""
 
     def __init__(self):
         self.batches: dict[tuple[int, ...], list[kv_cache.KV]] = {}
@@ -153,35 +153,11 @@ class _Rows:
         with room for ``need`` slots; and the views of the cached slots."""
         key = tuple(id(session) for session in sessions)
         self.used.append(key)
-        length = need - 1
+        caches, length = [session.cache for session in sessions], need - 1
         buffers = self.batches.get(key)
-        if buffers is None or buffers[0][0].shape[2] < need or not all(
-                self._holds(session, buffers, index) for index, session in enumerate(sessions)):
-            buffers = self.batches[key] = self._join(sessions, length, need)
+        if buffers is None or buffers[0][0].shape[2] < need or not kv_cache.shared(caches, buffers):
+            buffers = self.batches[key] = kv_cache.share(caches, length, need + max(need // 4, 64))
         return buffers, kv_cache.leading(buffers, length)
-
-    @staticmethod
-    def _holds(session: Session, buffers: list[kv_cache.KV], index: int) -> bool:
-        """Whether ``session``'s cache layers are still views of row ``index`` of ``buffers``."""
-        return all(entry.keys.data_ptr() == keys[index].data_ptr()
-                   and entry.values.data_ptr() == values[index].data_ptr()
-                   for entry, (keys, values) in zip(session.cache.layers, buffers))
-
-    @staticmethod
-    def _join(sessions: list[Session], length: int, need: int) -> list[kv_cache.KV]:
-        capacity = need + max(need // 4, 64)
-        buffers = []
-        for layer, entries in enumerate(zip(*(session.cache.layers for session in sessions))):
-            keys, values = entries[0].keys, entries[0].values  # (1, KV, length, D)
-            shape = (len(sessions), keys.shape[1], capacity, keys.shape[3])
-            pair = keys.new_empty(shape), values.new_empty((*shape[:3], values.shape[3]))
-            for index, entry in enumerate(entries):
-                for buffer, old in zip(pair, (entry.keys, entry.values)):
-                    buffer[index, :, :length] = old[0, :, :length]
-                entry._buffers = pair[0][index:index + 1], pair[1][index:index + 1]
-                entry.keys, entry.values = (buffer[index:index + 1, :, :length] for buffer in pair)
-            buffers.append(pair)
-        return buffers
 
     def keep(self) -> None:
         """End of a round: keep the buffers of the batches this round used (the others' sessions moved on)."""

@@ -9,7 +9,6 @@ Where the policy's own choice first differs (the divergence) the run forks: the 
 tokens, and it is the free run that carries the conversation into the next turn, as a real deployment would.
 """
 
-
 from __future__ import annotations
 
 import copy
@@ -39,7 +38,6 @@ def held_slots(lm: LoadedModel, turns: Sequence[str], max_new_tokens: int) -> in
     slots = sum(len(text) // 3 + 32 for text in turns) + max_new_tokens * len(turns)
     logits = len(turns) * max_new_tokens * lm.config.vocab_size * 4
     return (len(turns) + 2) * slots + -(-logits // lm.bytes_per_slot)
-
 
 
 @dataclass(frozen=True)
