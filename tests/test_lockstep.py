@@ -95,7 +95,9 @@ def test_a_batched_streaming_llm_run_equals_one_masked_forward(lm, eager_model):
 @pytest.mark.parametrize("back", [0, 5], ids=["newest step", "an earlier step"])
 def test_a_comparison_of_policies_equals_a_what_if_each(lm, eps, back):
     """The policies' edited runs as variants of one batched pass give each what-if's numbers: KL and TV to the
-    rounding of another batch shape, the top-1 flip, ρ and the bytes exactly (the same full run and masks)."""
+    rounding of another batch shape, the top-1 flip, ρ and the bytes exactly (the same full run and masks). Only the
+    edited logits move, by at most ε each, so each p_i moves by at most (e^{2ε} − 1)·p_i and TV by at most
+    ½·(e^{2ε} − 1) ≈ ε (tests/rounding.py); 2ε leaves room."""
     from kvviz.session import Session
     from kvviz.whatif.compare import _alone, compare_policies
 
