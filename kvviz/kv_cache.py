@@ -18,15 +18,20 @@ class RoomyLayer(DynamicLayer):
     reallocated with a quarter more room."""
 
     def __init__(self, keys: torch.Tensor | None = None, values: torch.Tensor | None = None, length: int = 0,
-                 cached: KV | None = None):
+                 cached: tuple[KV, KV] | None = None):
         """Over given buffers ``(B, KV, capacity, D)`` whose first ``length`` slots are the cached ones (not copied:
-        updates write into them); ``cached``: those slots' views when already made; empty without buffers."""
+        updates write into them); ``cached``: when made before (:func:`leading`), those slots' views and the views of
+        slot ``length``, which the next update of one slot writes; empty without buffers."""
         super().__init__()
-        self._buffers = None
-        if keys is not None:
-            self.lazy_initialization(keys, values)
+        self._buffers, self._next = None, None
+        if keys is not None:  # initialized as lazy_initialization would, without its two placeholder tensors
+            self.device, self.is_initialized = keys.device, True
             self._buffers = keys, values
-            self.keys, self.values = cached or (keys[:, :, :length], values[:, :, :length])
+            if cached is None:
+                self.keys, self.values = keys[:, :, :length], values[:, :, :length]
+            else:
+                (self.keys, self.values), after = cached
+                self._next = None if after is None else (length, after)
 
     def _fits(self, length: int) -> bool:
         """Whether ``keys``/``values`` are still the leading slots of the buffers, with room for ``length`` slots."""
@@ -44,8 +49,11 @@ class RoomyLayer(DynamicLayer):
         if not self._fits(stop):
             self._buffers = tuple(_grown(old, start, new, stop + max(stop // 4, 64))
                                   for old, new in ((self.keys, key_states), (self.values, value_states)))
-        for buffer, new in zip(self._buffers, (key_states, value_states)):
-            buffer.narrow(2, start, stop - start).copy_(new)
+        made, self._next = self._next, None
+        slots = made[1] if made is not None and made[0] == start == stop - 1 and self._fits(stop) else tuple(
+            buffer.narrow(2, start, stop - start) for buffer in self._buffers)  # the views written, made before or now
+        for slot, new in zip(slots, (key_states, value_states)):
+            slot.copy_(new)
         self.keys, self.values = (buffer if stop == buffer.shape[2] else buffer.narrow(2, 0, stop)
                                   for buffer in self._buffers)  # a full buffer is its own view
         return self.keys, self.values
@@ -164,7 +172,7 @@ def build(config: PretrainedConfig, tensors: list[KV]) -> DynamicCache:
     concatenates into new tensors, so a forward pass on this cache never writes to the given ones."""
     cache = _every_slot(config, DynamicLayer)
     for entry, (keys, values) in zip(cache.layers, tensors, strict=True):
-        entry.lazy_initialization(keys, values)
+        entry.device, entry.is_initialized = keys.device, True  # lazy_initialization, without its placeholders
         entry.keys, entry.values = keys, values
     return cache
 
@@ -175,14 +183,18 @@ def roomy(config: PretrainedConfig) -> DynamicCache:
     return _every_slot(config, RoomyLayer)
 
 
-def over(buffers: list[KV], length: int, cached: list[KV] | None = None) -> Cache:
+def over(buffers: list[KV], length: int, cached: list[tuple[KV, KV]] | None = None) -> Cache:
     """A cache over the first ``length`` slots of per-layer buffers ``(B, KV, capacity, D)``: a forward pass writes
     its new slots into the buffers (slots ``length..``), without copying the cached ones. ``cached``: the views of
-    those slots (:func:`leading`) when made before (a cache made over the same buffers again costs no operation)."""
+    those slots and of the next one (:func:`leading`) when made before: a cache made over the same buffers again
+    costs no operation, and a decode step on it writes its slot without making views."""
     cached = cached or [None] * len(buffers)
     return Cache(layers=[RoomyLayer(keys, values, length, views) for (keys, values), views in zip(buffers, cached)])
 
 
-def leading(buffers: list[KV], length: int) -> list[KV]:
-    """Per layer, the views of the first ``length`` slots of ``buffers`` ``(B, KV, capacity, D)``."""
-    return [(keys[:, :, :length], values[:, :, :length]) for keys, values in buffers]
+def leading(buffers: list[KV], length: int) -> list[tuple[KV, KV]]:
+    """Per layer, the views of the first ``length`` slots of ``buffers`` ``(B, KV, capacity, D)``, and of slot
+    ``length`` (``(B, KV, 1, D)``, None past the capacity)."""
+    return [((keys[:, :, :length], values[:, :, :length]),
+             (keys[:, :, length:length + 1], values[:, :, length:length + 1]) if length < keys.shape[2] else None)
+            for keys, values in buffers]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicLayer
 
+from benchmarks.launch_rows import OpCounter
 from kvviz import kv_cache
 from kvviz.kv_cache import RoomyLayer
 
@@ -55,6 +56,27 @@ def test_a_cache_made_again_over_the_same_buffers_and_views():
     views = kv_cache.leading(buffers, 6)
     for _ in range(2):
         new = _chunk(generator, 1)
-        keys, values = kv_cache.over(buffers, 6, views).layers[0].update(*new)
+        layer = kv_cache.over(buffers, 6, views).layers[0]
+        with OpCounter() as written:
+            keys, values = layer.update(*new)
+        assert written.ops == {"aten.copy_": 2}  # into the views of slot 6 made before: no view made per step
         assert keys is buffers[0][0] and torch.equal(values, torch.cat([prefix[1], new[1]], 2))  # full: the buffer
-        assert torch.equal(views[0][0], prefix[0]) and views[0][0].shape[2] == 6  # the made views are unchanged
+        assert torch.equal(views[0][0][0], prefix[0]) and views[0][0][0].shape[2] == 6  # the made views unchanged
+
+
+def test_views_made_before_are_written_only_where_the_next_slot_is():
+    """The views of the next slot made with the cache are used once, and only when the update really writes that
+    slot: after a cut back (or a chunk of two slots) the update writes where the cache ends, as concatenation would."""
+    generator = torch.Generator().manual_seed(3)
+    prefix = _chunk(generator, 6)
+    for cut, q in ((4, 1), (6, 2)):
+        buffers = [tuple(torch.cat([t, torch.zeros(1, 2, 2, 4)], 2) for t in prefix)]
+        cache = kv_cache.over(buffers, 6, kv_cache.leading(buffers, 6))
+        kv_cache.truncate(cache, cut)
+        new = _chunk(generator, q)
+        keys, values = cache.layers[0].update(*new)
+        assert torch.equal(keys, torch.cat([prefix[0][:, :, :cut], new[0]], 2))
+        assert torch.equal(values, torch.cat([prefix[1][:, :, :cut], new[1]], 2))
+        second = _chunk(generator, 1)  # the made views are spent: the next step writes after the new slots
+        keys, _ = cache.layers[0].update(*second)
+        assert torch.equal(keys, torch.cat([prefix[0][:, :, :cut], new[0], second[0]], 2))
