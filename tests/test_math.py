@@ -91,6 +91,12 @@ def test_ranks_match_a_stable_sort(seed):
     expected = torch.empty_like(order)
     expected[order] = torch.arange(len(logits))
     assert ranks_of(logits, ids).tolist() == expected[ids].tolist()
+    other = logits.flip(0)  # a second row, ranked in the same call (the what-if ranks both of its runs at once)
+    order = torch.argsort(other, descending=True, stable=True)
+    expected_other = torch.empty_like(order)
+    expected_other[order] = torch.arange(len(other))
+    assert ranks_of(torch.stack([logits, other]), ids).tolist() == [expected[ids].tolist(),
+                                                                     expected_other[ids].tolist()]
 
 
 @pytest.mark.parametrize("scale", [0.0, 1e-6, 1e-4, 1e-2, 1.0, 10.0])
@@ -124,3 +130,34 @@ def test_float32_kl_of_far_apart_distributions_does_not_overflow():
     log_p = torch.log_softmax(full.double(), -1)
     reference = float((log_p.exp() * (log_p - torch.log_softmax(other.double(), -1))).sum())
     assert float(kl_divergence(full, other)) == pytest.approx(reference, rel=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_compare_against_argmax_and_a_stable_sort(seed):
+    """The next-token table: the top-1 change is argmax against argmax (ties at the top: the lowest id, as argmax
+    picks it), every row's ranks are places in a stable descending sort (which of tied tokens topk shows is its
+    own choice), and a kept Reference of the full side gives the very same table as the full logits given anew."""
+    from kvviz.whatif.metrics import Reference, compare
+
+    generator = torch.Generator().manual_seed(seed)
+    draw = lambda: (torch.randint(0, 6, (500,), generator=generator).float() if seed % 2  # noqa: E731
+                    else torch.randn(500, generator=generator))
+    full, edited = draw(), draw()
+    if seed == 2:
+        edited = full.clone()
+        edited[full.argmax()] -= 1e-3  # the top-1 changes by a hair
+    table = compare(full, edited, 5, str)
+    assert table.top1_changed == (int(full.argmax()) != int(edited.argmax()))
+
+    def places(logits):
+        order = torch.argsort(logits, descending=True, stable=True)
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(len(logits))
+        return rank
+
+    for rows, own, other in ((table.full, full, edited), (table.edited, edited, full)):  # topk picks among ties
+        ids = [r.id for r in rows]
+        assert [r.rank for r in rows] == places(own)[ids].tolist() == sorted(places(own)[ids].tolist())
+        assert [r.rank_other for r in rows] == places(other)[ids].tolist()
+        assert bool((own[ids] >= own.topk(5).values[-1]).all())  # five of the most likely
+    assert compare(Reference(full), edited, 5, str) == table

@@ -89,7 +89,7 @@ def _batched(session: Session, edits: dict[str, Edit], at: int) -> dict[str, tup
     alpha = full_step.probe.alpha  # (L, H, at + 1)
     measured = {}
     for name, (_, edited), mask, row in zip(edits, steps, hidden, logits):
-        next_token = compare(full_step.logits, row, 5, session.piece)
+        next_token = compare(full_step.reference, row, 5, session.piece)
         rho = am.evicted_mass(alpha, am.expand_kv(mask & ~hidden_full, lm.heads, dim=1))
         memory = cache_memory(edited, mask[:, :, :at].cpu(), full_step.segments, lm.head_dim, lm.dtype,
                               lm.attention.outside(at, at))

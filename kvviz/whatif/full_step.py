@@ -21,6 +21,7 @@ from kvviz.kv_cache import KV
 from kvviz.recorder import Probe, probing
 from kvviz.session import Session
 from kvviz.whatif.continuation import greedy
+from kvviz.whatif.metrics import Reference
 
 
 class FullStepProbe(Probe):
@@ -71,6 +72,14 @@ class FullStep:
     finished: bool = False  # whether that writing finished: the buffers then hold all of it
     edited: KV | None = None  # the buffers the last edited run read: ``buffers`` (lent) or ``scratch``
     views: dict = field(default_factory=dict)  # per-layer views of ``buffers`` / ``scratch``, made once
+    _reference: Reference | None = None
+
+    @property
+    def reference(self) -> Reference:
+        """The full run's next-token distribution as edited runs are compared to it (made once)."""
+        if self._reference is None:
+            self._reference = Reference(self.logits)
+        return self._reference
 
     def _over(self, name: str) -> Cache:
         """A cache over the first ``at`` slots of the buffers named ``name`` (``buffers`` or ``scratch``); their

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -36,62 +37,96 @@ class NextToken:
 
 
 def ranks_of(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """Rank (0 = most likely) of each token in ``ids`` under ``logits`` ``(V,)``; ties broken by token id, as
-    ``argmax`` does: the number of tokens with a larger logit, or an equal logit and a smaller id.
+    """Rank (0 = most likely) of each token in ``ids`` ``(m,)`` under ``logits`` ``(V,)`` → ``(m,)``, or under each row
+    of ``logits`` ``(R, V)`` → ``(R, m)``; ties broken by token id, as ``argmax`` does: the number of tokens with a
+    larger logit, or an equal logit and a smaller id.
 
     Only the tokens at least as likely as the least likely of ``ids`` can count, so they are picked out first (one
     pass over ``V``): the tokens of a top-k table rank near the top, which leaves a few candidates to compare."""
-    mine = logits[ids]
-    candidates = (logits >= mine.min()).nonzero()[:, 0]  # (C,) token ids
-    values = logits[candidates][None, :]
-    ranks = (values > mine[:, None]).sum(1, dtype=torch.int32)
-    ranks += ((values == mine[:, None]) & (candidates[None, :] < ids[:, None])).sum(1, dtype=torch.int32)
+    mine = logits[..., ids]  # (..., m)
+    above = logits >= mine.amin(-1, keepdim=True)
+    candidates = (above if logits.dim() == 1 else above.any(0)).nonzero()[:, 0]  # (C,) token ids
+    values = logits[..., candidates].unsqueeze(-2)  # (..., 1, C)
+    mine = mine.unsqueeze(-1)  # (..., m, 1)
+    ranks = (values > mine).sum(-1, dtype=torch.int32)
+    ranks += ((values == mine) & (candidates < ids[:, None])).sum(-1, dtype=torch.int32)
     return ranks
 
 
 EXPM1_LIMIT = 80.0  # float32 expm1 overflows past ~88: rows that far apart take the log-sum-exp form (no cancellation)
 
 
+class Reference:
+    """A next-token distribution others are compared to: ``logits`` ``(V,)``, with what every comparison reads of it
+    (its float32 probabilities, its top tokens) computed once. The what-if keeps one per full run, so a click compares
+    only the edited side."""
+
+    def __init__(self, logits: torch.Tensor):
+        self.logits = logits.cpu()
+        self.a = self.logits.float()
+        self.p = torch.softmax(self.a, -1)  # (V,) float32, as the edited side's are computed
+        self._tops: dict[int, torch.Tensor] = {}
+
+    def top(self, k: int) -> torch.Tensor:
+        """The ``k`` most likely token ids ``(k,)``."""
+        if k not in self._tops:
+            self._tops[k] = torch.topk(self.logits, k).indices
+        return self._tops[k]
+
+    @cached_property
+    def top1(self) -> torch.Tensor:
+        """``(1,)``: the most likely token, the lowest id among ties (as ``argmax`` picks it)."""
+        return self.a.argmax()[None]
+
+    def kl(self, other: torch.Tensor) -> torch.Tensor:
+        """KL(p ‖ p_other) in nats from ``other``'s logits ``(..., V)`` → ``(...)`` float64 (exactly 0 for identical
+        logits).
+
+        In float32, without subtracting nearly equal numbers: with x = δ − m, δ = other − logits and m ≈ Σ p·δ (taken
+        out twice), KL = log Σ p·e^x − Σ p·x = log1p(Σ p·expm1(x)) − Σ p·x, whose terms are second order in x (the
+        last one cancels what rounding left of m). The result carries a few float32 roundings of KL itself, not of
+        the log-probabilities (~1e-6 absolute, which log_softmax(p) − log_softmax(q) in float32 would leave); float64
+        costs several times as much over a 49k-token vocabulary on a CPU, for nothing that shows."""
+        x = other.float() - self.a  # (..., V)
+        for _ in range(2):
+            x -= (x @ self.p) if x.dim() == 1 else (x @ self.p).unsqueeze(-1)
+        left = x @ self.p  # what rounding left of m: KL = log Σ p·e^x − Σ p·x holds for any constant taken out
+        far = x.amax(-1) > EXPM1_LIMIT  # KL is large there: the log-sum-exp form loses nothing
+        spread = torch.logsumexp(x + torch.log(self.p), -1) - left if bool(far if x.dim() == 1 else far.any()) else None
+        kl = torch.log1p(torch.expm1(x.clamp_(max=EXPM1_LIMIT)) @ self.p) - left
+        if spread is not None:
+            kl = torch.where(far, spread, kl)
+        return kl.double().clamp(min=0)
+
+
 def kl_divergence(full: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
-    """KL(p_full ‖ p_other) in nats from logits: ``full`` ``(V,)`` against ``other`` ``(..., V)`` → ``(...)`` float64
-    (exactly 0 for identical logits).
-
-    In float32, without subtracting nearly equal numbers: with x = δ − m, δ = other − full and m ≈ Σ p·δ (taken out
-    twice), KL = log Σ p·e^x − Σ p·x = log1p(Σ p·expm1(x)) − Σ p·x, whose terms are second order in x (the last one
-    cancels what rounding left of m). The result carries a few float32 roundings of KL itself, not of the log-probabilities
-    (~1e-6 absolute, which log_softmax(p) − log_softmax(q) in float32 would leave); float64 costs several times as
-    much over a 49k-token vocabulary on a CPU, for nothing that shows."""
-    a = full.float()
-    w = torch.exp(a - a.max())  # (V,) p up to the factor 1/z
-    z = w.sum()
-    x = other.float() - a  # (..., V)
-    for _ in range(2):
-        x -= (x @ w / z).unsqueeze(-1)
-    left = x @ w / z  # what rounding left of m: KL = log Σ p·e^x − Σ p·x holds for any constant taken out
-    far = x.amax(-1) > EXPM1_LIMIT  # KL is large there: the log-sum-exp form loses nothing
-    spread = torch.logsumexp(x + torch.log(w / z), -1) - left if bool(far.any()) else None
-    kl = torch.log1p(torch.expm1(x.clamp_(max=EXPM1_LIMIT)) @ w / z) - left
-    if spread is not None:
-        kl = torch.where(far, spread, kl)
-    return kl.double().clamp(min=0)
+    """KL(p_full ‖ p_other) in nats from logits: ``full`` ``(V,)`` against ``other`` ``(..., V)`` → ``(...)`` float64;
+    see :meth:`Reference.kl`."""
+    return Reference(full).kl(other)
 
 
-def compare(full_logits: torch.Tensor, edited_logits: torch.Tensor, k: int, text: Callable[[int], str]) -> NextToken:
-    """Top-``k`` of both distributions side by side. ``text`` maps a token id to its piece. Ranks are counted on the
-    logits as the model returned them (a float64 copy would order them the same)."""
-    full_logits, edited_logits = full_logits.cpu(), edited_logits.cpu()
-    p, q = torch.softmax(full_logits.float(), -1), torch.softmax(edited_logits.float(), -1)
-    kl = float(kl_divergence(full_logits, edited_logits))  # KL(p‖q) in nats: exactly 0 for identical logits
-    tv = float((p - q).abs().sum(dtype=torch.float64) / 2)
-    tops = torch.cat([torch.topk(full_logits, k).indices, torch.topk(edited_logits, k).indices])  # then ordered by rank
-    ranks = {"full": ranks_of(full_logits, tops).tolist(), "edited": ranks_of(edited_logits, tops).tolist()}
-    probs = {"full": p[tops].tolist(), "edited": q[tops].tolist()}
-    delta = (edited_logits[tops].double() - full_logits[tops].double()).tolist()
+def compare(full: torch.Tensor | Reference, edited_logits: torch.Tensor, k: int, text: Callable[[int], str]) -> NextToken:
+    """Top-``k`` of both distributions side by side: ``full`` logits ``(V,)`` (or their :class:`Reference`) and
+    ``edited_logits`` ``(V,)``. ``text`` maps a token id to its piece. Ranks are counted on the logits as the model
+    returned them (a float64 copy would order them the same)."""
+    reference = full if isinstance(full, Reference) else Reference(full)
+    edited = edited_logits.cpu()
+    q = torch.softmax(edited.float(), -1)
+    kl = reference.kl(edited)  # KL(p‖q) in nats: exactly 0 for identical logits
+    tv = (reference.p - q).abs().sum(dtype=torch.float64)  # twice the total variation
+    # the full run's top k, the edited run's, then the full run's top-1 (whose edited rank says if the top-1 changed)
+    tops = torch.cat([reference.top(k), torch.topk(edited, k).indices, reference.top1])
+    ranks = ranks_of(torch.stack([reference.logits, edited]), tops).tolist()  # (2, 2k + 1)
+    probs = {"full": reference.p[tops].tolist(), "edited": q[tops].tolist()}
+    ranks = {"full": ranks[0], "edited": ranks[1]}
+    full_logits, edited_logits = reference.logits[tops].tolist(), edited[tops].tolist()
+    delta = [e - f for e, f in zip(edited_logits, full_logits)]  # float64, as Python subtracts them
     ids = tops.tolist()
 
     def table(own: str, other: str, rows: range) -> list[Candidate]:
         return sorted((Candidate(ids[i], text(ids[i]), probs[own][i], ranks[own][i], ranks[other][i], delta[i])
                        for i in rows), key=lambda c: c.rank)
 
+    kl, tv = torch.stack([kl, tv]).tolist()
     return NextToken(full=table("full", "edited", range(k)), edited=table("edited", "full", range(k, 2 * k)), kl=kl,
-                     tv=tv, top1_changed=int(full_logits.argmax()) != int(edited_logits.argmax()))
+                     tv=tv / 2, top1_changed=ranks["edited"][2 * k] != 0)
