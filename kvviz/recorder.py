@@ -34,7 +34,8 @@ class Probe:
         the cache update.
 
         May return a boolean visibility mask ``(B, KV, n)`` (True = attend; or the same as an additive float mask, 0 =
-        attend and −inf = hidden, which a decode step uses as it is) applied on top of the causal mask, or
+        attend and −inf = hidden, which a decode step uses as it is; a decode step's additive mask may also come
+        shaped ``(B, KV, 1, n)``, as the kernel takes it) applied on top of the causal mask, or a boolean
         ``(B, KV, q, n)``: the whole mask of every query row, replacing the causal one (e.g. rows that are variants
         of one step, each seeing itself only).
         """
@@ -64,7 +65,7 @@ def _full_mask(
     ``visible`` ``(B, KV, n)`` when given."""
     q_len, n = query.shape[2], key.shape[2]
     if visible is not None and visible.is_floating_point():
-        visible = visible == 0  # an additive mask
+        visible = (visible == 0) if visible.dim() == 3 else (visible[:, :, 0] == 0)  # an additive mask
     per_head = None  # (B, H, 1, n); GQA: query head h reads KV head h // n_rep
     if visible is not None and visible.dim() == 4:  # every row's mask, given whole
         return expand_kv(visible.to(key.device), query.shape[1], dim=1)
@@ -102,7 +103,8 @@ def kvviz_attention(
         )
         output, weights = eager_attention_forward(module, query, key, value, additive, dropout=dropout, scaling=scaling,
                                                  **kwargs)
-    elif visible is not None and visible.dim() == 3 and query.shape[2] == 1 and attention_mask is None:
+    elif (visible is not None and (visible.dim() == 3 or visible.is_floating_point()) and query.shape[2] == 1
+          and attention_mask is None):
         output, weights = _decode_step(query, key, value, visible, scaling), None
     elif visible is not None and visible.dim() == 4 and visible.dtype == torch.bool:
         output, weights = _grouped_rows(query, key, value, visible.to(key.device), scaling), None
@@ -119,13 +121,15 @@ def kvviz_attention(
 
 def _decode_step(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: torch.Tensor,
                  scaling: float | None) -> torch.Tensor:
-    """One decode step's SDPA with a per-KV-head ``visible`` ``(B, KV, n)`` (boolean or additive): the ``H / KV`` query heads of a group are
-    that group's query rows, so the mask broadcasts over them and K/V are never repeated per query head (transformers
-    repeats them, two copies per layer, whenever a mask is given). Query ``(B, H, 1, D)`` → output ``(B, 1, H, D)``."""
+    """One decode step's SDPA with a per-KV-head ``visible`` ``(B, KV, n)`` (boolean or additive) or ``(B, KV, 1, n)``
+    (additive): the ``H / KV`` query heads of a group are that group's query rows, so the mask broadcasts over them
+    and K/V are never repeated per query head (transformers repeats them, two copies per layer, whenever a mask is
+    given). Query ``(B, H, 1, D)`` → output ``(B, 1, H, D)``."""
     batch, heads, _, dim = query.shape
     groups = key.shape[1]
+    mask = visible if visible.dim() == 4 else visible[:, :, None, :]
     output = torch.nn.functional.scaled_dot_product_attention(
-        query.reshape(batch, groups, heads // groups, dim), key, value, attn_mask=visible[:, :, None, :], scale=scaling)
+        query.reshape(batch, groups, heads // groups, dim), key, value, attn_mask=mask, scale=scaling)
     return output.reshape(batch, 1, heads, dim)
 
 

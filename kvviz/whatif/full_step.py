@@ -113,13 +113,15 @@ class FullStep:
         if plan != self.plan(self.committed):
             yield self._quantized(session, edit, plan)
             return
-        own = tuple(t[:, :, self.at].clone() for t in self.buffers)  # (L, KV, D) each: the run overwrites it
+        if "own" not in self.views:
+            self.views["own"] = tuple(t[:, :, self.at:] for t in self.buffers)  # (L, KV, 1, D) each
+        own = tuple(t.clone() for t in self.views["own"])  # the run overwrites them
         self.edited = self.buffers
         try:
             yield self._over("buffers")
         finally:
-            for buffer, slot in zip(self.buffers, own):
-                buffer[:, :, self.at] = slot
+            for view, slot in zip(self.views["own"], own):
+                view.copy_(slot)
 
     def _quantized(self, session: Session, edit: Edit, plan: tuple) -> Cache:
         """The scratch cache holding ``edit``'s quantization ``plan`` (see :meth:`lent`)."""

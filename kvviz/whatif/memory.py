@@ -79,8 +79,18 @@ def cache_memory(
     held_per_segment = torch.zeros(layers, len(names), dtype=torch.long).index_add_(1, segment_of, held.long())
     kept = (~evicted.cpu() & held[:, None]).reshape(layers * kv_heads, n)
     edited = dict.fromkeys([None, *names], 0)  # None: all slots
+    native_per_segment = None  # retained slots per segment, for a kind nothing of which is quantized
     for kind, quantizer in (("key", edit.keys), ("value", edit.values)):
-        bits = _widths(edit.key_bits if kind == "key" else edit.value_bits, n)
+        table = edit.key_bits if kind == "key" else edit.value_bits
+        if not table:  # every retained slot at the model's dtype: bytes in proportion to the slots (both kinds alike)
+            if native_per_segment is None:
+                native_per_segment = torch.zeros(len(names), dtype=torch.long).index_add_(
+                    0, segment_of, kept.sum(0)).tolist()
+            for name, count in zip(names, native_per_segment):
+                edited[name] += count * head_dim * native
+            edited[None] += sum(native_per_segment) * head_dim * native
+            continue
+        bits = _widths(table, n)
         if edit.head_widths is not None:  # (L·KV, n): a quantized slot takes its layer's and KV head's width
             own = torch.tensor(edit.head_widths, dtype=torch.long).reshape(-1, 1)
             bits = torch.where(bits < 16, own, 16)
@@ -96,7 +106,7 @@ def cache_memory(
                 for index, name in enumerate(names):
                     edited[name] += int(layered[:, index].sum()) * layer_scale_bytes(quantizer)
 
-    key_bits = _widths(edit.key_bits, n)
+    key_bits = _widths(edit.key_bits, n) if edit.prunings else None
     for pruning in edit.prunings:  # stored thin, as ThinK stores them: a pruned channel of a 16-bit key costs nothing
         slots = _longs((s for s in pruning.slots if s < n), sum(s < n for s in pruning.slots))
         thin = slots[kept[pruning.layer * kv_heads + pruning.head, slots] & (key_bits[slots] == 16)]

@@ -82,7 +82,7 @@ class EditedStepProbe(Probe):
         # made once, additive: SDPA would turn a boolean mask into this in every layer
         dtype = full.buffers[0].dtype
         self.visible = torch.zeros(hidden.shape, dtype=dtype, device=hidden.device).masked_fill_(
-            hidden, float("-inf"))[:, None].unbind(0) if masked else None  # (1, KV, n) per layer
+            hidden, float("-inf"))[:, None, :, None].unbind(0) if masked else None  # (1, KV, 1, n) per layer
 
     def on_query(self, layer, query, key, value):
         if layer == self.detail[0]:
@@ -107,23 +107,27 @@ class EditedStepProbe(Probe):
         return am.quantization_split(full.alpha, alpha_hat, values, error)
 
     def _evicted(self) -> torch.Tensor:
-        """Isolated Δo ``(L, H, D)`` of evictions alone: ``o′ − o`` with ``o′ = (o − Σ α_e v_e)/(1 − ρ)`` over the
-        evicted columns only; a layer where ρ rounds to 1 (a head on an attention sink) is recomputed directly."""
+        """Isolated Δo ``(L, H, D)`` of evictions alone: ``o′ − o`` with ``o′ = (o − Σ α_e v_e)/(1 − ρ)``, i.e.
+        ``(ρ o − Σ α_e v_e)/(1 − ρ)`` over the evicted columns only; a layer where ρ rounds to 1 (a head on an
+        attention sink) is recomputed directly."""
         full = self.full.probe
         columns = self.new.flatten(0, 1).any(0).nonzero()[:, 0]
         alpha, new = full.alpha[..., columns], self.new[..., columns]  # (L, H, e)
         keys, values = self.full.buffers  # (L, KV, n, D)
         evicted_values = values[:, :, columns]  # (L, KV, e, D)
         o = full.attended
-        if not bool((self.rho >= 1).any()):
-            return am.evicted_output(o, alpha, evicted_values, new) - o
+        def closed(o, rho, alpha, new, evicted_values) -> torch.Tensor:  # o′ − o = (ρ o − Σ α_e v_e) / (1 − ρ)
+            return (o * rho[..., None] - am.output(alpha * new, evicted_values)) / (1 - rho)[..., None]
+
+        if float(self.rho.max()) < 1:
+            return closed(o, self.rho, alpha, new, evicted_values)
         rows = []
         for layer in range(len(o)):
             if bool((self.rho[layer] >= 1).any()):
                 alpha_hat = full.rule.weights(full.queries[layer], keys[layer], layer, self.hidden[layer], torch.float64)
                 delta = am.output(alpha_hat[:, 0] - full.alpha[layer], values[layer])
             else:
-                delta = am.evicted_output(o[layer], alpha[layer], evicted_values[layer], new[layer]) - o[layer]
+                delta = closed(o[layer], self.rho[layer], alpha[layer], new[layer], evicted_values[layer])
             rows.append(delta.double())
         return torch.stack(rows)
 
@@ -132,17 +136,23 @@ class EditedStepProbe(Probe):
         if self.rewrites:
             weight, content = self._quantized()
             isolated = weight + content
-        else:
+            norms = {"delta_isolated": isolated.norm(dim=-1), "weight_term": weight.norm(dim=-1),
+                     "content_term": content.norm(dim=-1)}
+        else:  # evictions alone: all of Δo is the weights' term
             isolated = weight = self._evicted()
-            content = torch.zeros_like(isolated)
+            content = None
+            norms = dict.fromkeys(("delta_isolated", "weight_term"), isolated.norm(dim=-1))
+            norms["content_term"] = torch.zeros_like(self.rho)
         propagated = torch.stack(self.outputs)[:, 0, 0].float() - self.full.probe.outputs
-        maps = {"rho": self.rho, "delta_isolated": isolated.norm(dim=-1), "weight_term": weight.norm(dim=-1),
-                "content_term": content.norm(dim=-1), "delta_propagated": propagated.norm(dim=-1)}
+        maps = {"rho": self.rho, **norms, "delta_propagated": propagated.norm(dim=-1)}
         layer, head = self.detail
-        alpha = self.full.probe.alpha[layer]
-        rows = {"alpha": alpha[head], "renorm": am.renormalized(alpha[head], self.new[layer, head]),
-                "edited": self.used[head], "new": self.new[layer, head], "isolated": isolated[layer, head],
-                "weight": weight[layer, head], "content": content[layer, head]}
+        alpha, new, rho = self.full.probe.alpha[layer, head], self.new[layer, head], self.rho[layer, head]
+        if float(rho) >= 1:
+            am.renormalized(alpha, new)  # refuses ρ = 1 where it shows
+        rows = {"alpha": alpha, "renorm": alpha.masked_fill(new, 0.0) / (1 - rho), "edited": self.used[head],
+                "new": new, "isolated": isolated[layer, head]}
+        rows |= {"weight": weight[layer, head], "content": content[layer, head]} if self.rewrites else {
+            "weight": rows["isolated"], "content": torch.zeros(isolated.shape[-1], dtype=isolated.dtype)}
         return maps, rows
 
 
@@ -181,7 +191,7 @@ def what_if(session: Session, edit: Edit, at: int | None = None, layer: int = 0,
                             masked)
     with full_step.lent(session, edited) as cache:
         out, cache = run(session, cache, slot.id, slot.position, probe)
-        logits, full_logits = out.logits[0, -1].float(), full_step.logits
+        logits = out.logits[0, -1].float()
         # the continuation copies the run's cache at its first step, before a lent one is given back
         edited_ids = (greedy(session, cache, hidden_edited if masked else None, logits, slot.position, continuation)
                       if continuation else None)
@@ -191,7 +201,7 @@ def what_if(session: Session, edit: Edit, at: int | None = None, layer: int = 0,
         follow = compared(session, full_step.continuation(session, continuation), edited_ids)
     return WhatIf(
         at=at, position=slot.position, token=slot.id, edit=edit,
-        next_token=compare(full_logits, logits, topk, session.piece),
+        next_token=compare(full_step.reference, logits, topk, session.piece),
         heads=maps,
         detail=_detail(rows, layer, head, at, lm.attention.outside(at, at + 1)[layer].tolist()),
         hidden_delta=_hidden_delta(out.hidden_states, full_step.hidden_states),
