@@ -52,10 +52,12 @@ def launch_rows(bench, length: int = 1024) -> list[Row]:
     slot = session.transcript.slots[at]
     prefix = [tuple(t[:, :, :at] for t in kv_cache.layer_kv(session.cache, layer)) for layer in range(bench.lm.layers)]
 
+    cache = kv_cache.build(bench.plain.config, prefix)  # built before counting: a plain decode loop has its cache
+
     def plain() -> None:
         bench.plain(input_ids=torch.tensor([[slot.id]], device=bench.lm.device),
                     position_ids=torch.tensor([[slot.position]], device=bench.lm.device),
-                    cache=kv_cache.build(bench.plain.config, prefix), use_cache=True, logits_to_keep=1)
+                    cache=cache, use_cache=True, logits_to_keep=1)
 
     baseline = count(plain)
     rows = []
