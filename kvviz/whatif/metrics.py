@@ -105,7 +105,8 @@ def kl_divergence(full: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     return Reference(full).kl(other)
 
 
-def compare(full: torch.Tensor | Reference, edited_logits: torch.Tensor, k: int, text: Callable[[int], str]) -> NextToken:
+def compare(full: torch.Tensor | Reference, edited_logits: torch.Tensor, k: int,
+            text: Callable[[int], str]) -> NextToken:
     """Top-``k`` of both distributions side by side: ``full`` logits ``(V,)`` (or their :class:`Reference`) and
     ``edited_logits`` ``(V,)``. ``text`` maps a token id to its piece. Ranks are counted on the logits as the model
     returned them (a float64 copy would order them the same)."""
