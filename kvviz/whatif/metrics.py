@@ -62,9 +62,8 @@ class Reference:
     only the edited side."""
 
     def __init__(self, logits: torch.Tensor):
-        self.logits = logits.cpu()
-        self.a = self.logits.float()
-        self.p = torch.softmax(self.a, -1)  # (V,) float32, as the edited side's are computed
+        self.logits = logits.cpu().float()  # (V,) float32: exact for bfloat16 / float16 logits, ordered alike
+        self.p = torch.softmax(self.logits, -1)  # (V,) float32, as the edited side's are computed
         self._tops: dict[int, torch.Tensor] = {}
 
     def top(self, k: int) -> torch.Tensor:
@@ -76,7 +75,7 @@ class Reference:
     @cached_property
     def top1(self) -> torch.Tensor:
         """``(1,)``: the most likely token, the lowest id among ties (as ``argmax`` picks it)."""
-        return self.a.argmax()[None]
+        return self.logits.argmax()[None]
 
     def kl(self, other: torch.Tensor) -> torch.Tensor:
         """KL(p ‖ p_other) in nats from ``other``'s logits ``(..., V)`` → ``(...)`` float64 (exactly 0 for identical
@@ -87,7 +86,7 @@ class Reference:
         last one cancels what rounding left of m). The result carries a few float32 roundings of KL itself, not of
         the log-probabilities (~1e-6 absolute, which log_softmax(p) − log_softmax(q) in float32 would leave); float64
         costs several times as much over a 49k-token vocabulary on a CPU, for nothing that shows."""
-        x = other.float() - self.a  # (..., V)
+        x = other.float() - self.logits  # (..., V)
         for _ in range(2):
             x -= (x @ self.p) if x.dim() == 1 else (x @ self.p).unsqueeze(-1)
         left = x @ self.p  # what rounding left of m: KL = log Σ p·e^x − Σ p·x holds for any constant taken out
@@ -108,19 +107,19 @@ def kl_divergence(full: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
 def compare(full: torch.Tensor | Reference, edited_logits: torch.Tensor, k: int,
             text: Callable[[int], str]) -> NextToken:
     """Top-``k`` of both distributions side by side: ``full`` logits ``(V,)`` (or their :class:`Reference`) and
-    ``edited_logits`` ``(V,)``. ``text`` maps a token id to its piece. Ranks are counted on the logits as the model
-    returned them (a float64 copy would order them the same)."""
+    ``edited_logits`` ``(V,)``. ``text`` maps a token id to its piece. Ranks are counted on the logits in float32 (exact
+    for the model's dtypes; a float64 copy would order them the same)."""
     reference = full if isinstance(full, Reference) else Reference(full)
-    edited = edited_logits.cpu()
-    q = torch.softmax(edited.float(), -1)
+    edited = edited_logits.cpu().float()
+    q = torch.softmax(edited, -1)
     kl = reference.kl(edited)  # KL(p‖q) in nats: exactly 0 for identical logits
     tv = (reference.p - q).abs().sum(dtype=torch.float64)  # twice the total variation
     # the full run's top k, the edited run's, then the full run's top-1 (whose edited rank says if the top-1 changed)
     tops = torch.cat([reference.top(k), torch.topk(edited, k).indices, reference.top1])
-    ranks = ranks_of(torch.stack([reference.logits, edited]), tops).tolist()  # (2, 2k + 1)
+    both = torch.stack([reference.logits, edited])  # (2, V)
+    ranks = dict(zip(("full", "edited"), ranks_of(both, tops).tolist()))  # (2k + 1,) each
     probs = {"full": reference.p[tops].tolist(), "edited": q[tops].tolist()}
-    ranks = {"full": ranks[0], "edited": ranks[1]}
-    full_logits, edited_logits = reference.logits[tops].tolist(), edited[tops].tolist()
+    full_logits, edited_logits = both[:, tops].tolist()
     delta = [e - f for e, f in zip(edited_logits, full_logits)]  # float64, as Python subtracts them
     ids = tops.tolist()
 
