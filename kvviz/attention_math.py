@@ -134,6 +134,13 @@ def evicted_output(o: torch.Tensor, alpha: torch.Tensor, values: torch.Tensor, e
     return (o - output(alpha * evicted, values)) / (1 - rho)[..., None]
 
 
+def evicted_change(o: torch.Tensor, alpha: torch.Tensor, values: torch.Tensor, evicted: torch.Tensor,
+                   rho: torch.Tensor) -> torch.Tensor:
+    """``o′ − o = (ρ o − Σ_{e∈E} α_e v_e) / (1 − ρ)``: :func:`evicted_output` minus ``o`` without subtracting ``o`` back,
+    with ``ρ`` ``(..., H)`` measured already (ρ < 1: the caller checks); other shapes as in :func:`output`."""
+    return (o * rho[..., None] - output(alpha * evicted, values)) / (1 - rho)[..., None]
+
+
 def quantization_split(
     alpha: torch.Tensor, alpha_hat: torch.Tensor, values: torch.Tensor, value_error: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:

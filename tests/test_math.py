@@ -42,6 +42,8 @@ def test_closed_form_equals_softmax_over_retained_set(seed):
     direct_alpha = torch.softmax((q[0] @ k[0, ~evicted].T * 0.25)[0], -1)
     direct = direct_alpha @ v[0, ~evicted]
     assert torch.allclose(closed, direct, atol=1e-12, rtol=0)
+    change = am.evicted_change(o, alpha[None], v, evicted[None], am.evicted_mass(alpha, evicted)[None])  # one head
+    assert torch.allclose(change[0], direct - o, atol=1e-12, rtol=0)
     assert torch.allclose(am.renormalized(alpha, evicted)[~evicted], direct_alpha, atol=1e-14, rtol=0)
     # masking in causal_weights is the same set approximation
     masked = am.causal_weights(q, k, 0.25, evicted[None])[0, 0]

@@ -116,18 +116,16 @@ class EditedStepProbe(Probe):
         keys, values = self.full.buffers  # (L, KV, n, D)
         evicted_values = values[:, :, columns]  # (L, KV, e, D)
         o = full.attended
-        def closed(o, rho, alpha, new, evicted_values) -> torch.Tensor:  # o′ − o = (ρ o − Σ α_e v_e) / (1 − ρ)
-            return (o * rho[..., None] - am.output(alpha * new, evicted_values)) / (1 - rho)[..., None]
-
         if float(self.rho.max()) < 1:
-            return closed(o, self.rho, alpha, new, evicted_values)
+            return am.evicted_change(o, alpha, evicted_values, new, self.rho)
         rows = []
         for layer in range(len(o)):
             if bool((self.rho[layer] >= 1).any()):
                 alpha_hat = full.rule.weights(full.queries[layer], keys[layer], layer, self.hidden[layer], torch.float64)
                 delta = am.output(alpha_hat[:, 0] - full.alpha[layer], values[layer])
             else:
-                delta = closed(o[layer], self.rho[layer], alpha[layer], new[layer], evicted_values[layer])
+                delta = am.evicted_change(o[layer], alpha[layer], evicted_values[layer], new[layer],
+                                             self.rho[layer])
             rows.append(delta.double())
         return torch.stack(rows)
 
