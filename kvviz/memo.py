@@ -1,6 +1,7 @@
 """Derived data of one session (attention rows, the what-if's kept full runs, the page's last what-if), kept until the
 session's cache changes. One rule for all of it: everything is dropped when the session's ``version`` moves; within
-a version each kind keeps its most recent entries (all, or at most ``keep``)."""
+a version each kind keeps its most recent entries (all, or at most ``keep``). :attr:`Memo.lasting` holds what its
+owner validates itself and extends across versions (the attention received so far); :meth:`Memo.clear` drops it too."""
 
 from __future__ import annotations
 
@@ -19,12 +20,13 @@ class Memo:
     def __init__(self) -> None:
         self.version: int | None = None
         self._kinds: dict[str, dict[Hashable, Any]] = {}
+        self.lasting: dict[str, Any] = {}  # kept when the version moves: each entry says itself what it is valid for
 
     def get(self, version: int, kind: str, key: Hashable, compute: Callable[[], T], keep: int | None = None) -> T:
         """The value of ``(kind, key)`` at cache ``version``, computed once; a kind keeps its ``keep`` most recently
         used entries (all when None)."""
         if version != self.version:
-            self.clear()
+            self._kinds.clear()
             self.version = version
         entries = self._kinds.setdefault(kind, {})
         if key in entries:
@@ -41,12 +43,13 @@ class Memo:
         return dict(self._kinds.get(kind, {}))
 
     def clear(self) -> None:
-        """Drop everything (the next reads recompute)."""
+        """Drop everything, :attr:`lasting` too (the next reads recompute)."""
         self._kinds.clear()
+        self.lasting.clear()
 
     def nbytes(self) -> int:
         """Bytes of the tensors and arrays held (each storage counted once), for memory accounting."""
-        return held_bytes(self._kinds)
+        return held_bytes((self._kinds, self.lasting))
 
 
 def held_bytes(value: Any, seen: set[int] | None = None, depth: int = 6) -> int:

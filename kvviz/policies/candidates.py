@@ -69,14 +69,56 @@ class Candidates:
         return self.running if self.running is not None else self.attention(slice(0, self.at))
 
 
-def received_attention(session: Session, at: int, rows: slice, chunk: int = 256) -> torch.Tensor:
+@dataclass(frozen=True)
+class _Received:
+    """Attention received from the query rows ``0..rows-1``, whole chunks of ``chunk`` rows, per query head:
+    ``total`` ``(L, H, rows)``, as it stood under the committed edits ``commits`` (those made before row ``rows``)."""
+
+    rows: int
+    chunk: int
+    commits: tuple
+    total: torch.Tensor
+
+
+def received_attention(session: Session, at: int, rows: slice, chunk: int = 64) -> torch.Tensor:
     """Attention each slot ``0..at-1`` received from the query slots ``rows`` (all before ``at``), summed over those
-    queries and over the query heads of each KV group: ``(L, KV, at)``."""
+    queries and over the query heads of each KV group: ``(L, KV, at)``.
+
+    Summed per layer chunk by chunk (``chunk`` rows each). From the first row, the sum over the whole chunks is kept
+    in the session (:attr:`~kvviz.memo.Memo.lasting`) and a later call with more rows adds only the chunks after
+    it: a decision at the next step sums ≤ ``chunk`` + 1 rows again, not all of them, and the result is the very
+    same (the same chunks added in the same order). It is used while the commits made before its last row are the
+    same ones: a later commit hides or quantizes only for later rows; an undo of an earlier one, or a policy run
+    rewriting its session (which clears the memo), starts again from the first row."""
     lm = session.lm
     start, stop = rows.start, rows.stop
     total = torch.zeros(lm.layers, lm.heads, at)
+    first, kept = start, None
+    if start == 0:
+        kept = session.memo.lasting.get("received_attention")
+        if kept is not None and kept.chunk == chunk and kept.rows <= stop and _same(kept.commits, session, kept.rows):
+            total[:, :, : kept.rows] = kept.total
+            first = kept.rows
+    whole = stop - (stop - start) % chunk if start == 0 else first  # rows in whole chunks from the first row
+    snapshot = torch.empty(lm.layers, lm.heads, whole) if whole > first else None
     for layer in range(lm.layers):
-        for first in range(start, stop, chunk):
-            weights = session.weights(layer, first, min(stop, first + chunk))  # (H, rows, ≤ at)
+        for row in range(first, stop, chunk):
+            if snapshot is not None and row == whole:
+                snapshot[layer] = total[layer, :, :whole]
+            weights = session.weights(layer, row, min(stop, row + chunk))  # (H, rows, ≤ at)
             total[layer, :, : weights.shape[-1]] += weights.sum(1).cpu()
+        if snapshot is not None and whole == stop:
+            snapshot[layer] = total[layer, :, :whole]
+    if snapshot is not None:
+        session.memo.lasting["received_attention"] = _Received(whole, chunk, _commits(session, whole), snapshot)
     return total.reshape(lm.layers, lm.kv_heads, lm.heads // lm.kv_heads, at).sum(2)
+
+
+def _commits(session: Session, rows: int) -> tuple:
+    """The committed edits in force for some of the rows ``0..rows-1`` (made before row ``rows``)."""
+    return tuple(commit for commit in session.commits.stack if commit.at < rows)
+
+
+def _same(kept: tuple, session: Session, rows: int) -> bool:
+    now = _commits(session, rows)
+    return len(now) == len(kept) and all(a is b for a, b in zip(now, kept))
