@@ -61,7 +61,7 @@ def scores(query: torch.Tensor, keys: torch.Tensor, scaling: float, softcap: flo
     *lead, heads, q_len, dim = query.shape
     kv = keys.shape[-3]
     grouped = _float(query).reshape(*lead, kv, heads // kv * q_len, dim) @ _float(keys).transpose(-1, -2)
-    s = grouped.reshape(*lead, heads, q_len, -1) * scaling
+    s = grouped.reshape(*lead, heads, q_len, -1).mul_(scaling)  # the product is new: scaled in place
     return s if softcap is None else torch.tanh(s / softcap) * softcap
 
 
@@ -72,26 +72,35 @@ def causal_weights(
     """Softmax weights ``(H, q, n)`` where query row ``i`` is the slot ``n - q + i`` and sees slots ``0..n-q+i``
     (the last ``window`` of them in a sliding-window layer), except those ``evicted`` (bool ``(KV, n)``, per KV head).
     ``dtype`` (e.g. float64) for the softmax."""
-    return visible_softmax(scores(query, keys, scaling, softcap), evicted, dtype, window)
+    return visible_softmax(scores(query, keys, scaling, softcap), evicted, dtype, window, own=True)
 
 
 def visible_softmax(
-    s: torch.Tensor, evicted: torch.Tensor | None = None, dtype: torch.dtype | None = None, window: Window = None
+    s: torch.Tensor, evicted: torch.Tensor | None = None, dtype: torch.dtype | None = None, window: Window = None,
+    own: bool = False,
 ) -> torch.Tensor:
     """Softmax of scores ``(..., H, q, n)`` over the slots row ``i`` sees (causal: ``0..n-q+i``; the last ``window``
     of them, one window or one per index of the leading axis), except those ``evicted`` (bool ``(..., KV, n)`` per
-    KV head, or ``(..., KV, q, n)`` per KV head and row); leading dimensions (e.g. layers) batched."""
+    KV head, or ``(..., KV, q, n)`` per KV head and row); leading dimensions (e.g. layers) batched. ``own``: ``s``
+    may be overwritten (the caller made it for this); otherwise it is left as it was (masked on a copy)."""
+    own = own or (dtype is not None and s.dtype != dtype)  # a conversion is a copy of our own
     s = s if dtype is None else s.to(dtype)
     *lead, heads, q_len, n = s.shape
+    masks = []
     allowed = _allowed(q_len, n, window, s.device)
     if allowed is not None:  # row i must not see slots after n - q + i, nor those its window left behind
-        s = s.masked_fill(~allowed, float("-inf"))
+        masks.append((s, ~allowed))
     if evicted is not None and evicted.dim() == s.dim():  # per KV head and row: (..., KV, q, n)
         kv = evicted.shape[-3]
-        s = s.view(*lead, kv, heads // kv, q_len, n).masked_fill(evicted[..., None, :, :], float("-inf")).view(s.shape)
+        masks.append((s.view(*lead, kv, heads // kv, q_len, n), evicted[..., None, :, :]))
     elif evicted is not None:  # per KV group: (..., KV, G, q, n), without copying the mask per query head
         kv = evicted.shape[-2]
-        s = s.view(*lead, kv, heads // kv, q_len, n).masked_fill(evicted[..., None, None, :], float("-inf")).view(s.shape)
+        masks.append((s.view(*lead, kv, heads // kv, q_len, n), evicted[..., None, None, :]))
+    if masks and not own:
+        s = s.clone()  # one copy, masked in place below (the views above are remade on it)
+        return visible_softmax(s, evicted, None, window, own=True)
+    for view, mask in masks:
+        view.masked_fill_(mask, float("-inf"))
     return torch.softmax(s, dim=-1)
 
 

@@ -45,16 +45,17 @@ class AttentionRule:
         return am.scores(query, keys, self.scaling, self.softcap)
 
     def softmax(self, s: torch.Tensor, layer: int | None, evicted: torch.Tensor | None = None,
-                dtype: torch.dtype | None = None) -> torch.Tensor:
+                dtype: torch.dtype | None = None, own: bool = False) -> torch.Tensor:
         """Weights from scores ``(H, q, n)`` of ``layer`` (``(L, H, q, n)`` with ``layer=None``), causal, within the
-        layer's window, ``evicted`` slots hidden (see :func:`~kvviz.attention_math.visible_softmax`)."""
-        return am.visible_softmax(s, evicted, dtype, self.window(layer))
+        layer's window, ``evicted`` slots hidden (see :func:`~kvviz.attention_math.visible_softmax`; ``own``: ``s``
+        may be overwritten)."""
+        return am.visible_softmax(s, evicted, dtype, self.window(layer), own)
 
     def weights(self, query: torch.Tensor, keys: torch.Tensor, layer: int | None,
                 evicted: torch.Tensor | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
         """Weights ``(H, q, n)`` of ``layer`` (``(L, H, q, n)`` with ``layer=None``): row ``i`` is the slot
         ``n - q + i``."""
-        return self.softmax(self.scores(query, keys), layer, evicted, dtype)
+        return self.softmax(self.scores(query, keys), layer, evicted, dtype, own=True)
 
     def outside(self, at: int, n: int, device: torch.device | str | None = None) -> torch.Tensor:
         """Bool ``(L, n)``: the slots ``0..n-1`` each layer's window hides from the query at slot ``at`` (all False

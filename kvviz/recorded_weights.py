@@ -44,9 +44,13 @@ def recorded_weights(commits: CommitLog, queries: QueryLog, shape: Geometry, rul
     for group in groups:
         first, end = group[0][0], group[-1][1]
         keys = commits.keys_at(layer, first, end)  # (KV, end, D)
-        evicted = torch.cat([commits.hidden(a, end)[layer, :, None, :].expand(-1, b - a, -1) for a, b in group], dim=1)
+        evicted = None  # nothing hidden while no commit in force evicts or merges
+        if any(commits.edit_at(a).evicted_slots() for a, _ in group):
+            evicted = torch.cat([commits.hidden(a, end)[layer, :, None, :].expand(-1, b - a, -1) for a, b in group],
+                                dim=1).to(keys.device)
         if kv_head is not None:
-            keys, evicted = keys[kv_head : kv_head + 1], evicted[kv_head : kv_head + 1]
-        part = rule.weights(queries[:, first:end], keys, layer, evicted.to(keys.device))  # (H, end - first, end)
-        rows.append(torch.nn.functional.pad(part, (0, stop - end)))
-    return torch.cat(rows, dim=1)
+            keys = keys[kv_head : kv_head + 1]
+            evicted = None if evicted is None else evicted[kv_head : kv_head + 1]
+        part = rule.weights(queries[:, first:end], keys, layer, evicted)  # (H, end - first, end)
+        rows.append(part if end == stop else torch.nn.functional.pad(part, (0, stop - end)))
+    return rows[0] if len(rows) == 1 else torch.cat(rows, dim=1)  # one group: its rows, not a copy

@@ -163,3 +163,17 @@ def test_compare_against_argmax_and_a_stable_sort(seed):
         assert [r.rank_other for r in rows] == places(other)[ids].tolist()
         assert bool((own[ids] >= own.topk(5).values[-1]).all())  # five of the most likely
     assert compare(Reference(full), edited, 5, str) == table
+
+
+def test_visible_softmax_leaves_the_callers_scores_alone_unless_they_are_its_own():
+    """Masked in place only where the caller says the scores are its own (fresh from a product); either way the same
+    weights, bit for bit."""
+    generator = torch.Generator().manual_seed(4)
+    s = torch.randn(6, 5, 9, generator=generator)  # (H, q, n): 2 KV heads of 3 query heads
+    evicted = torch.zeros(2, 9, dtype=torch.bool)
+    evicted[0, 1] = evicted[1, 6] = True
+    before = s.clone()
+    weights = am.visible_softmax(s, evicted, window=6)
+    assert torch.equal(s, before)
+    assert torch.equal(am.visible_softmax(s.clone(), evicted, window=6, own=True), weights)
+    assert torch.equal(weights[:3, :, 1], torch.zeros(3, 5)) and bool((weights[3:, :, 1] > 0).any())
