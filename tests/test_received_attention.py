@@ -48,9 +48,11 @@ def test_the_kept_sum_is_extended_and_equals_the_sum_from_the_first_row(lm, monk
     assert min(firsts) == kept.rows  # only the chunks after the kept ones were summed
     monkeypatch.undo()
     assert torch.equal(extended, _fresh(session, at))
-    early = at - CHUNK - 5  # looking back before the kept rows: summed from the first row
+    early = at - CHUNK - 5  # looking back before the kept rows: summed from the first row, the kept sum kept
     received_attention(session, at, slice(0, at), CHUNK)
+    rows = session.memo.lasting["received_attention"].rows
     assert torch.equal(received_attention(session, early, slice(0, early), CHUNK), _fresh(session, early))
+    assert session.memo.lasting["received_attention"].rows == rows > early
 
 
 def test_a_commit_taken_back_starts_the_sum_again(lm, monkeypatch):

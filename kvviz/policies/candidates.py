@@ -96,11 +96,14 @@ def received_attention(session: Session, at: int, rows: slice, chunk: int = 64) 
     first, kept = start, None
     if start == 0:
         kept = session.memo.lasting.get("received_attention")
-        if kept is not None and kept.chunk == chunk and kept.rows <= stop and _same(kept.commits, session, kept.rows):
+        if kept is not None and not (kept.chunk == chunk and _same(kept.commits, session, kept.rows)):
+            kept = None  # no longer what its rows see
+        if kept is not None and kept.rows <= stop:
             total[:, :, : kept.rows] = kept.total
             first = kept.rows
     whole = stop - (stop - start) % chunk if start == 0 else first  # rows in whole chunks from the first row
-    snapshot = torch.empty(lm.layers, lm.heads, whole) if whole > first else None
+    longer = whole > first and (kept is None or whole > kept.rows)  # a look back keeps the longer sum kept
+    snapshot = torch.empty(lm.layers, lm.heads, whole) if longer else None
     for layer in range(lm.layers):
         for row in range(first, stop, chunk):
             if snapshot is not None and row == whole:
