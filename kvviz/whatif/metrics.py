@@ -56,6 +56,15 @@ def ranks_of(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 EXPM1_LIMIT = 80.0  # float32 expm1 overflows past ~88: rows that far apart take the log-sum-exp form (no cancellation)
 
 
+def probabilities(logits: torch.Tensor) -> torch.Tensor:
+    """softmax of float32 ``logits`` ``(..., V)`` → float32 ``(..., V)``, normalized by a float64 sum: every entry
+    carries a few roundings of its own (the exponent's, exp's, the quotient's), none that depends on the order in which
+    a CPU's kernels add the vocabulary up. Both sides of a comparison use it, so identical logits give identical
+    probabilities."""
+    weights = torch.exp(logits - logits.amax(-1, keepdim=True))
+    return (weights / weights.sum(-1, keepdim=True, dtype=torch.float64)).float()
+
+
 class Reference:
     """A next-token distribution others are compared to: ``logits`` ``(V,)``, with what every comparison reads of it
     (its float32 probabilities, its top tokens) computed once. The what-if keeps one per full run, so a click compares
@@ -63,7 +72,8 @@ class Reference:
 
     def __init__(self, logits: torch.Tensor):
         self.logits = logits.cpu().float()  # (V,) float32: exact for bfloat16 / float16 logits, ordered alike
-        self.p = torch.softmax(self.logits, -1)  # (V,) float32, as the edited side's are computed
+        self.p = probabilities(self.logits)  # (V,) float32, as the edited side's are computed
+        self.p64 = self.p.double()  # (V,) the same values: float32 × float32 products are exact in float64
         self._tops: dict[int, torch.Tensor] = {}
 
     def top(self, k: int) -> torch.Tensor:
@@ -81,21 +91,23 @@ class Reference:
         """KL(p ‖ p_other) in nats from ``other``'s logits ``(..., V)`` → ``(...)`` float64 (exactly 0 for identical
         logits).
 
-        In float32, without subtracting nearly equal numbers: with x = δ − m, δ = other − logits and m ≈ Σ p·δ (taken
-        out twice), KL = log Σ p·e^x − Σ p·x = log1p(Σ p·expm1(x)) − Σ p·x, whose terms are second order in x (the
-        last one cancels what rounding left of m). The result carries a few float32 roundings of KL itself, not of
-        the log-probabilities (~1e-6 absolute, which log_softmax(p) − log_softmax(q) in float32 would leave); float64
-        costs several times as much over a 49k-token vocabulary on a CPU, for nothing that shows."""
+        Without subtracting nearly equal numbers: with x = δ − m, δ = other − logits and m ≈ Σ p·δ (taken out twice,
+        in float32), KL = log Σ p·e^x − Σ p·x = log1p(Σ p·expm1(x)) − Σ p·x, whose terms are second order in x (the
+        last one cancels what rounding left of m). x and expm1(x) are float32; the two sums over the vocabulary add
+        their exact float64 products in float64, so no CPU's summation order shows in the result: what is left is a
+        few float32 roundings of each logit, expm1's own and the probabilities' (docs/tests.md, "KL"). A float32
+        log_softmax(p) − log_softmax(q) would leave ~1e-6 absolute, whatever KL is."""
         x = other.float() - self.logits  # (..., V)
         for _ in range(2):
             x -= (x @ self.p) if x.dim() == 1 else (x @ self.p).unsqueeze(-1)
-        left = x @ self.p  # what rounding left of m: KL = log Σ p·e^x − Σ p·x holds for any constant taken out
+        left = x.double() @ self.p64  # what rounding left of m: KL = log Σ p·e^x − Σ p·x holds for any constant
         far = x.amax(-1) > EXPM1_LIMIT  # KL is large there: the log-sum-exp form loses nothing
-        spread = torch.logsumexp(x + torch.log(self.p), -1) - left if bool(far if x.dim() == 1 else far.any()) else None
-        kl = torch.log1p(torch.expm1(x.clamp_(max=EXPM1_LIMIT)) @ self.p) - left
+        spread = (torch.logsumexp(x.double() + torch.log(self.p64), -1) - left
+                  if bool(far if x.dim() == 1 else far.any()) else None)
+        kl = torch.log1p(torch.expm1(x.clamp_(max=EXPM1_LIMIT)).double() @ self.p64) - left
         if spread is not None:
             kl = torch.where(far, spread, kl)
-        return kl.double().clamp(min=0)
+        return kl.clamp(min=0)
 
 
 def kl_divergence(full: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
@@ -111,7 +123,7 @@ def compare(full: torch.Tensor | Reference, edited_logits: torch.Tensor, k: int,
     for the model's dtypes; a float64 copy would order them the same)."""
     reference = full if isinstance(full, Reference) else Reference(full)
     edited = edited_logits.cpu().float()
-    q = torch.softmax(edited, -1)
+    q = probabilities(edited)
     kl = reference.kl(edited)  # KL(p‖q) in nats: exactly 0 for identical logits
     tv = (reference.p - q).abs().sum(dtype=torch.float64)  # twice the total variation
     # the full run's top k, the edited run's, then the full run's top-1 (whose edited rank says if the top-1 changed)
