@@ -1,5 +1,6 @@
 """Sweeps: a sweep's table (uploaded, or one of the server's ``KVVIZ_SWEEPS`` folders), damage against budget per
-policy, the worst cases first, and any case opened as a live policy run with one click."""
+policy, the worst cases first, and any case opened as a live policy run with one click. A line or row that cannot be
+shown (:mod:`kvviz.sweeps.table` says which and why) is named above the table; the other rows are shown."""
 
 from __future__ import annotations
 
@@ -10,26 +11,33 @@ import pandas as pd
 import streamlit as st
 
 from app import state
-from app.plain import warn
+from app.plain import plural, warn
 from app.long_work import Work, hand_over
 from app.views.policy_choice import policy_classes
 from kvviz import figures
 from kvviz.errors import KvvizError
 from kvviz.runs.policy_run import held_slots, run_policy
-from kvviz.sweeps import read_table, records
 from kvviz.sweeps.cases import case_of, run_settings
+from kvviz.sweeps.table import Sweep, load_sweep, records, usable
 
 COLUMNS = ["prompt_id", "policy", "budget", "kl_mean", "kl_max", "top1_agreement", "divergence", "answer_changed",
            "full_match", "policy_match", "policy_text"]
-NEEDED = {"key", "prompt_id", "family", "policy", "budget", "fraction", "mode", "every", "max_new_tokens", "kl_mean",
-          "turns"}
+SHOWN_PROBLEMS = 10  # lines or rows left out named one by one; the rest counted
 
 
 def render() -> None:
-    table = _table()
-    if table is None:
+    sweep = _sweep()
+    if sweep is None:
         st.info("Run `python -m kvviz sweep --prompts builtin:needle --policy h2o --policy snapkv --budget 0.25 "
                 "--budget 0.5 --out DIR`, then upload DIR/table.parquet (or .csv) here.")
+        return
+    for problem in sweep.problems[:SHOWN_PROBLEMS]:
+        warn(f"Left out: {problem}")
+    if len(sweep.problems) > SHOWN_PROBLEMS:
+        warn(f"… and {plural(len(sweep.problems) - SHOWN_PROBLEMS, 'more line or row')} left out")
+    table = sweep.table
+    if table.empty:
+        warn("this sweep table holds no row that can be shown" + (" (each is named above)" if sweep.problems else ""))
         return
     chart = figures.damage_chart(table)
     st.vega_lite_chart(chart.data, chart.spec, key="sweep-damage")
@@ -55,31 +63,26 @@ def render() -> None:
         _open(rows[index])
 
 
-def _table() -> pd.DataFrame | None:
-    """The chosen table, checked to be a sweep's; None when there is none yet."""
+def _sweep() -> Sweep | None:
+    """The chosen table, checked to be a sweep's and row by row; None when there is none yet."""
     folders = [f.strip() for f in os.environ.get("KVVIZ_SWEEPS", "").split(",") if f.strip()]
     source = st.selectbox("Sweep on this server (KVVIZ_SWEEPS)", ["(upload one)", *folders]) if folders else None
     try:
         if source and source != "(upload one)":
-            table = read_table(source)
-        else:
-            upload = st.file_uploader("Sweep table (table.parquet or table.csv)", type=["parquet", "csv"],
-                                      key="sweep-upload")
-            if upload is None:
-                return None
-            data = io.BytesIO(upload.getvalue())
-            table = pd.read_parquet(data) if upload.name.endswith(".parquet") else pd.read_csv(data)
+            return load_sweep(source)
+        upload = st.file_uploader("Sweep table (table.parquet or table.csv)", type=["parquet", "csv"],
+                                  key="sweep-upload")
+        if upload is None:
+            return None
+        data = io.BytesIO(upload.getvalue())
+        table = pd.read_parquet(data) if upload.name.endswith(".parquet") else pd.read_csv(data)
+        return usable(table, name=upload.name)
     except KvvizError as exc:
         warn(exc)
         return None
     except Exception as exc:  # a file that is not a table at all
         warn(f"cannot read this table ({type(exc).__name__}); upload the table.parquet or table.csv of a sweep")
         return None
-    missing = NEEDED - set(table.columns)
-    if missing or table.empty:
-        warn(f"this is not a kvviz sweep table (missing {', '.join(sorted(missing)) or 'rows'})")
-        return None
-    return table
 
 
 def _open(row: dict) -> None:

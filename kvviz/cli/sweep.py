@@ -1,5 +1,7 @@
 """``python -m kvviz sweep``: every prompt × policy × budget as a policy run; one summary row each, written
-resumably to ``--out`` (a killed sweep continues where it stopped), then the worst cases."""
+resumably to ``--out`` (a killed sweep continues where it stopped), then the worst cases. A flag value given twice
+is one case; a line of ``rows.jsonl`` that is not a row is named on stderr and kept; a folder another sweep is
+writing, or whose files are symbolic links, is refused with one line."""
 
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=positive, default=32, metavar="N")
     parser.add_argument("--limit", type=positive, default=None, metavar="N", help="the first N prompts only")
     parser.add_argument("--model", default=None, metavar="PATH", help="checkpoint folder, .gguf or hub id")
-    parser.add_argument("--out", default="sweep", metavar="DIR", help="folder of the table (default: ./sweep)")
+    parser.add_argument("--out", default="sweep", metavar="DIR",
+                        help="folder of the table (default: ./sweep); one sweep writes a folder at a time")
     parser.add_argument("--workers", type=positive, default=1, help="local worker processes (or Ray actors)")
     parser.add_argument("--ray", default=None, metavar="ADDRESS",
                         help="run the cases as Ray tasks on this cluster (auto: the running one; local: a new one)")

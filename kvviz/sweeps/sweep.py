@@ -1,10 +1,12 @@
 """Run a sweep's cases — in this process, a local process pool or Ray tasks — into one table, resumably.
 
-Rows are appended to ``DIR/rows.jsonl`` by this process alone, one line per finished case, flushed to disk at once:
-a killed sweep loses at most the cases in flight, and a rerun skips every case it has (a torn last line is dropped).
-A rerun with more prompts, policies, budgets or schemes grows the table by the cases it lacks; ``DIR/manifest.json``
-holds the settings that change every case's result (model, mode, reply length, …), and a rerun with others is refused.
-``DIR/table.csv`` and ``DIR/table.parquet`` hold the whole table.
+Rows are appended to ``DIR/rows.jsonl`` by one sweep at a time (it holds ``DIR/sweep.lock`` from reading the rows to
+writing the table; a second sweep into the folder is refused), one line per finished case, flushed to disk at once: a
+killed sweep loses at most the cases in flight, and a rerun skips every case it has (a torn last line is cut off; any
+other line that is not a row is reported and kept). A rerun with more prompts, policies, budgets or schemes grows the
+table by the cases it lacks; ``DIR/manifest.json`` holds the settings that change every case's result (model, mode,
+reply length, …), and a rerun with others is refused. ``DIR/table.csv`` and ``DIR/table.parquet`` hold the whole
+table. :mod:`kvviz.sweeps.folder` reads and writes these files (never through a symbolic link; tables replaced whole).
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ import pandas as pd
 
 from kvviz.errors import KvvizError
 from kvviz.sweeps.cases import Case, Row, by_prompt, cases_for, parts, run_cases
+from kvviz.sweeps.folder import CSV, MANIFEST, PARQUET, ROWS, appending, locked, make_folder, read_bytes, read_rows, \
+    replace
 from kvviz.sweeps.prompts import load_prompts
+from kvviz.sweeps.table import frame, read_table, records  # noqa: F401 (read_table, records: kvviz.sweeps' names)
 
 FORMAT = "kvviz-sweep/2"  # 2: rows count the prefill's last row (step -1) among the steps
 
@@ -42,17 +47,27 @@ class SweepSpec:
     schemes: tuple[str, ...] = ()  # cache schemes (kivi-N, quanto-N) as an axis; none: the model's own cache
 
     def cases(self) -> list[Case]:
-        return cases_for(load_prompts(self.prompts, self.limit), list(self.policies), list(self.budgets), self.mode,
-                         self.every, self.max_new_tokens, [s if s != "fp16" else None for s in self.schemes])
+        """Every case once, in order: a policy, budget or scheme given twice (``--budget 8 --budget 8``, ``--ratio
+        0.5 --ratio 0.50``) is one case. Cases are the same when their keys are (a fraction 0.5 and a ratio 0.5,
+        or the budgets 1 and 1.0, are not)."""
+        unique: dict[str, Case] = {}
+        for case in cases_for(load_prompts(self.prompts, self.limit), list(self.policies), list(self.budgets),
+                              self.mode, self.every, self.max_new_tokens,
+                              [s if s != "fp16" else None for s in self.schemes]):
+            unique.setdefault(case.key, case)
+        return list(unique.values())
 
 
 def run_sweep(spec: SweepSpec, out: str | os.PathLike, workers: int = 1, ray: str | None = None,
-              progress: bool = True, on_row: Callable[[Row], None] | None = None, batch: int = 4) -> pd.DataFrame:
+              progress: bool = True, on_row: Callable[[Row], None] | None = None, batch: int = 4,
+              warn: Callable[[str], None] | None = None) -> pd.DataFrame:
     """Run every case of ``spec`` not yet in ``out`` and return the folder's whole table: ``spec``'s cases in order,
     then those an earlier run with other prompts, policies, budgets or schemes added. ``workers`` > 1: a local process
     pool (each worker loads the model once); ``ray``: Ray tasks on the cluster at that address (``auto``, or
     ``local`` for a new local instance), ``workers`` actors. ``batch``: cases of a prompt decoded together
-    (:func:`~kvviz.sweeps.cases.run_cases`)."""
+    (:func:`~kvviz.sweeps.cases.run_cases`). ``warn`` (default: a line on stderr) hears of each line of
+    ``rows.jsonl`` that is not a row (kept, and skipped) and of a torn last line cut off. A folder another sweep is
+    writing, one whose files are symbolic links, or an ``out`` that is not a folder is refused."""
     from kvviz.policies.user import available
     from kvviz.runs.report import make_policy
 
@@ -63,59 +78,39 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike, workers: int = 1, ray: st
 
     for name in spec.schemes:
         run_cache(name)
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
-    rows_file = folder / "rows.jsonl"
-    _check_manifest(folder, spec)
-    done = _read_rows(rows_file)
-    _check_prompts(folder, cases, done)
-    todo = [case for case in cases if case.key not in done]
-    bar = _bar(len(cases), len(cases) - len(todo)) if progress else None
-    with rows_file.open("a", encoding="utf-8") as handle:
-        for row in _rows(spec.model, todo, workers, ray, batch):
-            handle.write(json.dumps(row) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-            done[row["key"]] = row
-            if bar is not None:
-                bar.update(1)
-            if on_row is not None:
-                on_row(row)
-    if bar is not None:
-        bar.close()
-    keys = [case.key for case in cases if case.key in done]
-    ours = set(keys)
-    table = _frame([done[key] for key in keys + [key for key in done if key not in ours]])  # then in the file's order
-    table.to_csv(folder / "table.csv", index=False)
-    table.to_parquet(folder / "table.parquet", index=False)
+    warn = warn or _stderr
+    folder = make_folder(Path(out))
+    with locked(folder):
+        _check_manifest(folder, spec)
+        found = read_rows(folder / ROWS)
+        for problem in found.damaged:
+            warn(f"{problem} (kept in the file; skipped)")
+        done = found.rows
+        _check_prompts(folder, cases, done)
+        todo = [case for case in cases if case.key not in done]
+        bar = _bar(len(cases), len(cases) - len(todo)) if progress else None
+        with appending(folder / ROWS, found, warn) as handle:
+            for row in _rows(spec.model, todo, workers, ray, batch):
+                handle.write((json.dumps(row) + "\n").encode())
+                handle.flush()
+                os.fsync(handle.fileno())
+                done[row["key"]] = row
+                if bar is not None:
+                    bar.update(1)
+                if on_row is not None:
+                    on_row(row)
+        if bar is not None:
+            bar.close()
+        keys = [case.key for case in cases if case.key in done]
+        ours = set(keys)
+        table = frame([done[key] for key in keys + [key for key in done if key not in ours]])  # then file order
+        replace(folder / CSV, lambda handle: handle.write(table.to_csv(index=False).encode()))
+        replace(folder / PARQUET, lambda handle: table.to_parquet(handle, index=False))
     return table
 
 
-def _frame(rows: list[Row]) -> pd.DataFrame:
-    """Rows as a table with nullable dtypes: a missing divergence or expected answer stays missing (``<NA>``), not a
-    float NaN that would turn the steps into floats."""
-    return pd.DataFrame(rows).convert_dtypes()
-
-
-def records(table: pd.DataFrame) -> list[Row]:
-    """A table's rows as plain Python values (missing ones None), as :func:`~kvviz.sweeps.cases.run_case` gives
-    them."""
-    return [{name: None if value is pd.NA else value for name, value in row.items()}
-            for row in table.astype(object).to_dict("records")]
-
-
-def read_table(source: str | os.PathLike) -> pd.DataFrame:
-    """A sweep's table from its folder (the finished table, else the rows so far) or a ``.csv`` / ``.parquet``."""
-    path = Path(source)
-    if path.is_dir():
-        if (path / "table.parquet").is_file():
-            return pd.read_parquet(path / "table.parquet")
-        return _frame(list(_read_rows(path / "rows.jsonl").values()))
-    if path.suffix == ".parquet":
-        return pd.read_parquet(path)
-    if path.suffix == ".csv":
-        return pd.read_csv(path)
-    raise KvvizError(f"{path} is not a sweep folder, .csv or .parquet table")
+def _stderr(text: str) -> None:
+    print(f"kvviz: {text}", file=sys.stderr)
 
 
 RESULT_SETTINGS = ("model", "mode", "every", "max_new_tokens", "extra")  # change every case's result: one per folder
@@ -124,12 +119,13 @@ RESULT_SETTINGS = ("model", "mode", "every", "max_new_tokens", "extra")  # chang
 def _check_manifest(folder: Path, spec: SweepSpec) -> None:
     """Write the manifest, or refuse a folder whose sweep has other result-changing settings (:data:`RESULT_SETTINGS`),
     naming each. Prompts, policies, budgets, schemes and the limit may differ: the rerun adds its missing cases."""
-    manifest = folder / "manifest.json"
+    manifest = folder / MANIFEST
     settings = json.loads(json.dumps({"format": FORMAT, "settings": _settings(asdict(spec))}))
-    if manifest.is_file():
+    data = read_bytes(manifest)
+    if data is not None:
         try:
-            held = json.loads(manifest.read_text())
-        except json.JSONDecodeError:
+            held = json.loads(data.decode("utf-8"))
+        except (ValueError, RecursionError):  # not UTF-8, not JSON
             held = None
         if isinstance(held, dict) and isinstance(held.get("spec"), dict):  # written before sweeps could grow
             held = {"format": held.get("format"), "settings": _settings(held["spec"])}
@@ -141,7 +137,7 @@ def _check_manifest(folder: Path, spec: SweepSpec) -> None:
         if other:
             raise KvvizError(f"{folder} holds a sweep with other settings ({'; '.join(other)}): its rows cannot share "
                              "a table with these; pass another --out")
-    manifest.write_text(json.dumps(settings, indent=1))
+    replace(manifest, lambda handle: handle.write(json.dumps(settings, indent=1).encode()))
 
 
 def _settings(spec: dict) -> dict:
@@ -150,33 +146,13 @@ def _settings(spec: dict) -> dict:
 
 def _check_prompts(folder: Path, cases: list[Case], done: dict[str, Row]) -> None:
     """Refuse prompts whose id names other text (turns or expected answer) in the rows the folder holds."""
-    held = {row["prompt_id"]: (row["turns"], row["expected"]) for row in done.values()}
+    held = {row["prompt_id"]: (row.get("turns"), row.get("expected")) for row in done.values()
+            if isinstance(row.get("prompt_id"), str)}
     for case in cases:
         text = held.get(case.prompt.id)
         if text is not None and text != (json.dumps(list(case.prompt.turns)), case.prompt.expected):
             raise KvvizError(f"{folder} holds rows of another prompt with the id {case.prompt.id!r} (other turns or "
                              "expected answer); give the prompt a new id or pass another --out")
-
-
-def _read_rows(path: Path) -> dict[str, Row]:
-    """The rows written so far, by key; a torn last line (a sweep killed mid-write) is cut off the file."""
-    if not path.is_file():
-        return {}
-    rows, good = {}, 0
-    with path.open("rb") as handle:
-        for line in handle:
-            try:
-                row = json.loads(line) if line.endswith(b"\n") else None
-            except json.JSONDecodeError:
-                row = None
-            if row is None:
-                break
-            rows[row["key"]] = row
-            good += len(line)
-    if good != path.stat().st_size:
-        with path.open("r+b") as handle:
-            handle.truncate(good)
-    return rows
 
 
 def _bar(total: int, initial: int):
