@@ -33,7 +33,6 @@ dense-and-sparse split, per channel), e.g. ``int2-token+outliers4``, ``int4-toke
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -43,21 +42,9 @@ from kvviz.errors import KvvizError
 from kvviz.quant import Quantizer
 from kvviz.runs.kivi import Kivi
 from kvviz.runs.quanto import QuantoCache
+from kvviz.scheme_names import PATTERNS, check_names, run_family, scheme_family
 
-_PATTERNS = {
-    "fp16": re.compile(r"fp16"),
-    "int": re.compile(r"int(8|4|3|2)-(token|channel)"),
-    "kivi": re.compile(r"kivi-(4|2)"),
-    "fp8": re.compile(r"fp8-(e4m3|e5m2)-(head|tensor)"),
-    "fp8static": re.compile(r"fp8-(e4m3|e5m2)-(head|tensor)-static|fp8-(e4m3|e5m2)-unit"),
-    "quanto": re.compile(r"quanto-(4|2)"),
-    "hqq": re.compile(r"hqq-(8|4|3|2)"),
-    "mix": re.compile(r"mix([2-8](?:\.[0-9]+)?)-(uniform|keyerror)"),
-}
 MIX_KEYS = Quantizer("channel")  # the mix schemes' keys: how they are stored, and what the allocation measures
-_SUFFIX = re.compile(r"hadamard|outliers([1-9][0-9]?)|prerope")
-EXAMPLES = ("fp16", "int4-token", "int2-channel", "kivi-2", "fp8-e4m3-head", "fp8-e5m2-tensor", "fp8-e4m3-head-static",
-            "fp8-e4m3-unit", "mix3-keyerror", "quanto-4")
 
 
 @dataclass(frozen=True)
@@ -67,15 +54,7 @@ class Scheme:
     name: str
 
     def __post_init__(self) -> None:
-        base, *suffixes = self.name.split("+")
-        if not any(p.fullmatch(base) for p in _PATTERNS.values()):
-            raise KvvizError(f"unknown quantization scheme {self.name!r}; schemes look like {', '.join(EXAMPLES)}, "
-                             "int4-token+hadamard, int2-token+outliers4, int2-channel+prerope")
-        kinds = [s if s in ("prerope", "hadamard") else "outliers" for s in suffixes]
-        if suffixes and (not all(_SUFFIX.fullmatch(s) for s in suffixes) or self.family not in ("int", "fp8")
-                         or len(set(kinds)) != len(kinds) or {"hadamard", "outliers"} <= set(kinds)):
-            raise KvvizError(f"{self.name!r}: an int or fp8 scheme takes +hadamard or +outliersK (K channels kept "
-                             "exact), and +prerope (keys rounded before RoPE), e.g. int2-channel+prerope+outliers4")
+        scheme_family(self.name)  # refuses any other name in one line
 
     @property
     def base(self) -> str:
@@ -83,7 +62,7 @@ class Scheme:
 
     @property
     def family(self) -> str:
-        return next(kind for kind, p in _PATTERNS.items() if p.fullmatch(self.base))
+        return scheme_family(self.name)
 
     @property
     def static(self) -> bool:
@@ -93,7 +72,7 @@ class Scheme:
     @property
     def mix(self) -> tuple[float, str]:
         """A ``mix`` scheme's average width and allocation rule."""
-        average, rule = _PATTERNS["mix"].fullmatch(self.base).groups()
+        average, rule = PATTERNS["mix"].fullmatch(self.base).groups()
         return float(average), rule
 
     @property
@@ -186,17 +165,14 @@ def run_cache(name: str, q_group_size: int = 64, residual: int = 128, axis: int 
     """The cache a policy run keeps for scheme ``name`` (``kivi``, ``kivi-N``, ``quanto-N`` and ``hqq-N``: quantized
     as the run goes): its ``(kivi, quanto)`` settings (``axis``: QuantizedCache's, for keys and values); ``fp16`` is
     the model's own cache. Other schemes are what-if only."""
-    family, bits = Scheme(name).family, name.rpartition("-")[2]
+    family, bits = run_family(name), name.rpartition("-")[2]
     if family == "fp16":
         return None, None
     if family == "kivi":
         return Kivi(int(bits), int(bits)), None
     if family == "quanto":
         return None, QuantoCache(int(bits), q_group_size, residual, axis, axis)
-    if family == "hqq":
-        return None, QuantoCache(int(bits), q_group_size, residual, axis, axis, backend="hqq")
-    raise KvvizError(f"a policy run's cache takes fp16, kivi-N, quanto-N or hqq-N; {name} is for what-ifs "
-                     "(whatif --scheme, quant-compare)")
+    return None, QuantoCache(int(bits), q_group_size, residual, axis, axis, backend="hqq")  # hqq
 
 
 def quanto_prefix(passes: Sequence[int], at: int, residual_length: int) -> int:
@@ -217,8 +193,5 @@ def quanto_prefix(passes: Sequence[int], at: int, residual_length: int) -> int:
 
 def schemes(names: Sequence[str]) -> list[Scheme]:
     """The schemes of ``names``, each checked; refuses an empty list and repeats."""
-    if not names:
-        raise KvvizError(f"give at least one scheme, e.g. {', '.join(EXAMPLES[1:4])}")
-    if len(set(names)) != len(names):
-        raise KvvizError("a scheme is named twice")
+    check_names(names)
     return [Scheme(name) for name in names]

@@ -67,8 +67,8 @@ def test_presses_map_to_policies_with_kvpress_conventions():
     (lambda: from_kvpress("SnapKVPress", window=3), "argument 'window' has no kvviz counterpart"),
     (lambda: from_kvpress("AdaKVPress", press="KnormPress"), "over SnapKVPress only"),
     (lambda: from_kvpress("KeyRerotationPress"), "wraps a press: give press=NAME"),
-    (lambda: from_kvpress("DecodingPress", base_press="KnormPress", target_size=0), "must be positive"),
-    (lambda: from_kvpress("SnapKVPress", compression_ratio=1.5), "compression ratio must be in"),
+    (lambda: from_kvpress("DecodingPress", base_press="KnormPress", target_size=0), "target_size must be at least 1"),
+    (lambda: from_kvpress("SnapKVPress", compression_ratio=1.5), r"compression_ratio must be in \[0, 1\)"),
 ])
 def test_presses_without_a_counterpart_are_refused_in_one_line(call, words):
     with pytest.raises(KvvizError, match=words):

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from kvviz.errors import KvvizError
+from kvviz.numbers import number
 
 if TYPE_CHECKING:  # imported when a command runs: the CLI answers --help and refusals without loading torch
     from kvviz.session import Session
@@ -27,6 +28,21 @@ def non_negative(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
     return value
+
+
+def ratio(text: str) -> float:
+    """An argparse type: kvpress' compression ratio, a number in [0, 1) (NaN and infinities refused)."""
+    try:
+        return number(text, "a compression ratio", 0, 1, below=True)
+    except KvvizError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def some_text(text: str) -> str:
+    """An argparse type: text that is not empty (an empty calibration text would silently be the built-in one)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty; give some text or leave the flag out")
+    return text
 
 
 def add_chat_arguments(parser: argparse.ArgumentParser) -> None:

@@ -7,9 +7,11 @@ import argparse
 import json
 import math
 
-from kvviz.cli.common import add_chat_arguments, positive
+from kvviz.cli.common import add_chat_arguments, positive, ratio
 from kvviz.cli.whatif import _budget
 from kvviz.errors import KvvizError
+from kvviz.numbers import press_budgets
+from kvviz.scheme_names import run_family
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                         help="a policy parameter (a press's: kvpress' argument names, e.g. window_size=64)")
     parser.add_argument("--budget", default=None, type=_budget, help="slots kept (e.g. 64) or a fraction (e.g. 0.5)")
-    parser.add_argument("--ratio", default=None, type=float,
+    parser.add_argument("--ratio", default=None, type=ratio,
                         help="kvpress' compression ratio instead of a budget: the fraction removed, int(n·(1 − R)) kept")
     parser.add_argument("--mode", choices=("prefill", "decode", "both", "after_steps"), default=None,
                         help="when to compress (default: prefill for a kvpress press, else decode)")
@@ -99,13 +101,13 @@ def run(args: argparse.Namespace) -> None:
     if args.policy is None and args.kivi_bits is None and args.scheme is None:
         raise KvvizError("give --policy (with --budget), --kivi-bits or --scheme, or a policy with one of them")
     if args.scheme is not None:
-        from kvviz.schemes import run_cache
-
-        run_cache(args.scheme, args.q_group_size, args.residual, args.axis)  # refused before the model loads
+        run_family(args.scheme)  # the flags are refused before torch loads
         if args.scheme.startswith("kivi") and args.kivi_bits is not None:
             raise KvvizError("give --scheme kivi-N or --kivi-bits, not both")
     if args.blame_step is not None and args.policy is None:
         raise KvvizError("--blame-step needs a policy: blame puts evicted slots back")
+    if _press(args):
+        press_budgets(_params(args.param), f"kvpress' {_press(args)}")
     from kvviz.model import load_model
     from kvviz.policies.user import available
     from kvviz.runs.blame import blame

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from kvviz.cli.common import add_chat_arguments, replay_chat
+from kvviz.cli.common import add_chat_arguments, replay_chat, some_text
 from kvviz.errors import KvvizError
+from kvviz.scheme_names import check_names
 
 COLUMNS = ("scheme", "kl", "tv", "top1", "bytes", "delta_o", "weight_term", "content_term", "saturated")
 
@@ -17,15 +18,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a scheme (repeatable): fp16, int{8,4,3,2}-token, int{8,4,3,2}-channel, kivi-{4,2}, "
                              "fp8-{e4m3,e5m2}-{head,tensor}[-static], fp8-{e4m3,e5m2}-unit, mix{B}-{uniform,keyerror}, "
                              "quanto-{4,2}; int and fp8 take +prerope, +hadamard, +outliersK")
-    parser.add_argument("--calibration", default=None, metavar="TEXT",
+    parser.add_argument("--calibration", default=None, type=some_text, metavar="TEXT",
                         help="the text static FP8 schemes calibrate their scales on (default: a built-in paragraph)")
     parser.add_argument("--at", type=int, default=None, help="slot whose step is re-run (default: the newest)")
 
 
 def run(args: argparse.Namespace) -> None:
+    check_names(args.scheme)  # refused before torch loads
     from kvviz.schemes import schemes
 
-    chosen = schemes(args.scheme)  # refused before the model loads
+    chosen = schemes(args.scheme)
     session = replay_chat(args)
     from kvviz.whatif.schemes import compare_schemes
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from kvviz.cli.common import non_negative, positive
+from kvviz.cli.common import non_negative, positive, ratio
 from kvviz.cli.whatif import _budget
 from kvviz.errors import KvvizError
 
@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", action="append", required=True, help="a policy (repeatable): a built-in, one from KVVIZ_POLICIES, or a kvpress press as kvpress:NAME")
     parser.add_argument("--budget", action="append", default=[], type=_budget,
                         help="slots kept or a fraction of the prompt (repeatable)")
-    parser.add_argument("--ratio", action="append", default=[], type=float,
+    parser.add_argument("--ratio", action="append", default=[], type=ratio,
                         help="kvpress' compression ratio, the fraction removed, as a budget (repeatable; "
                              "int(n·(1 − R)) kept, as kvpress rounds)")
     parser.add_argument("--scheme", action="append", default=[], metavar="NAME",
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> None:
 
     from kvviz.policies.base import Ratio
 
-    budgets = (*args.budget, *(Ratio(ratio) for ratio in args.ratio))
+    budgets = (*args.budget, *(Ratio(value) for value in args.ratio))
     if not budgets:
         raise KvvizError("give at least one --budget or --ratio")
     spec = SweepSpec(args.prompts, tuple(args.policy), budgets, args.mode, args.every, args.max_new_tokens,

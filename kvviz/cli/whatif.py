@@ -7,8 +7,9 @@ import json
 
 from typing import TYPE_CHECKING
 
-from kvviz.cli.common import add_chat_arguments, replay_chat
+from kvviz.cli.common import add_chat_arguments, replay_chat, some_text
 from kvviz.errors import KvvizError
+from kvviz.scheme_names import scheme_family
 
 if TYPE_CHECKING:  # imported when the command runs (see kvviz/cli/common.py)
     from kvviz.edits import Edit
@@ -69,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scheme", default=None, metavar="NAME",
                         help="store the slots before --at as a named scheme does (int4-token, kivi-2, fp8-e4m3-head, "
                              "quanto-4, …: see quant-compare), instead of the bit and axis flags")
-    parser.add_argument("--calibration", default=None, metavar="TEXT",
+    parser.add_argument("--calibration", default=None, type=some_text, metavar="TEXT",
                         help="the text a static FP8 scheme (fp8-e4m3-head-static, …) calibrates its scales on "
                              "(default: a built-in paragraph)")
     parser.add_argument("--window", type=int, default=0, help="most recent slots kept at full precision")
@@ -159,6 +160,8 @@ def build_edit(args: argparse.Namespace, session: Session, at: int) -> Edit:
 
 
 def run(args: argparse.Namespace) -> None:
+    if args.scheme is not None:
+        scheme_family(args.scheme)  # refused before torch loads and the chat runs
     from kvviz.whatif import what_if
 
     session = replay_chat(args)

@@ -17,6 +17,7 @@ import torch
 
 from kvviz.edits import Edit
 from kvviz.errors import KvvizError
+from kvviz.numbers import number
 from kvviz.policies.candidates import Candidates, received_attention  # noqa: F401 (kvviz.policies.base's names)
 from kvviz.policies.decision import Decision
 from kvviz.session import Session
@@ -229,6 +230,4 @@ def checked_choices(policy: Policy) -> None:
 def positive(policy: Policy, *names: str) -> None:
     """Refuse parameters ``names`` of ``policy`` that are not positive numbers."""
     for name in names:
-        value = getattr(policy, name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise KvvizError(f"{policy.name}'s {name} must be a positive number, got {value!r}")
+        number(getattr(policy, name), f"{policy.name}'s {name}", 0, above=True)

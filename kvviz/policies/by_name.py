@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from kvviz.errors import KvvizError
+from kvviz.numbers import number
 from kvviz.policies.base import Policy
 
 
@@ -20,6 +21,8 @@ def policy_named(classes: Mapping[str, type[Policy]], name: str, params: Mapping
         if key not in fields:
             raise KvvizError(f"{name} has no parameter {key!r}; its parameters: {', '.join(fields) or 'none'}")
         values[key] = _parsed(name, key, value, fields[key].default) if isinstance(value, str) else value
+        if isinstance(values[key], (int, float)) and not isinstance(values[key], bool):  # finite in float32, not NaN
+            values[key] = number(values[key], f"{name}'s {key}", integer=isinstance(values[key], int))
     try:
         return cls(**values)
     except KvvizError:
@@ -36,10 +39,13 @@ def _parsed(name: str, key: str, text: str, default: object) -> object:
         return text.lower() in ("true", "1", "yes")
     kinds = [type(default)] if isinstance(default, (int, float, str)) else [int, float, str]
     for kind in kinds:
+        if kind is str:
+            return text
         try:
-            return kind(text)
+            kind(text)
         except ValueError:
             continue
+        return number(text, f"{name}'s {key}", integer=kind is int)  # NaN, inf and 1e39 refused here
     kind = {"int": "an integer", "float": "a number", "str": "text"}[kinds[0].__name__]
     raise KvvizError(f"{name}'s {key} must be {kind}, got {text!r}")
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from kvviz.errors import KvvizError
+from kvviz.numbers import number
 from kvviz.policies.base import Candidates, TopkTies
 
 
@@ -37,6 +38,7 @@ class ExpectedAttention(TopkTies):
             if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "future" else 0):
                 raise KvvizError(f"expected_attention's {name} must be a {'positive' if name == 'future' else 'non-negative'} "
                                  f"integer, got {value!r}")
+        number(self.epsilon, "expected_attention's epsilon", 0)  # kvpress adds it to scores that are ≥ 0
 
     def score(self, candidates: Candidates) -> torch.Tensor:
         from kvviz.runs.rerotate import Rotary  # RoPE's frequencies (a plain-RoPE model only)

@@ -19,6 +19,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from kvviz.errors import KvvizError
+from kvviz.numbers import press_budgets
 from kvviz.policies.base import Policy, Ratio
 from kvviz.policies.by_name import policy_named
 
@@ -96,8 +97,10 @@ def from_kvpress(press: str | type, /, classes: Mapping[str, type[Policy]] | Non
 
     name = press if isinstance(press, str) else getattr(press, "__name__", type(press).__name__)
     arguments = dict(arguments)
+    budgets = press_budgets(arguments, name)  # compression_ratio, compression_interval, target_size: numbers
+    arguments.update(budgets)
     ratio = arguments.pop("compression_ratio", None)
-    ratio = None if ratio is None else Ratio(float(ratio))
+    ratio = None if ratio is None else Ratio(ratio)
     if not isinstance(press, str) and name not in (*PRESSES, *WRAPPERS) and callable(getattr(press, "score", None)):
         from kvviz.policies.kvpress_code import KvpressScorer  # a press in kvpress' shape: its own score runs
 
@@ -141,9 +144,7 @@ def _decoding(classes: Mapping[str, type[Policy]] | None, ratio: Ratio | None, a
     settings = {**DECODING, **{k: arguments.pop(k) for k in list(arguments) if k in DECODING}}
     if ratio is not None:
         raise KvvizError("kvpress' DecodingPress compresses to target_size, not by a compression ratio")
-    every, target = (int(settings[k]) for k in ("compression_interval", "target_size"))
-    if every < 1 or target < 1:
-        raise KvvizError("DecodingPress' compression_interval and target_size must be positive")
+    every, target = (settings[k] for k in ("compression_interval", "target_size"))  # checked by press_budgets
     inner = inner if isinstance(inner, str) else type(inner).__name__
     if inner not in SCORE_ONLY:
         raise KvvizError(f"kvviz reproduces kvpress' DecodingPress over {' and '.join(SCORE_ONLY)} only: after a "

@@ -1,0 +1,67 @@
+"""The grammar of quantization scheme names (:mod:`kvviz.schemes` says what each one stores): which names exist, and
+the one-line refusal of any other. Imports nothing heavy, so the command line refuses a bad ``--scheme`` before it
+loads torch or runs a chat."""
+
+from __future__ import annotations
+
+import re
+
+from kvviz.errors import KvvizError
+
+PATTERNS = {
+    "fp16": re.compile(r"fp16"),
+    "int": re.compile(r"int(8|4|3|2)-(token|channel)"),
+    "kivi": re.compile(r"kivi-(4|2)"),
+    "fp8": re.compile(r"fp8-(e4m3|e5m2)-(head|tensor)"),
+    "fp8static": re.compile(r"fp8-(e4m3|e5m2)-(head|tensor)-static|fp8-(e4m3|e5m2)-unit"),
+    "quanto": re.compile(r"quanto-(4|2)"),
+    "hqq": re.compile(r"hqq-(8|4|3|2)"),
+    "mix": re.compile(r"mix([2-8](?:\.[0-9]+)?)-(uniform|keyerror)"),
+}
+SUFFIX = re.compile(r"hadamard|outliers([1-9][0-9]?)|prerope")
+EXAMPLES = ("fp16", "int4-token", "int2-channel", "kivi-2", "fp8-e4m3-head", "fp8-e5m2-tensor", "fp8-e4m3-head-static",
+            "fp8-e4m3-unit", "mix3-keyerror", "quanto-4")
+MIX_WIDTHS = (2, 8)  # the widths a mix scheme's allocation chooses from: its average lies between them
+
+
+def check_names(names: list[str]) -> None:
+    """Refuse an empty list of scheme names, a repeat, or any name :func:`scheme_family` refuses."""
+    if not names:
+        raise KvvizError(f"give at least one scheme, e.g. {', '.join(EXAMPLES[1:4])}")
+    if len(set(names)) != len(names):
+        raise KvvizError("a scheme is named twice")
+    for name in names:
+        scheme_family(name)
+
+
+RUN_FAMILIES = ("fp16", "kivi", "quanto", "hqq")  # caches a policy run holds as it goes; the others are what-ifs
+
+
+def run_family(name: str) -> str:
+    """The family of scheme ``name`` if a policy run can hold it as its cache (:data:`RUN_FAMILIES`); one line
+    otherwise."""
+    family = scheme_family(name)
+    if family not in RUN_FAMILIES:
+        raise KvvizError(f"a policy run's cache takes fp16, kivi-N, quanto-N or hqq-N; {name} is for what-ifs "
+                         "(whatif --scheme, quant-compare)")
+    return family
+
+
+def scheme_family(name: str) -> str:
+    """The family of scheme ``name`` (a key of :data:`PATTERNS`); any other name is refused in one line."""
+    if not isinstance(name, str):
+        raise KvvizError(f"a scheme is named by text, got {name!r}")
+    base, *suffixes = name.split("+")
+    family = next((kind for kind, pattern in PATTERNS.items() if pattern.fullmatch(base)), None)
+    if family is None:
+        raise KvvizError(f"unknown quantization scheme {name!r}; schemes look like {', '.join(EXAMPLES)}, "
+                         "int4-token+hadamard, int2-token+outliers4, int2-channel+prerope")
+    kinds = [s if s in ("prerope", "hadamard") else "outliers" for s in suffixes]
+    if suffixes and (not all(SUFFIX.fullmatch(s) for s in suffixes) or family not in ("int", "fp8")
+                     or len(set(kinds)) != len(kinds) or {"hadamard", "outliers"} <= set(kinds)):
+        raise KvvizError(f"{name!r}: an int or fp8 scheme takes +hadamard or +outliersK (K channels kept "
+                         "exact), and +prerope (keys rounded before RoPE), e.g. int2-channel+prerope+outliers4")
+    if family == "mix" and not MIX_WIDTHS[0] <= float(PATTERNS["mix"].fullmatch(base).group(1)) <= MIX_WIDTHS[1]:
+        raise KvvizError(f"{name!r}: a mix scheme's average width must be from {MIX_WIDTHS[0]} to {MIX_WIDTHS[1]} "
+                         "bits, e.g. mix3-keyerror")
+    return family
