@@ -66,12 +66,14 @@ def browser_page(url: str, width: int = 1500, height: int = 1400, args: tuple[st
     (and dismisses) any dialog."""
     from playwright.sync_api import expect, sync_playwright
 
-    # a loaded machine (CI beside other jobs) can take longer than expect's 5 s default for one rerun: a wait for a
-    # condition, not a timing check (none of the checks asserts how fast)
-    expect.set_options(timeout=60_000)
+    # a loaded machine (CI beside other jobs) can take longer than expect's 5 s and an action's 30 s defaults for one
+    # rerun (a click waits for its element to appear): these are bounds on a wait for the page's state, not timing
+    # checks (none asserts how fast); one test run beside another took a click past 30 s
+    expect.set_options(timeout=180_000)
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=[*CHROMIUM_ARGS, *args])
         page = browser.new_page(viewport={"width": width, "height": height})
+        page.set_default_timeout(180_000)
         page.dialogs = []
         page.on("dialog", lambda dialog: (page.dialogs.append(dialog.message), dialog.dismiss()))
         page.goto(url)
