@@ -27,6 +27,13 @@ def page():
         yield page
 
 
+def upload(page, path: Path) -> None:
+    """Put ``path`` in the sidebar's session uploader once the page shows one (during a rerun the old and the new
+    sidebar can both be on the page)."""
+    expect(page.locator(SESSION_UPLOAD)).to_have_count(1)
+    page.locator(SESSION_UPLOAD).set_input_files(str(path))
+
+
 def load_it(page) -> None:
     """Press *Load it* once the upload's rerun is over (a click during it can be lost on a busy machine)."""
     page.get_by_role("button", name="Load it").wait_for(timeout=60_000)
@@ -44,9 +51,9 @@ def test_send_click_chip_and_numbers_change(page):
     page.keyboard.press("Enter")
     page.wait_for_selector(".kv-chip", timeout=180_000)
     page.wait_for_function("document.querySelectorAll('[data-testid=stMetric]').length >= 5", timeout=180_000)
-    page.wait_for_timeout(1500)
+    expect(page.locator("[data-testid=stMetric]", has_text="KL(full")
+           .locator("[data-testid=stMetricValue]")).to_have_text("0")  # nothing edited yet: the page's state
     before = kl_text(page)
-    assert before == "0"
     chips = page.locator(".kv-chip")
     target = chips.nth(chips.count() // 2)
     target.scroll_into_view_if_needed()
@@ -100,14 +107,13 @@ def test_hostile_model_output_is_shown_literally(page, lm, tmp_path):
     session.set_announced(len(session.produced) - 1)
     path = tmp_path / "hostile.json"
     path.write_text(json.dumps(export_session(session, EditDraft())))
-    page.locator(SESSION_UPLOAD).set_input_files(str(path))
+    upload(page, path)
     load_it(page)
     page.wait_for_function(
         "[...document.querySelectorAll('[data-testid=stChatMessage]')].some(m => m.innerText.includes('Show me some'))",
         timeout=180_000)
-    page.wait_for_timeout(1500)
-    replies = page.locator("[data-testid=stChatMessage]").all_inner_texts()
-    assert any(PAYLOAD in text for text in replies)
+    page.wait_for_function("text => [...document.querySelectorAll('[data-testid=stChatMessage]')]"
+                           ".some(m => m.innerText.includes(text))", arg=PAYLOAD)  # the reply, as text
     assert page.locator("img[src=x]").count() == 0
     assert page.locator("[data-testid=stChatMessage] strong, [data-testid=stChatMessage] .katex").count() == 0
     assert page.dialogs == []
@@ -120,7 +126,7 @@ def test_a_refused_import_with_markdown_fetches_nothing(page, tmp_path):
     path = tmp_path / "markdown.json"
     path.write_text(json.dumps({"format": "kvviz-session", "version": 1, "turns": [
         {"user": "hi", "prefill_ids": [1], "reply_ids": ["![x](http://example.com/x.png)"], "shown": 0}]}))
-    page.locator(SESSION_UPLOAD).set_input_files(str(path))
+    upload(page, path)
     load_it(page)
     warning = page.locator("[data-testid=stAlert]", has_text="cannot import this session")
     expect(warning).to_have_count(1, timeout=60_000)
@@ -161,7 +167,7 @@ def test_an_oversized_or_hostile_upload_is_refused_in_one_line_and_changes_nothi
     else:
         path.write_text(json.dumps({"format": "kvviz-session", "version": 1, "turns": [
             {"user": "hi", "prefill_ids": [1, 2, 3], "reply_ids": [5] * 100_000, "shown": 0}]}))
-    page.locator(SESSION_UPLOAD).set_input_files(str(path))
+    upload(page, path)
     if kind == "50 MB":
         uploader = page.locator("[data-testid=stSidebarUserContent] [data-testid=stFileUploader]")
         expect(uploader).to_contain_text("File must be 16.0MB or smaller", timeout=30_000)
