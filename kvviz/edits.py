@@ -11,8 +11,8 @@ from functools import cached_property
 
 import torch
 
-from kvviz.edit_parts import (Eviction, Merge, Pruning, check_parts, flags, from_json, optional, reshaped, slots_of,
-                              to_json)
+from kvviz.edit_parts import (Eviction, Merge, Pruning, check_parts, flags, from_json, index_table, optional, reshaped,
+                              slots_of, to_json)
 from kvviz.errors import KvvizError
 from kvviz.quant import Quantizer, check_bits
 from kvviz.slot_widths import blocks, check_head_shape, check_head_widths, quantize_slots, width_groups
@@ -188,9 +188,10 @@ class Edit:
             in_layer, in_head, in_slots = (flags(layers, eviction.layers, device), flags(kv_heads, eviction.heads, device),
                                            flags(n, [s for s in eviction.slots if s < n], device))
             mask |= in_layer[:, None, None] & in_head[None, :, None] & in_slots[None, None, :]
-        for merge in self.merges:  # a merged slot leaves the layer and KV head it was merged in
-            if merge.source < n and merge.layer < layers and merge.head < kv_heads:
-                mask[merge.layer, merge.head, merge.source] = True
+        merged = [(m.layer, m.head, m.source) for m in self.merges  # a merged slot leaves its layer and KV head
+                  if m.source < n and m.layer < layers and m.head < kv_heads]
+        if merged:  # one index_put for all of them (a file may hold many)
+            mask[index_table(merged, 3).to(device).unbind(1)] = True
         return mask
 
     def resolved(self, at: int) -> Edit:

@@ -1,18 +1,30 @@
 """What a session file may hold, checked in full before anything is replayed or saved.
 
 A JSON Schema (checked with ``jsonschema``) built for the loaded model: types, token ids within the vocabulary,
-layers / KV heads / query heads that exist, slots and totals within the context window, finite numbers, no unknown
-fields (the edits themselves are then parsed by :meth:`Edit.from_dict`, still before anything is replayed). A refusal names the field (``$.turns[0].reply_ids[3]``) and what is wrong with it.
-Parsing refuses text over :data:`MAX_BYTES` and nesting Python's parser cannot follow before the schema runs.
+layers / KV heads / query heads that exist, slots and totals within the context window, finite numbers (merge
+weights and static FP8 scales within ranges float32 holds), no unknown fields (the edits themselves are then parsed by
+:meth:`Edit.from_dict`, still before anything is replayed). A refusal names the field (``$.turns[0].reply_ids[3]``)
+and what is wrong with it.
+
+Parsing refuses text over :data:`MAX_BYTES` and nesting Python's parser cannot follow before the schema runs. The
+work is bounded too: before the schema, one walk over the containers refuses more than :data:`MAX_VALUES` values,
+:data:`MAX_OBJECTS` objects, :data:`MAX_COMMITS` commits or :data:`MAX_MERGES` merges; and lists of numbers (slots,
+token ids, merge rows) and bit tables are checked column by column with builtins (``kvvizFast``) — jsonschema itself
+(~6 µs a number) looks only at one they do not accept, and says what it would have said anyway. A 14 MB file of
+737,280 merges took 27 s of CPU in the schema before it was accepted; it is now refused by its count.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
+from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 from jsonschema import Draft202012Validator
+from jsonschema.validators import extend
 
 from kvviz.errors import KvvizError
 from kvviz.geometry import Geometry
@@ -20,6 +32,20 @@ from kvviz.geometry import Geometry
 FORMAT, VERSION = "kvviz-session", 1
 MAX_BYTES = 16 * 2**20  # the app's upload limit (.streamlit/config.toml: server.maxUploadSize)
 MAX_TEXT = 2**20  # characters of one user message
+# What a file may hold in all, counted before the schema looks at it, and what each costs. A value is one list entry
+# or object field (their checks and Edit.from_dict take ~0.1-0.3 µs each); jsonschema walks each object
+# (~15 µs); Edit.from_dict builds a Merge per merge (~2 µs) and the replay checks each at every commit.
+MAX_VALUES = 2**20  # 1,048,576: e.g. 64 commits each quantizing all 8,192 slots (16,384 entries each)
+MAX_OBJECTS = 2**14  # 16,384 JSON objects: turns, commits, edits, their evictions and prunings
+MAX_COMMITS = 256  # each a click on "Commit"; the replay checks and applies each (Edit.validate: 5-40 ms at 8k slots)
+MAX_MERGES = 2**17  # 131,072 merges in all edits: "Merge the evicted slots" makes one per (layer, KV head) a slot is
+#                     evicted in: 1,456 slots evicted everywhere in SmolLM2-135M (a sixth of its 8k context); a merge
+#                     per (layer, KV head, slot) of the whole context would be 737,280
+MAX_MERGE_WEIGHT = 1e6  # = kvviz.edit_parts.MAX_MERGE_WEIGHT (Merge's own bound; not imported: this module stays free
+#                         of torch, so the command line refuses a file before torch's 2 s import; a test checks both)
+STATIC_SCALES = (2.0**-126, 1e30)  # float32's smallest normal (the calibration's floor) to 1e30: scale × the FP8
+#                                    format's largest value stays finite in float32
+ROPE_MAX = 1e6  # RoPE frequencies are the model's own (≤ 1); a larger bound only keeps float32 angles finite
 
 
 def _refuse(message: str) -> KvvizError:
@@ -53,7 +79,82 @@ def _integer(low: int, high: int) -> dict:
 
 def _list(items: dict, most: int) -> dict:
     # maxItems before items: a huge list is refused before its items are looked at
-    return {"type": "array", "maxItems": most, "items": items}
+    return _fast({"type": "array", "maxItems": most, "items": items})
+
+
+def _fast(schema: dict) -> dict:
+    """``schema``, checked first by :func:`_all_valid`'s loops where its shape allows (lists of numbers, rows of them,
+    bit tables); jsonschema looks at an instance only where they do not accept it, and says what it would have said."""
+    return {"kvvizFast": schema} if _plain(schema) else schema
+
+
+_NUMBER_KEYS = {"type", "minimum", "maximum", "exclusiveMinimum", "description"}
+
+
+def _plain(schema: dict) -> bool:
+    """Whether :func:`_all_valid` can check instances of ``schema``: numbers within bounds, arrays / objects of them."""
+    kind, keys = schema.get("type"), set(schema)
+    if kind in ("integer", "number"):
+        return keys <= _NUMBER_KEYS
+    if kind == "array":
+        parts = [*schema.get("prefixItems", []), *([schema["items"]] if "items" in schema else [])]
+        return keys <= {"type", "minItems", "maxItems", "prefixItems", "items"} and all(map(_plain, parts))
+    if kind == "object":
+        return keys == {"type", "maxProperties", "propertyNames", "additionalProperties"} \
+            and set(schema["propertyNames"]) == {"pattern"} and _plain(schema["additionalProperties"])
+    return False
+
+
+def _all_valid(schema: dict, values: list) -> bool:
+    """Whether every one of ``values`` is valid under ``schema`` (a :func:`_plain` one), column by column: one pass of
+    builtins over a column of numbers rather than jsonschema's ~6 µs per number. The same rules as jsonschema's
+    Draft 2020-12 (an integer may be a float with an integral value; bool is no number), so False means that
+    jsonschema finds a problem."""
+    kind = schema["type"]
+    if kind in ("integer", "number"):
+        types = set(map(type, values))
+        if not types <= {int, float}:
+            return False
+        if float in types:
+            floats = [v for v in values if type(v) is float]
+            if any(map(math.isnan, floats)) or kind == "integer" and not all(map(float.is_integer, floats)):
+                return False  # NaN: jsonschema lets it pass any bounds
+        return not values or _within(schema, min(values)) and _within(schema, max(values))  # they decide
+    if kind == "array":
+        if not set(map(type, values)) <= {list}:
+            return False
+        lengths = set(map(len, values))
+        if lengths and not schema.get("minItems", 0) <= min(lengths) <= max(lengths) <= schema.get("maxItems", 2**63):
+            return False
+        prefix = schema.get("prefixItems", [])
+        for index, item in enumerate(prefix):
+            column = list(map(itemgetter(index), values)) if min(lengths, default=0) > index else \
+                [row[index] for row in values if len(row) > index]
+            if not _all_valid(item, column):
+                return False
+        rest = [v for row in values for v in row[len(prefix):]] if prefix else [v for row in values for v in row]
+        return "items" not in schema or _all_valid(schema["items"], rest)
+    if not set(map(type, values)) <= {dict} or any(len(table) > schema["maxProperties"] for table in values):
+        return False
+    search = re.compile(schema["propertyNames"]["pattern"]).search  # what jsonschema's "pattern" does
+    names = [name for table in values for name in table]
+    return set(map(type, names)) <= {str} and all(map(search, names)) \
+        and _all_valid(schema["additionalProperties"], [v for table in values for v in table.values()])
+
+
+def _within(schema: dict, value: int | float) -> bool:
+    return ("minimum" not in schema or value >= schema["minimum"]) \
+        and ("maximum" not in schema or value <= schema["maximum"]) \
+        and ("exclusiveMinimum" not in schema or value > schema["exclusiveMinimum"])
+
+
+def _fast_keyword(validator, schema: dict, instance: Any, _parent: dict):
+    """The ``kvvizFast`` keyword: ``schema`` for jsonschema, after :func:`_all_valid` did not accept ``instance``."""
+    if not _all_valid(schema, [instance]):
+        yield from validator.descend(instance, schema)
+
+
+_Validator = extend(Draft202012Validator, {"kvvizFast": _fast_keyword})
 
 
 def _object(properties: dict, required: tuple[str, ...] = ()) -> dict:
@@ -65,17 +166,24 @@ def schema(lm: Geometry) -> dict:
     window, vocab = lm.context_window, lm.vocab
     slot, token = _integer(0, window - 1), _integer(0, vocab - 1)
     number = {"type": "number"}
+    scale = {"type": "number", "minimum": STATIC_SCALES[0], "maximum": STATIC_SCALES[1],
+             "description": f"a static FP8 scale is in [2^-126, {STATIC_SCALES[1]:g}]: float32 must hold it and "
+                            "its product with the format's largest value"}
+    weight = {"type": "number", "minimum": 0, "maximum": MAX_MERGE_WEIGHT,
+              "description": f"a merge weight is in [0, {MAX_MERGE_WEIGHT:g}]: the merged values must stay finite "
+                             "in float32"}
     optional_ints = lambda high: {"anyOf": [{"type": "null"}, _list(_integer(0, high - 1), high)]}  # noqa: E731
     quantizer = _object({"axis": {"enum": ["channel", "token", "head", "tensor"]}, "format": {"enum": ["int", "e4m3", "e5m2"]},
                          "group_size": {"anyOf": [{"type": "null"}, _integer(1, lm.head_dim)]},
                          "symmetric": {"type": "boolean"}, "rotation": {"enum": ["none", "hadamard"]},
                          "outliers": _integer(0, lm.head_dim - 1),
                          "block": {"anyOf": [{"type": "null"}, _integer(1, 1 << 20)]},
-                         "scales": {"anyOf": [{"type": "null"}, _list(_list({"type": "number", "exclusiveMinimum": 0},
-                                                                             lm.kv_heads), lm.layers)]},
-                         "rope": {"anyOf": [{"type": "null"}, _list({"type": "number"}, lm.head_dim // 2)]}}, ("axis",))
-    bits = {"type": "object", "maxProperties": window, "propertyNames": {"pattern": "^(0|[1-9][0-9]{0,5})$"},
-            "additionalProperties": _integer(2, 16)}  # which widths exist: Edit.from_dict, before the replay
+                         "scales": {"anyOf": [{"type": "null"}, _list(_list(scale, lm.kv_heads), lm.layers)]},
+                         "rope": {"anyOf": [{"type": "null"}, _list({"type": "number", "exclusiveMinimum": 0,
+                                                                     "maximum": ROPE_MAX}, lm.head_dim // 2)]}},
+                        ("axis",))
+    bits = _fast({"type": "object", "maxProperties": window, "propertyNames": {"pattern": "^(0|[1-9][0-9]{0,5})$"},
+                  "additionalProperties": _integer(2, 16)})  # which widths exist: Edit.from_dict, before the replay
     edit = _object({
         "evict": _list(_object({"slots": _list(slot, window), "layers": optional_ints(lm.layers),
                                 "heads": optional_ints(lm.kv_heads)}, ("slots",)), 4 * window),
@@ -86,7 +194,7 @@ def schema(lm: Geometry) -> dict:
                                 "channels": _list(_integer(0, lm.head_dim - 1), lm.head_dim), "slots": _list(slot, window)},
                                ("layer", "head", "channels", "slots")), lm.layers * lm.kv_heads * 4),
         "merge": _list({"type": "array", "prefixItems": [_integer(0, lm.layers - 1), _integer(0, lm.kv_heads - 1), slot, slot,
-                                                          {"type": "number", "minimum": 0}, _integer(0, window)],
+                                                          weight, _integer(0, window)],
                         "minItems": 5, "maxItems": 6}, lm.layers * lm.kv_heads * window),
         "merge_rule": {"enum": ["average", "add"]}})
     turn = _object({"user": {"type": "string", "maxLength": MAX_TEXT}, "prefill_ids": _list(token, window),
@@ -118,7 +226,8 @@ def validate(lm: Geometry, document: Any) -> None:
         raise _refuse("it is not a kvviz session file")
     if document.get("version") != VERSION or isinstance(document.get("version"), bool):
         raise _refuse(f"format version {_short(document.get('version'))} is not {VERSION}")
-    problem = next(Draft202012Validator(schema(lm)).iter_errors(document), None)
+    _check_counts(document)  # before the schema: what its walk (and the replay) would take is bounded first
+    problem = next(_Validator(schema(lm)).iter_errors(document), None)
     if problem is not None:
         while problem.context:  # "not valid under any of the given schemas": say what the closest one wanted
             problem = _closest(problem.context)
@@ -141,6 +250,42 @@ def validate(lm: Geometry, document: Any) -> None:
             raise _refuse(f"$.sampling.{name}: {value} is not a finite number")
 
 
+def _check_counts(document: dict) -> None:
+    """Refuse a document holding more than :data:`MAX_VALUES` values, :data:`MAX_OBJECTS` objects, :data:`MAX_COMMITS`
+    commits or :data:`MAX_MERGES` merges. One walk over its containers, each counted by its length before its entries
+    are looked at: the walk stops within the limits, however the file is built (no schema has looked at it yet)."""
+    commits = document.get("commits")
+    if type(commits) is list and len(commits) > MAX_COMMITS:
+        raise _refuse(f"it holds {len(commits):,} commits, more than the limit of {MAX_COMMITS:,}")
+    values = objects = merges = 0
+    too_many = _refuse(f"it holds more than {MAX_VALUES:,} values (list entries and object fields), the limit of a "
+                       "session file")
+    pending = [document]
+    while pending:
+        node = pending.pop()
+        values += len(node)
+        if values > MAX_VALUES:
+            raise too_many
+        if type(node) is dict:
+            objects += 1
+            if objects > MAX_OBJECTS:
+                raise _refuse(f"it holds more than {MAX_OBJECTS:,} objects, the limit of a session file")
+            rows = node.get("merge")
+            merges += len(rows) if type(rows) is list else 0
+            if merges > MAX_MERGES:
+                raise _refuse(f"its edits hold more than {MAX_MERGES:,} merges, the limit of a session file")
+            node = node.values()
+        elif set(map(type, node)) == {list}:  # rows (merges): counted at once when they hold only numbers
+            inner = sum(map(len, node))
+            if values + inner > MAX_VALUES:
+                raise too_many  # their entries are values wherever they are
+            if not {list, dict} & set(map(type, chain.from_iterable(node))):
+                values += inner
+                continue
+        if {list, dict} & set(map(type, node)):  # (a list of numbers, or a bit table, ends here)
+            pending.extend(child for child in node if type(child) is list or type(child) is dict)
+
+
 def _closest(errors: list) -> Any:
     """Of the errors of an ``anyOf``'s branches, the one that says most: past a type check, deepest, last."""
     past_type = [e for e in errors if e.validator != "type"] or list(errors)
@@ -158,7 +303,9 @@ def _reason(error) -> str:
         return f"longer than the limit of {error.validator_value:,}"
     if error.validator == "additionalProperties":
         return _short("has a field kvviz does not know (" + error.message.split("(")[-1])
-    return error.message if len(error.message) <= 160 else f"{_short(error.instance)} is not allowed here"
+    message = error.message if len(error.message) <= 160 else f"{_short(error.instance)} is not allowed here"
+    why = error.schema.get("description") if isinstance(error.schema, dict) else None
+    return f"{message} ({why})" if why and error.validator in ("minimum", "maximum") else message
 
 
 def token_count(document: dict) -> int:
