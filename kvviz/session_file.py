@@ -7,7 +7,7 @@ they were made — so the restored session computes what the original computed.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from kvviz.draft import EditDraft
@@ -101,4 +101,17 @@ def _raw(session: Session, turn: int) -> bool:
 
 def _apply_due(session: Session, commits: list[tuple[int, Edit]]) -> None:
     while commits and commits[0][0] == len(session):
-        session.commit(commits.pop(0)[1])  # cumulative edits: committing the recorded one reproduces it
+        session.commit(_added(commits.pop(0)[1], session.commits.current))
+
+
+def _added(recorded: Edit, current: Edit) -> Edit:
+    """What a recorded commit adds to the edit in force: each commit is stored cumulative (every earlier commit's
+    evictions, prunings and merges, then its own), and committing it whole on top of ``current`` would apply the
+    earlier merges a second time — a value folded in twice, a file that grows at every save and load. Bit-widths and
+    quantizers are the recorded ones (they replace, so repeating them changes nothing)."""
+    parts = {}
+    for name in ("evictions", "prunings", "merges"):
+        mine, earlier = getattr(recorded, name), getattr(current, name)
+        _require(mine[:len(earlier)] == earlier, f"a committed edit does not extend the one before it ({name})")
+        parts[name] = mine[len(earlier):]
+    return replace(recorded, **parts)

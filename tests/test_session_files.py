@@ -174,3 +174,27 @@ def test_a_draft_from_a_policy_with_text_and_flag_settings_saves_and_loads(lm):
         _, restored, _ = read_session(lm, json.dumps(export_session(session, draft)))
         assert restored.policy_name == policy.name and restored.policy_settings == policy.settings()
         assert restored.edit().to_dict() == draft.edit().to_dict()
+
+
+def test_a_merge_commit_under_a_later_commit_survives_export_and_import_once(lm):
+    """Commits are stored cumulative; the import commits what each one adds. Committing the recorded edit whole put
+    the first commit's merges in a second time (values folded twice: logits off by ~2e-4) and grew the file at every
+    save and load. Export → import → export must give the same commits and the same logits, bit for bit."""
+    from kvviz.policies.reshaping import merge_evicted
+
+    session = Session(lm)
+    session.add_user_turn("My dog is called Rex and my cat is called Tom. What is my dog called?")
+    at = len(session) - 1
+    session.commit(merge_evicted(session, Edit.evict(range(10, 16), layers=range(0, 30, 5)), at))
+    session.generate(2)
+    session.commit(Edit.evict([20, 21]))
+    session.generate(2)
+    text = json.dumps(export_session(session))
+    restored, _, _ = read_session(lm, text)
+    assert restored.commits.stack == session.commits.stack  # the same cumulative edits, merges once
+    assert bool((restored.logits == session.logits).all())
+    assert json.dumps(export_session(restored)) == text  # a second save and load changes nothing
+    document = json.loads(text)
+    document["commits"][1]["edit"]["merge"] = document["commits"][1]["edit"]["merge"][1:]  # not the one before + more
+    with pytest.raises(KvvizError, match="does not extend the one before it"):
+        read_session(lm, json.dumps(document))
