@@ -184,10 +184,17 @@ class Edit:
 
     def _evicted_mask(self, n: int, layers: int, kv_heads: int, device: torch.device | None) -> torch.Tensor:
         mask = torch.zeros(layers, kv_heads, n, dtype=torch.bool, device=device)
+        scopes: dict[tuple, list[int]] = {}  # evictions of one scope share their slots (a file may hold thousands)
         for eviction in self.evictions:
-            in_layer, in_head, in_slots = (flags(layers, eviction.layers, device), flags(kv_heads, eviction.heads, device),
-                                           flags(n, [s for s in eviction.slots if s < n], device))
-            mask |= in_layer[:, None, None] & in_head[None, :, None] & in_slots[None, None, :]
+            scopes.setdefault((eviction.layers, eviction.heads), []).extend(eviction.slots)
+        if scopes:  # per (layer, KV head): the slots of every scope that holds it, one index_put each
+            in_scope = torch.stack([flags(layers, scope_layers, None)[:, None] & flags(kv_heads, scope_heads, None)
+                                    for scope_layers, scope_heads in scopes])  # (G, L, KV)
+            group = torch.repeat_interleave(torch.arange(len(scopes)), torch.tensor([len(s) for s in scopes.values()]))
+            slot = torch.tensor([s for slots in scopes.values() for s in slots], dtype=torch.long)  # (M,)
+            group, slot = group[slot < n], slot[slot < n]
+            for layer, head in in_scope.any(0).nonzero().tolist():
+                mask[layer, head, slot[in_scope[group, layer, head]].to(device)] = True
         merged = [(m.layer, m.head, m.source) for m in self.merges  # a merged slot leaves its layer and KV head
                   if m.source < n and m.layer < layers and m.head < kv_heads]
         if merged:  # one index_put for all of them (a file may hold many)
