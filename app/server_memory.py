@@ -1,13 +1,17 @@
 """One memory budget for every browser session on this server, and releasing the sessions nobody is using.
 
 Each page run reports its kvviz session here (a weak reference: this registry keeps nothing alive) with the bytes it
-holds (:meth:`kvviz.session.Session.nbytes`: cache, recorded queries, kept what-if runs, view memos). Before a page
+holds (:meth:`kvviz.session.Session.nbytes`: cache, recorded queries, kept what-if runs, view memos) and those of
+the results the page keeps beside it (``app.state.KEPT``: a policy run, a comparison, … — a kept policy run holds a
+compressed session per turn and the full run's logits, ~2x the conversation's own session). Before a page
 adds tokens it asks for room: derived data of other sessions goes first (it is recomputed on demand), then whole
-sessions, least recently used first — their state is autosaved, so releasing frees their tensors and the page
-restores them by replay when its person comes back. A session that is running, or whose autosave is held (a refused
-restore, another tab's save), is never released. If even that is not enough, the turn is refused with one line.
+sessions, least recently used first — their state is autosaved, so releasing frees their tensors (and drops the
+results the page kept) and the page restores them by replay when its person comes back. A session that is running, or
+whose autosave is held (a refused restore, another tab's save), is never released. If even that is not enough, the
+turn is refused with one line.
 Sessions whose browser is gone (Streamlit dropped the connection) or idle for ``KVVIZ_IDLE_MINUTES`` (15) are
-released by the housekeeping thread.
+released by the housekeeping thread. A page stays "seen connected" across the sessions it shows (a restore replaces
+its session): a page that restored and closed within the sweep's 5 s was otherwise kept until the idle limit.
 
 Budget: ``KVVIZ_SERVER_MEMORY_MB``, default half of the machine's memory (of the GPU's, on CUDA) at start.
 """
@@ -21,13 +25,25 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from streamlit import runtime
+from streamlit.runtime.app_session import AppSession
+from streamlit.runtime.scriptrunner import get_script_run_ctx
+
 from kvviz.errors import KvvizError
+from kvviz.memo import held_bytes
 from kvviz.model import LoadedModel
 from kvviz.session import Session
 
 # a slot costs its K/V and query (LoadedModel.bytes_per_slot) plus spare room and the kept what-if runs: measured
 # 1.7-2.4x of bytes_per_slot in all (40 to 1,000 slots, after one what-if)
 HEADROOM = 2.5
+# how deep the page's kept results are walked for tensors: a kept policy run's tensors lie 9 levels down (the run, its
+# turns, a turn, its compressed session, its session, its cache, the layers, a layer, its keys)
+KEPT_DEPTH = 16
+
+# What a page keeps beside its session, asked at the end of each of its runs (in the page's thread): the bytes, and a
+# function that drops it (None where it cannot be dropped from outside the page's run)
+Kept = Callable[[], tuple[int, Callable[[], None] | None]]
 
 
 @dataclass
@@ -37,12 +53,15 @@ class Entry:
     last_seen: float
     runs: int  # runs of the page under way (the page's and its fragment's)
     releasable: bool  # its autosave holds its current state
-    connected: bool = False  # seen connected by a sweep: only then can its browser be gone
+    connected: bool = False  # the page was seen connected by a sweep: only then can its browser be gone
+    kept: int = 0  # bytes of the results the page keeps beside its session (counted in ``bytes``)
+    drop_kept: Callable[[], None] | None = None  # drops them; None where they cannot be dropped
 
 
 class ServerMemory:
-    def __init__(self, budget: int, idle_seconds: float):
-        self.budget, self.idle_seconds = budget, idle_seconds
+    def __init__(self, budget: int, idle_seconds: float, kept: Kept | None = None):
+        """``kept``: what the page whose run ends keeps beside its session (see :func:`page_kept`); None: nothing."""
+        self.budget, self.idle_seconds, self.kept = budget, idle_seconds, kept
         self._entries: dict[str, Entry] = {}
         self._lock = threading.Lock()
         self.released = 0  # sessions released so far (for the load script and the page)
@@ -58,13 +77,14 @@ class ServerMemory:
             return session.released is not None
 
     def finished(self, page: str, session: Session, releasable: bool) -> None:
-        """A run ended: note what the session holds now, and whether its autosave holds it (only then may it be
-        released); if the run took more than it asked for (a what-if's kept runs), other sessions make up for it
-        as in :meth:`make_room`."""
+        """A run ended: note what the session and the page's kept results hold now, and whether its autosave holds
+        it (only then may it be released); if the run took more than it asked for (a what-if's kept runs, a policy
+        run's result), other sessions make up for it as in :meth:`make_room`."""
         held = session.nbytes()
+        kept, drop = self.kept() if self.kept is not None else (0, None)
         with self._lock:
             entry = self._entry(page, session, runs=1)
-            entry.runs, entry.bytes = max(entry.runs - 1, 0), held
+            entry.runs, entry.bytes, entry.kept, entry.drop_kept = max(entry.runs - 1, 0), held + kept, kept, drop
             entry.last_seen, entry.releasable = time.monotonic(), releasable
             self._free(page, 0)
 
@@ -106,14 +126,14 @@ class ServerMemory:
         with self._lock:
             for page, entry in list(self._entries.items()):
                 session = entry.session()
-                if session is None or session.released:
+                if session is None:  # the page dropped it (Streamlit dropped the page, or it shows another session)
                     del self._entries[page]
                     continue
                 connected = is_connected(page)
                 gone = entry.connected and connected is False
                 idle = now - entry.last_seen > self.idle_seconds
                 entry.connected |= bool(connected)
-                if (gone or idle) and self._idle(entry):
+                if (gone or idle) and self._idle(entry) and not session.released:
                     self._release(entry, "its browser closed" if gone else
                                   f"it was idle for more than {self.idle_seconds / 60:g} minutes")
                     count += 1
@@ -124,10 +144,12 @@ class ServerMemory:
         return entry.releasable and entry.runs == 0 and entry.session() is not None
 
     def _entry(self, page: str, session: Session, runs: int) -> Entry:
-        """The entry of ``page`` for ``session``; a new one (with ``runs`` under way) for a page or session not seen."""
+        """The entry of ``page`` for ``session``; a new one (with ``runs`` under way) for a page or session not seen.
+        A page seen connected stays so when it shows another session (a restore, a new conversation)."""
         entry = self._entries.get(page)
         if entry is None or entry.session() is not session:
-            entry = self._entries[page] = Entry(weakref.ref(session), 0, 0.0, runs, False)
+            connected = entry is not None and entry.connected
+            entry = self._entries[page] = Entry(weakref.ref(session), 0, 0.0, runs, False, connected)
         return entry
 
     def _total(self) -> int:
@@ -141,10 +163,14 @@ class ServerMemory:
             entry.bytes = max(entry.bytes - freed, 0)
 
     def _release(self, entry: Entry, why: str) -> None:
+        """Free the session's tensors and drop the page's kept results (they stay counted where they cannot be)."""
         session = entry.session()
         if session is not None and not session.released:
             session.release(why)
-            entry.bytes = 0
+            if entry.drop_kept is not None:
+                entry.drop_kept()
+                entry.kept, entry.drop_kept = 0, None
+            entry.bytes = entry.kept
             self.released += 1
 
 
@@ -155,5 +181,37 @@ def default_budget(lm: LoadedModel) -> int:
     return lm.memory_capacity() // 2
 
 
+def page_kept(lm: LoadedModel) -> Kept:
+    """:data:`Kept` for the Streamlit page whose run is ending: the results of ``app.state.KEPT`` in its session
+    state, walked for tensors and arrays (the shared model's are not counted), and a function that drops them from
+    the page's state (holding it weakly: a page Streamlit dropped is not kept alive by it). Where no Streamlit server
+    runs (AppTest's stand-in), they are counted and cannot be dropped."""
+    from app.state import KEPT  # app.state imports this module
+
+    shared = {id(lm), id(lm.model)} | {t.untyped_storage().data_ptr()
+                                       for t in (*lm.model.parameters(), *lm.model.buffers())}
+
+    def kept() -> tuple[int, Callable[[], None] | None]:
+        context = get_script_run_ctx(suppress_warning=True)
+        if context is None:
+            return 0, None
+        state = context.session_state.filtered_state  # a copy, read without the script's yield point
+        held = held_bytes([state[key] for key in KEPT if key in state], set(shared), KEPT_DEPTH)
+        app = runtime.get_instance().get_app_session(context.session_id) if runtime.exists() else None
+        if not held or not isinstance(app, AppSession):
+            return held, None
+        page = weakref.ref(app)
+
+        def drop() -> None:
+            app = page()
+            if app is not None:
+                state = app.session_state
+                for key in KEPT:
+                    if key in state:
+                        del state[key]
+        return held, drop
+    return kept
+
+
 def create(lm: LoadedModel) -> ServerMemory:
-    return ServerMemory(default_budget(lm), float(os.environ.get("KVVIZ_IDLE_MINUTES", "15")) * 60)
+    return ServerMemory(default_budget(lm), float(os.environ.get("KVVIZ_IDLE_MINUTES", "15")) * 60, page_kept(lm))

@@ -6,12 +6,18 @@ server's RSS is followed while Streamlit drops the disconnected sessions (after 
 ``server.disconnectedSessionTTL``; 120 by default, shortened here so the run is short) and kvviz's idle collector
 runs (every ``--gc`` seconds, ``KVVIZ_GC_SECONDS``). Finally N new sessions are opened again, to see whether they
 reuse the memory. Prints RSS over time (MB) and a summary. Loopback only.
+
+With a budget (``--budget-mb`` or ``--budget-sessions``) each page also sends a message and is visited again, and the
+run reports the figures of docs/serving.md: RSS above idle at its peak and ``--wait`` s after every page closed (also
+as anonymous memory, leaving out the model's mapped weights), and the health endpoint's latency. The server runs with
+``MALLOC_ARENA_MAX`` as ``scripts/app.sh`` sets it (``--arena-max``). ``--limit`` stops a run that hangs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -25,12 +31,13 @@ from kvviz.session_file import export_session
 from benchmarks.browser import CHROMIUM, CHROMIUM_ARGS, SESSION_UPLOAD, app_process
 
 
-def rss_mb(pid: int) -> float:
-    """Resident memory of process ``pid`` in MB (from /proc)."""
+def rss_mb(pid: int, kind: str = "VmRSS") -> float:
+    """Resident memory of process ``pid`` in MB (from /proc): all of it, or ``kind`` ``RssAnon`` (the heap: what
+    sessions hold) or ``RssFile`` (mapped files: the model's safetensors, paged in by its first forward pass)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{kind}:"):
             return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for process {pid}")
+    raise RuntimeError(f"no {kind} for process {pid}")
 
 
 def session_file(tokens: int, folder: Path, chat: bool = False) -> Path:
@@ -114,6 +121,10 @@ def per_session_bytes(path: Path, clicks: int) -> int:
     return session.nbytes()
 
 
+def over_limit(signum, frame) -> None:
+    raise TimeoutError("the load run took longer than --limit")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.sessions_load", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, default=6)
@@ -125,14 +136,23 @@ def main() -> None:
     parser.add_argument("--budget-sessions", type=float, default=0, metavar="K",
                         help="set KVVIZ_SERVER_MEMORY_MB to K sessions' worth; each page also sends a message, whose "
                              "reply must equal the library's, and every page is visited again at the end")
+    parser.add_argument("--budget-mb", type=float, default=0, metavar="MB",
+                        help="as --budget-sessions, with KVVIZ_SERVER_MEMORY_MB=MB")
+    parser.add_argument("--arena-max", type=int, default=2,
+                        help="the server's MALLOC_ARENA_MAX, as scripts/app.sh sets it (0: glibc's default)")
+    parser.add_argument("--limit", type=int, default=3600, help="stop the whole run after this many seconds")
     args = parser.parse_args()
-    if args.budget_sessions:
+    signal.signal(signal.SIGALRM, over_limit)
+    signal.alarm(args.limit)  # the run stops by itself: the exception closes the browsers and stops the server
+    if args.budget_sessions or args.budget_mb:
         return budgeted(args)
     from playwright.sync_api import sync_playwright
 
     folder = Path(tempfile.mkdtemp(prefix="kvviz-load-"))
     path = session_file(args.tokens, folder)
     env = {"KVVIZ_SESSIONS": str(folder / "sessions"), "KVVIZ_GC_SECONDS": str(args.gc)}
+    if args.arena_max:
+        env["MALLOC_ARENA_MAX"] = str(args.arena_max)
     samples: list[tuple[float, str, float]] = []
     with app_process(env, args=("--server.disconnectedSessionTTL", str(args.ttl))) as (url, server), \
             sync_playwright() as playwright:
@@ -169,35 +189,134 @@ def main() -> None:
           f"{args.sessions} new sessions {again:.0f} MB ({again - peak:+.0f} MB vs the first {args.sessions})")
 
 
+class Monitor:
+    """A thread sampling the server's RSS and the latency of its health endpoint (``/_stcore/health``, answered by
+    the server's event loop: it waits while a page's run holds the loop) every ``period`` s."""
+
+    def __init__(self, url: str, pid: int, period: float = 0.5):
+        import threading
+
+        self.url, self.pid, self.period = url, pid, period
+        self.rss: list[tuple[float, float, float]] = []  # (time, MB, of which anonymous MB)
+        self.health: list[float] = []  # seconds, one per request (a request that failed counts its timeout)
+        self.failed = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import urllib.request
+
+        while not self._stop.is_set():
+            self.rss.append((time.monotonic(), rss_mb(self.pid), rss_mb(self.pid, "RssAnon")))
+            start = time.monotonic()
+            try:
+                urllib.request.urlopen(f"{self.url}/_stcore/health", timeout=30).read()
+            except OSError:
+                self.failed += 1
+            self.health.append(time.monotonic() - start)
+            self._stop.wait(self.period)
+
+    def peak(self, since: float = 0.0) -> tuple[float, float]:
+        """The highest RSS sampled since ``since`` and the highest anonymous RSS (MB)."""
+        samples = [sample for sample in self.rss if sample[0] >= since]
+        return max(mb for _, mb, _ in samples), max(anon for _, _, anon in samples)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
 def budgeted(args: argparse.Namespace) -> None:
-    """N pages under a budget of K sessions' worth: replies equal the library's, released pages restore when
-    visited again (same reply, same cache length), RSS stays bounded."""
+    """N pages under a budget (``--budget-mb``, or K sessions' worth): replies equal the library's, released pages
+    restore when visited again (same reply, same cache length), and the server's RSS: idle (the model loaded, read
+    by one page's first reply — its weights are a mapped file, resident from the first forward pass on — and that
+    page closed), its peak above idle, and ``--wait`` s after every browser closed (the shipped config: Streamlit
+    keeps a closed page's state ``server.disconnectedSessionTTL``, 120 s), each also as anonymous memory (the heap),
+    with the health endpoint's latency throughout."""
     from playwright.sync_api import sync_playwright
 
     folder = Path(tempfile.mkdtemp(prefix="kvviz-load-"))
     path, message = session_file(args.tokens, folder, chat=True), "Say one more sentence about this."
     expected = expected_reply(path, message)
-    budget_mb = args.budget_sessions * per_session_bytes(path, args.clicks) / 2**20
+    if args.budget_mb:
+        budget_mb = args.budget_mb
+        print(f"budget {budget_mb:.0f} MB ({budget_mb * 2**20 / per_session_bytes(path, args.clicks):.1f} sessions' "
+              f"worth as Session.nbytes counts them); expected reply {expected[:60]!r}")
+    else:
+        budget_mb = args.budget_sessions * per_session_bytes(path, args.clicks) / 2**20
+        print(f"budget {budget_mb:.0f} MB ({args.budget_sessions:g} sessions' worth); expected reply {expected[:60]!r}")
     env = {"KVVIZ_SESSIONS": str(folder / "sessions"), "KVVIZ_SERVER_MEMORY_MB": f"{budget_mb:.0f}"}
-    print(f"budget {budget_mb:.0f} MB ({args.budget_sessions:g} sessions' worth); expected reply {expected[:60]!r}")
+    if args.arena_max:
+        env["MALLOC_ARENA_MAX"] = str(args.arena_max)
+    print(f"MALLOC_ARENA_MAX {args.arena_max or 'unset'}", flush=True)
     with app_process(env) as (url, server), sync_playwright() as playwright:
+        monitor = Monitor(url, server.pid)
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        contexts = []
+        first = browser.new_context()
+        page = first.new_page()
+        page.goto(url)
+        page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=300_000)
+        cold = rss_mb(server.pid)
+        page.fill("[data-testid=stChatInputTextArea]", "Hi")  # a first reply reads every weight of the model
+        page.keyboard.press("Enter")
+        page.wait_for_function("document.querySelectorAll('[data-testid=stChatMessage]').length >= 2",
+                               timeout=300_000)
+        settled(page)
+        first.close()
+        time.sleep(20)  # a sweep (5 s) sees it gone, the collector waits 3 s without runs
+        idle, idle_anon = rss_mb(server.pid), rss_mb(server.pid, "RssAnon")
+        start = time.monotonic()
+        print(f"idle: {idle:.0f} MB, {idle_anon:.0f} MB of it anonymous (the model loaded and read by a first "
+              f"reply, its page closed; {cold:.0f} MB before that reply)", flush=True)
+        contexts, equal, refused = [], 0, 0
         for index in range(args.sessions):
+            began = time.monotonic()
             contexts.append(open_session(browser, url, path, args.clicks, message))
             shown = reply_shown(contexts[-1].kvviz_page)
-            print(f"page {index + 1}: RSS {rss_mb(server.pid):.0f} MB, reply equal: {shown == expected}"
+            equal += shown == expected
+            refused += contexts[-1].kvviz_page.get_by_text("memory budget").count() > 0
+            print(f"page {index + 1}: {time.monotonic() - began:.0f} s, RSS {rss_mb(server.pid) - idle:+.0f} MB above "
+                  f"idle (peak during its runs {monitor.peak(began)[0] - idle:+.0f}), reply equal: {shown == expected}"
                   + ("" if shown == expected else f" (shown {shown[:80]!r})"), flush=True)
+        restored_count = 0
         for index, context in enumerate(contexts):
-            page = context.kvviz_page
+            began, page = time.monotonic(), context.kvviz_page
             page.locator(".kv-chip").nth(30).click()  # a run: a released page restores itself first
             settled(page)
             restored = page.get_by_text("set aside to free the server").count() > 0
+            restored_count += restored
             header = page.get_by_text("Cache:").first.inner_text()
-            print(f"page {index + 1} again: restored {restored}, {header}, reply equal: "
-                  f"{reply_shown(page) == expected}, RSS {rss_mb(server.pid):.0f} MB", flush=True)
-        print(f"RSS at the end {rss_mb(server.pid):.0f} MB for a budget of {budget_mb:.0f} MB")
+            print(f"page {index + 1} again: {time.monotonic() - began:.0f} s, restored {restored}, {header}, "
+                  f"reply equal: {reply_shown(page) == expected}, RSS {rss_mb(server.pid) - idle:+.0f} MB above idle",
+                  flush=True)
+        peak, peak_anon = monitor.peak(start)
+        under_load = list(monitor.health)
+        for context in contexts:
+            context.close()
+        closed = time.monotonic()
+        while time.monotonic() - closed < args.wait:
+            time.sleep(min(5, args.wait - (time.monotonic() - closed)))
+            print(f"{time.monotonic() - closed:5.1f} s after closing: RSS {rss_mb(server.pid) - idle:+.0f} MB above "
+                  "idle", flush=True)
+        after, after_anon = rss_mb(server.pid), rss_mb(server.pid, "RssAnon")
+        monitor.stop()
         browser.close()
+    health = monitor.health
+    print(f"\n{args.sessions} sessions ({args.tokens} tokens, {args.clicks} clicks and a message each), budget "
+          f"{budget_mb:.0f} MB: {equal} replies equal the library's, {refused} page(s) showed a budget refusal, "
+          f"{restored_count} restored when visited again\n"
+          f"RSS idle {idle:.0f} MB · peak {peak:.0f} MB ({peak - idle:+.0f} MB above idle; anonymous "
+          f"{peak_anon - idle_anon:+.0f}) · {args.wait} s after every page closed {after:.0f} MB "
+          f"({after - idle:+.0f} MB above idle; anonymous {after_anon - idle_anon:+.0f})\n"
+          f"health endpoint: {len(health)} requests, p50 {percentile(health, 0.5) * 1000:.0f} ms, "
+          f"p99 {percentile(health, 0.99) * 1000:.0f} ms, max {max(health) * 1000:.0f} ms "
+          f"(under load: max {max(under_load) * 1000:.0f} ms), {monitor.failed} failed")
 
 
 if __name__ == "__main__":

@@ -168,3 +168,117 @@ def test_autosave_writes_are_revisioned_private_and_refuse_another_tabs_revision
         autosave.write(path, '{"a": 3}', 1)  # this page last saw revision 1; another tab wrote 2
     assert path.read_text() == '{"revision": 2, "a": 2}' and (path.stat().st_mode & 0o777) == 0o600
     assert (path.parent.stat().st_mode & 0o777) == 0o700 and not list(path.parent.glob(".*.tmp"))
+
+
+def test_a_page_seen_connected_stays_so_when_it_shows_another_session(lm):
+    """A page released to make room restores itself into a new session object; closed within the next sweep's 5 s,
+    it was released only at the idle limit (15 min: +400 MB on the load run 30 s after every page closed)."""
+    memory = ServerMemory(budget=10**12, idle_seconds=3600)
+    first = chat(lm, "Set aside.")
+    memory.finished("page", first, releasable=True)
+    assert memory.sweep(lambda _: True) == 0  # the page is seen connected
+    memory.budget = 0
+    with pytest.raises(KvvizError):
+        memory.make_room("other", 10, lm.bytes_per_slot)  # releases the page's session, and still refuses
+    assert first.released
+    memory.budget = 10**12
+    assert memory.sweep(lambda _: True) == 0  # its released session's entry is no reason to forget the page
+    restored = chat(lm, "Set aside.")  # the page's next run restores it
+    assert not memory.started("page", restored, True)
+    memory.finished("page", restored, releasable=True)
+    assert memory.sweep(lambda _: False) == 1 and restored.released == "its browser closed"
+
+
+class Kept:
+    """What a page keeps beside its session (a stand-in for the page's state under app.state.KEPT)."""
+
+    def __init__(self, nbytes: int):
+        self.values = {"policy_run": torch.zeros(nbytes // 4)}
+        self.dropped = 0
+
+    def __call__(self):
+        return sum(v.nbytes for v in self.values.values()), self.drop
+
+    def drop(self):
+        self.values.clear()
+        self.dropped += 1
+
+
+def test_the_budget_counts_what_a_page_keeps_and_a_release_drops_it(lm):
+    kept = Kept(8 * 2**20)
+    memory = ServerMemory(budget=10**12, idle_seconds=3600, kept=kept)
+    session = chat(lm, "A policy run's page.")
+    memory.finished("page", session, releasable=True)
+    assert memory.usage() == session.nbytes() + 8 * 2**20
+    memory.budget = memory.usage() + 2**20  # the next turn's room is only there once the kept run goes too
+    memory.make_room("other", 2**21 // lm.bytes_per_slot + 1, lm.bytes_per_slot)
+    assert session.released and kept.dropped == 1 and not kept.values and memory.usage() <= memory.budget
+
+
+def test_kept_results_that_cannot_be_dropped_stay_counted(lm):
+    memory = ServerMemory(budget=10**12, idle_seconds=3600, kept=lambda: (5 * 2**20, None))
+    session = chat(lm, "No server to drop it.")
+    memory.finished("page", session, releasable=True)
+    memory.sweep(lambda _: True)
+    assert memory.sweep(lambda _: False) == 1 and session.released
+    assert memory.usage() == 5 * 2**20
+
+
+def test_page_kept_counts_the_pages_results_not_the_model_and_drops_them_from_its_state(lm, monkeypatch):
+    from types import SimpleNamespace
+    from unittest.mock import MagicMock
+
+    from streamlit.runtime import Runtime
+    from streamlit.runtime.app_session import AppSession, AppSessionState
+    from streamlit.runtime.state import SafeSessionState, SessionState
+
+    from app import server_memory
+    from kvviz.policies.base import Ratio
+    from kvviz.policies.h2o import H2O
+    from kvviz.runs.compressed import RunSettings
+    from kvviz.runs.policy_run import run_policy
+
+    # a run holds a compressed session per turn, whose session holds the (shared) model
+    result = run_policy(lm, ["Hi."], RunSettings(H2O(), Ratio(0.5)), 2)
+    state = SessionState()
+    state["policy_run"], state["layer"] = result, 3
+    page = AppSession.__new__(AppSession)  # only its state is read
+    page._session_state, page._state = state, AppSessionState.SHUTDOWN_REQUESTED  # (its __del__ shuts nothing)
+    real = MagicMock(spec=Runtime)
+    real.get_app_session.side_effect = lambda sid: page if sid == "browser" else None
+    monkeypatch.setattr(Runtime, "_instance", real)
+    context = SimpleNamespace(session_id="browser", session_state=SafeSessionState(state, lambda: None))
+    monkeypatch.setattr(server_memory, "get_script_run_ctx", lambda suppress_warning=False: context)
+    held, drop = server_memory.page_kept(lm)()
+    cache = result.turns[0].forced.session.cache.layers[0]
+    assert held >= result.turns[0].full_logits.nbytes + cache.keys.untyped_storage().nbytes()
+    assert held < sum(p.nbytes for p in lm.model.parameters()) // 4  # the shared model is not the page's
+    drop()
+    assert "policy_run" not in state and state["layer"] == 3
+    monkeypatch.setattr(Runtime, "_instance", MagicMock(spec=Runtime))  # AppTest's stand-in: counted, not dropped
+    state["policy_run"] = result
+    assert server_memory.page_kept(lm)() == (held, None)
+
+
+def test_the_page_reports_its_kept_results_to_the_servers_budget(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVVIZ_SESSIONS", str(tmp_path))
+    page = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=300).run()
+    page.session_state["policy_blame"] = torch.zeros(2**20)  # kept, shown only beside a policy run
+    page.run()
+    memory, session = page.session_state["server_memory"], page.session_state["session"]
+    entry = next(e for e in memory._entries.values() if e.session() is session)
+    assert entry.kept == 4 * 2**20 and entry.bytes == session.nbytes() + 4 * 2**20
+
+
+def test_the_launcher_runs_the_server_with_two_malloc_arenas_unless_told_otherwise():
+    """glibc's 8 arenas per core kept ~90-130 MB of six closed sessions resident after the trim; 2 kept ~20-30 MB
+    (benchmarks/sessions_load.py, docs/serving.md)."""
+    import subprocess
+
+    launcher = (ROOT / "scripts" / "app.sh").read_text()
+    line = next(line for line in launcher.splitlines() if "streamlit run app/main.py" in line)
+    command = line.replace(".venv/bin/streamlit run app/main.py \"$@\"", "printenv MALLOC_ARENA_MAX")
+    for given, expected in ((None, "2"), ("4", "4")):
+        env = {"PATH": "/usr/bin:/bin"} | ({"MALLOC_ARENA_MAX": given} if given else {})
+        shown = subprocess.run(["bash", "-euc", command], env=env, capture_output=True, text=True, check=True)
+        assert shown.stdout.strip() == expected
