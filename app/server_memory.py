@@ -2,7 +2,7 @@
 
 Each page run reports its kvviz session here (a weak reference: this registry keeps nothing alive) with the bytes it
 holds (:meth:`kvviz.session.Session.nbytes`: cache, recorded queries, kept what-if runs, view memos) and those of
-the results the page keeps beside it (``app.state.KEPT``: a policy run, a comparison, … — a kept policy run holds a
+the results the page keeps beside it (``KEPT``: a policy run, a comparison, … — a kept policy run holds a
 compressed session per turn and the full run's logits, ~2x the conversation's own session). Before a page
 adds tokens it asks for room: derived data of other sessions goes first (it is recomputed on demand), then whole
 sessions, least recently used first — their state is autosaved, so releasing frees their tensors (and drops the
@@ -40,6 +40,8 @@ HEADROOM = 2.5
 # how deep the page's kept results are walked for tensors: a kept policy run's tensors lie 9 levels down (the run, its
 # turns, a turn, its compressed session, its session, its cache, the layers, a layer, its keys)
 KEPT_DEPTH = 16
+# the results a page keeps in its session state beside its session: shown until replaced, recomputed, not saved
+KEPT = ("toy", "comparison", "schemes", "policy_run", "policy_blame", "tour")
 
 # What a page keeps beside its session, asked at the end of each of its runs (in the page's thread): the bytes, and a
 # function that drops it (None where it cannot be dropped from outside the page's run)
@@ -182,12 +184,10 @@ def default_budget(lm: LoadedModel) -> int:
 
 
 def page_kept(lm: LoadedModel) -> Kept:
-    """:data:`Kept` for the Streamlit page whose run is ending: the results of ``app.state.KEPT`` in its session
+    """:data:`Kept` for the Streamlit page whose run is ending: the results of ``KEPT`` in its session
     state, walked for tensors and arrays (the shared model's are not counted), and a function that drops them from
     the page's state (holding it weakly: a page Streamlit dropped is not kept alive by it). Where no Streamlit server
     runs (AppTest's stand-in), they are counted and cannot be dropped."""
-    from app.state import KEPT  # app.state imports this module
-
     shared = {id(lm), id(lm.model)} | {t.untyped_storage().data_ptr()
                                        for t in (*lm.model.parameters(), *lm.model.buffers())}
 

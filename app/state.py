@@ -15,7 +15,7 @@ import streamlit as st
 from app import autosave, housekeeping
 from app.plain import plain
 from app.progress import replay_progress
-from app.server_memory import ServerMemory
+from app.server_memory import KEPT, ServerMemory
 from kvviz.draft import EditDraft
 from kvviz.model import LoadedModel, cache_root
 from kvviz.sampling import Sampling
@@ -237,9 +237,6 @@ def choose_model(path: str | None) -> None:
 
 def model_path() -> str | None:
     return st.session_state.get("model_path")
-
-
-KEPT = ("toy", "comparison", "schemes", "policy_run", "policy_blame", "tour")  # shown until replaced; recomputed, not saved
 
 
 def keep(name: str, value) -> None:

@@ -190,7 +190,7 @@ def test_a_page_seen_connected_stays_so_when_it_shows_another_session(lm):
 
 
 class Kept:
-    """What a page keeps beside its session (a stand-in for the page's state under app.state.KEPT)."""
+    """What a page keeps beside its session (a stand-in for the page's state under app.server_memory.KEPT)."""
 
     def __init__(self, nbytes: int):
         self.values = {"policy_run": torch.zeros(nbytes // 4)}
