@@ -16,7 +16,7 @@ from app import autosave, housekeeping
 from app.plain import plain
 from app.progress import replay_progress
 from app.server_memory import KEPT, ServerMemory
-from kvviz.draft import EditDraft
+from kvviz.edit.draft import EditDraft
 from kvviz.model import LoadedModel, cache_root
 from kvviz.sampling import Sampling
 from kvviz.session import Session

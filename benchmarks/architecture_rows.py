@@ -8,7 +8,7 @@ from transformers import AutoTokenizer
 
 from benchmarks.harness import Row, paired_times, row, token_ids
 from kvviz import kv_cache
-from kvviz.edits import Edit
+from kvviz.edit.edit import Edit
 from kvviz.model import LoadedModel, resolve_checkpoint
 from kvviz.session import Session
 from kvviz.whatif import what_if

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from benchmarks.harness import Row, token_ids
-from kvviz.draft import EditDraft
+from kvviz.edit.draft import EditDraft
 from kvviz.session import Session
 from kvviz.session_file import export_session
 from benchmarks.browser import SESSION_UPLOAD, browser_page, running_app

@@ -15,9 +15,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from benchmarks.harness import Row, paired_times, row, token_ids
 from kvviz import kv_cache
-from kvviz.edits import Edit
+from kvviz.edit.edit import Edit
 from kvviz.model import load_model, resolve_checkpoint
-from kvviz.quant import Quantizer
+from kvviz.quant.quantizer import Quantizer
 from kvviz.session import Session
 from kvviz.whatif import what_if
 
@@ -107,13 +107,13 @@ class Bench:
         the session, as after the first click. Cold: the session's memo is cleared before each run, so it runs the
         full and the edited pass (two decode steps by design; its target is twice the warm one's). ``fp8``: the
         quantization is an FP8 e4m3 cache with one scale per KV head, at 8 bits; ``scheme``: a named scheme's
-        quantizers and bit-width (kvviz.schemes), on the whole history."""
+        quantizers and bit-width (kvviz.quant.catalogue), on the whole history."""
         session = self._context(count)
         at = len(session) - 1
         bits, settings = (8, {"keys": Quantizer("head", format="e4m3"), "values": Quantizer("head", format="e4m3")}) \
             if fp8 else (4, {})
         if scheme is not None:
-            from kvviz.schemes import Scheme
+            from kvviz.quant.catalogue import Scheme
 
             shown = Scheme(scheme).edit([at], at)  # one pass before the step: the whole history as the scheme stores it
             bits, settings = max(shown.key_bits.values()), {"keys": shown.keys, "values": shown.values}

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from benchmarks.browser_rows import RUN_OVER
 from benchmarks.harness import token_ids
-from kvviz.draft import EditDraft
+from kvviz.edit.draft import EditDraft
 from kvviz.model import load_model
 from kvviz.session import Session
 from kvviz.session_file import export_session
@@ -111,7 +111,7 @@ def expected_reply(path: Path, message: str) -> str:
 
 def per_session_bytes(path: Path, clicks: int) -> int:
     """What one page's session holds after the import and ``clicks`` what-ifs (as the registry accounts it)."""
-    from kvviz.edits import Edit
+    from kvviz.edit.edit import Edit
     from kvviz.session_file import read_session
     from kvviz.whatif import what_if
 

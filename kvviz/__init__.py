@@ -18,17 +18,36 @@ the formulas: ``docs/math.md``.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what editors and type checkers resolve; at run time each name loads on first use (below)
+    from kvviz.edit.draft import EditDraft
+    from kvviz.edit.edit import Edit, Eviction
+    from kvviz.errors import KvvizError, ModelLoadError
+    from kvviz.figures import (alpha_chart, figures_html, growth, head_grid_chart, head_map_figure, hidden_chart,
+                               overview_figure, row_figure, topk_frame)
+    from kvviz.model import LoadedModel, load_model
+    from kvviz.policies import (H2O, POLICIES, TOVA, AdaKV, Candidates, KeyNorm, Policy, PyramidKV, RandomPolicy,
+                                SnapKV, StreamingLLM)
+    from kvviz.quant.kivi import Kivi
+    from kvviz.quant.quantizer import Quantizer
+    from kvviz.runs import Blame, CompressedSession, PolicyRun, RunSettings, blame, restore, run_policy
+    from kvviz.sampling import Sampling
+    from kvviz.session import Session
+    from kvviz.session_file import export_session, import_session
+    from kvviz.whatif import (CacheBytes, NextToken, PolicyComparison, WhatIf, compare_policies, step_memory,
+                              what_if)
 
 # name -> module; loaded on first use, so ``import kvviz`` (and ``python -m kvviz``) stays light
 _EXPORTS = {
-    "EditDraft": "kvviz.draft", "Edit": "kvviz.edits", "Eviction": "kvviz.edits", "KvvizError": "kvviz.errors",
-    "ModelLoadError": "kvviz.errors", "LoadedModel": "kvviz.model", "load_model": "kvviz.model",
-    "Quantizer": "kvviz.quant", "Sampling": "kvviz.sampling", "Session": "kvviz.session",
+    "EditDraft": "kvviz.edit.draft", "Edit": "kvviz.edit.edit", "Eviction": "kvviz.edit.edit",
+    "KvvizError": "kvviz.errors", "ModelLoadError": "kvviz.errors", "LoadedModel": "kvviz.model",
+    "load_model": "kvviz.model", "Kivi": "kvviz.quant.kivi", "Quantizer": "kvviz.quant.quantizer",
+    "Sampling": "kvviz.sampling", "Session": "kvviz.session",
     "export_session": "kvviz.session_file", "import_session": "kvviz.session_file",
     **dict.fromkeys(["POLICIES", "H2O", "TOVA", "AdaKV", "Candidates", "KeyNorm", "Policy", "PyramidKV",
                      "RandomPolicy", "SnapKV", "StreamingLLM"], "kvviz.policies"),
-    **dict.fromkeys(["Blame", "CompressedSession", "Kivi", "PolicyRun", "RunSettings", "blame", "restore",
+    **dict.fromkeys(["Blame", "CompressedSession", "PolicyRun", "RunSettings", "blame", "restore",
                      "run_policy"], "kvviz.runs"),
     **dict.fromkeys(["CacheBytes", "NextToken", "PolicyComparison", "WhatIf", "compare_policies", "step_memory",
                      "what_if"], "kvviz.whatif"),

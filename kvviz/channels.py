@@ -4,7 +4,7 @@ why keys are quantized per channel (KIVI's figure 1, on the model at hand).
 
 An *outlier channel* is one whose largest magnitude over the slots is at least :data:`OUTLIER_FACTOR` times that of
 the median channel of its KV head. Pre-RoPE keys are the cached (post-RoPE) keys rotated back by their positions
-(RoPE is a rotation: kvviz.runs.rerotate); a model without a plain RoPE has none.
+(RoPE is a rotation: kvviz.rope); a model without a plain RoPE has none.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from kvviz.errors import KvvizError
-from kvviz.quant import Quantizer, fake_quantize
+from kvviz.quant.quantizer import Quantizer, fake_quantize
 from kvviz.session import Session
 
 OUTLIER_FACTOR = 4.0
@@ -62,7 +62,7 @@ def outliers_of(keys: torch.Tensor, factor: float = OUTLIER_FACTOR) -> list[list
 
 def pre_rope_keys(session: Session, layer: int, at: int) -> torch.Tensor | None:
     """The keys of ``layer`` before RoPE ``(KV, at, D)`` float32, or None for a model without a plain RoPE."""
-    from kvviz.runs.rerotate import Rotary
+    from kvviz.rope import Rotary
 
     try:
         rotary = Rotary.for_layer(session.lm, layer)

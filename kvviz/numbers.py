@@ -60,7 +60,7 @@ PRESS_BUDGETS = {  # kvpress' arguments that set a press's budget: (low, high, a
 
 def press_budgets(arguments: dict[str, object], press: str = "the press") -> dict[str, int | float]:
     """kvpress' budget arguments among ``arguments`` (text or numbers), each checked (:data:`PRESS_BUDGETS`): the
-    command line checks them before anything loads, :func:`kvviz.policies.kvpress.from_kvpress` when it builds."""
+    command line checks them before anything loads, :func:`kvviz.policies.kvpress.presses.from_kvpress` when it builds."""
     checked = {}
     for name, (low, high, above, below, integer) in PRESS_BUDGETS.items():
         if name in arguments:

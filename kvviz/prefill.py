@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 
 from kvviz import kv_cache
-from kvviz.commits import CommitLog
+from kvviz.edit.commits import Commits
 from kvviz.model import LoadedModel
 from kvviz.recorder import QueryLog, QueryRecorder, probing
 
@@ -26,7 +26,7 @@ def chunks(count: int, size: int = CHUNK) -> list[range]:
     return [range(start, min(start + size, count)) for start in range(0, count, max(int(size), 1))]
 
 
-def forward(lm: LoadedModel, cache, queries: QueryLog, commits: CommitLog, ids: list[int], position: int,
+def forward(lm: LoadedModel, cache, queries: QueryLog, commits: Commits, ids: list[int], position: int,
             on_layer: Callable[[int, int], None] | None = None, chunk: int = CHUNK) -> torch.Tensor:
     """Append the K/V and recorded queries of ``ids`` (at positions ``position..``) to ``cache`` / ``queries``,
     with the committed edits' evictions hidden; returns the last token's next-token logits ``(V,)`` float32.

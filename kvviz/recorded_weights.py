@@ -8,13 +8,13 @@ import torch
 
 from kvviz.attention_math import kv_head_of
 from kvviz.attention_support import AttentionRule
-from kvviz.commits import CommitLog
+from kvviz.edit.commits import Commits
 from kvviz.errors import KvvizError
 from kvviz.geometry import Geometry
 from kvviz.recorder import QueryLog
 
 
-def recorded_weights(commits: CommitLog, queries: QueryLog, shape: Geometry, rule: AttentionRule, layer: int,
+def recorded_weights(commits: Commits, queries: QueryLog, shape: Geometry, rule: AttentionRule, layer: int,
                      start: int = 0, stop: int | None = None, head: int | None = None) -> torch.Tensor:
     """Attention weights of the slots ``start..stop-1`` as queries: ``(H, stop - start, stop)`` float32, or
     ``(1, stop - start, stop)`` for one query ``head``.

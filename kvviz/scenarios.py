@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from kvviz.attention_math import evicted_mass, renormalized
-from kvviz.draft import EditDraft
+from kvviz.edit.draft import EditDraft
 from kvviz.model import LoadedModel
 from kvviz.session import Session
 

@@ -15,9 +15,9 @@ import torch
 
 from kvviz import kv_cache, prefill
 from kvviz.chat_template import chat_delta, check_unicode
-from kvviz.commits import CommitLog
-from kvviz.edit_check import check_edit
-from kvviz.edits import Edit
+from kvviz.edit.commits import CommitLog, Commits
+from kvviz.edit.check import check_edit
+from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
 from kvviz.memo import Memo, held_bytes
 from kvviz.model import LoadedModel
@@ -58,7 +58,7 @@ class Session:
         self.logits: torch.Tensor | None = None  # (V,) float32 next-token logits that chose ``pending``
         self._announced = 0
         self._generator = self.sampling.generator()
-        self.commits = CommitLog(self.cache, lm.layers, lm.kv_heads)
+        self.commits: Commits = CommitLog(self.cache, lm.layers, lm.kv_heads)
         self.version = 0  # bumped by every change of the cache (views key their caches on it)
         self.memo = Memo()  # derived data (views, the what-if's full runs), dropped when ``version`` moves
         self.released: str | None = None  # why :meth:`release` freed this session's tensors, once it has

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any
 
-from kvviz.draft import EditDraft
-from kvviz.edits import Edit
+from kvviz.edit.draft import EditDraft
+from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
 from kvviz.model import LoadedModel
 from kvviz.sampling import Sampling

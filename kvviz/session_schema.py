@@ -41,7 +41,7 @@ MAX_COMMITS = 256  # each a click on "Commit"; the replay checks and applies eac
 MAX_MERGES = 2**17  # 131,072 merges in all edits: "Merge the evicted slots" makes one per (layer, KV head) a slot is
 #                     evicted in: 1,456 slots evicted everywhere in SmolLM2-135M (a sixth of its 8k context); a merge
 #                     per (layer, KV head, slot) of the whole context would be 737,280
-MAX_MERGE_WEIGHT = 1e6  # = kvviz.edit_parts.MAX_MERGE_WEIGHT (Merge's own bound; not imported: this module stays free
+MAX_MERGE_WEIGHT = 1e6  # = kvviz.edit.parts.MAX_MERGE_WEIGHT (Merge's own bound; not imported: this module stays free
 #                         of torch, so the command line refuses a file before torch's 2 s import; a test checks both)
 STATIC_SCALES = (2.0**-126, 1e30)  # float32's smallest normal (the calibration's floor) to 1e30: scale × the FP8
 #                                    format's largest value stays finite in float32

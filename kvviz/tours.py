@@ -10,10 +10,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvviz.draft import EditDraft
+from kvviz.edit.draft import EditDraft
 from kvviz.errors import KvvizError
 from kvviz.model import LoadedModel
-from kvviz.quant import Quantizer
+from kvviz.quant.quantizer import Quantizer
 from kvviz.scenarios import find_slots, toy_example
 from kvviz.session import Session
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kvviz.draft import EditDraft
+from kvviz.edit.draft import EditDraft
 from kvviz.errors import KvvizError
-from kvviz.edits import Edit
+from kvviz.edit.edit import Edit
 from kvviz.session import Session
 from kvviz.transcript import SEGMENTS
 

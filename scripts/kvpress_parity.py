@@ -174,10 +174,10 @@ def reshape_compare(data: str, pressed: str) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import torch
 
-    from kvviz.edits import Edit
+    from kvviz.edit.edit import Edit
     from kvviz.model import load_model
     from kvviz.policies.base import Ratio
-    from kvviz.policies.kvpress import from_kvpress
+    from kvviz.policies.kvpress.presses import from_kvpress
     from kvviz.policies.reshaping import merge_evicted, think
     from kvviz.session import Session
     from kvviz.whatif import what_if
@@ -256,7 +256,7 @@ def decoding_compare(data: str, pressed: str) -> None:
     import torch
 
     from kvviz.model import load_model
-    from kvviz.policies.kvpress import from_kvpress
+    from kvviz.policies.kvpress.presses import from_kvpress
     from kvviz.runs.compressed import CompressedSession, RunSettings
 
     lm = load_model()
@@ -284,14 +284,14 @@ def decoding_compare(data: str, pressed: str) -> None:
 
 
 def compare(data: str, pressed: str, only: str = "") -> None:
-    """kvviz's venv: each case (of the press ``only``, if given) through :func:`kvviz.policies.kvpress.from_kvpress`
+    """kvviz's venv: each case (of the press ``only``, if given) through :func:`kvviz.policies.kvpress.presses.from_kvpress`
     in prefill mode, against kvpress."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import torch
 
     from kvviz.model import load_model
     from kvviz.policies.base import Ratio
-    from kvviz.policies.kvpress import from_kvpress
+    from kvviz.policies.kvpress.presses import from_kvpress
     from kvviz.runs.compressed import CompressedSession, RunSettings
 
     lm = load_model()
@@ -320,7 +320,7 @@ def compare(data: str, pressed: str, only: str = "") -> None:
 def own_code(data: str, pressed: str, package: str) -> None:
     """kvviz's venv: kvpress' own press modules (from the kvpress ``package`` folder of the other venv, loaded
     without kvpress' ``__init__``, which patches transformers' attention) run through
-    :mod:`kvviz.policies.kvpress_code`, against kvpress' kept sets."""
+    :mod:`kvviz.policies.kvpress.score_code`, against kvpress' kept sets."""
     import importlib
     import types
 
@@ -330,7 +330,7 @@ def own_code(data: str, pressed: str, package: str) -> None:
         module.__path__ = [str(path)]
         sys.modules[name] = module
     from kvviz.model import load_model
-    from kvviz.policies.kvpress import from_kvpress
+    from kvviz.policies.kvpress.presses import from_kvpress
     from kvviz.runs.compressed import CompressedSession, RunSettings
 
     modules = {"SnapKVPress": "snapkv_press", "KnormPress": "knorm_press", "KeyDiffPress": "keydiff_press",

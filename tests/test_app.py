@@ -209,7 +209,7 @@ def test_a_bad_user_policy_module_is_one_line_and_the_built_ins_still_run(monkey
 
 
 def test_committed_edits_stay_on_the_strip_and_the_commit_list_undoes_them():
-    from kvviz.draft import EditDraft
+    from kvviz.edit.draft import EditDraft
     from kvviz.view_data import strip_chips
 
     app = start()
@@ -297,7 +297,7 @@ def test_each_demo_shows_what_it_claims_on_the_bundled_model(lm, name):
 
 
 def test_the_end_of_turn_that_closed_a_reply_is_marked_cached_late(lm):
-    from kvviz.draft import EditDraft
+    from kvviz.edit.draft import EditDraft
     from kvviz.session import Session
     from kvviz.view_data import strip_chips
 
@@ -313,7 +313,7 @@ def test_the_end_of_turn_that_closed_a_reply_is_marked_cached_late(lm):
 
 
 def test_kept_edits_are_saved_with_the_session_and_make_the_standalone_page():
-    from kvviz.standalone_page import Prepared, page_data, standalone_html
+    from kvviz.figures.standalone_page import Prepared, page_data, standalone_html
 
     app = start()
     app.chat_input[0].set_value("Name two colours.").run()

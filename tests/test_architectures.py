@@ -9,7 +9,7 @@ import transformers
 from transformers import AutoTokenizer
 
 from app.views.whatif import CHARTS
-from kvviz.edits import Edit
+from kvviz.edit.edit import Edit
 from kvviz.errors import ModelLoadError
 from kvviz.model import load_model, resolve_checkpoint
 from kvviz.policies import POLICIES

@@ -1,4 +1,4 @@
-"""Mixed precision across layers and KV heads (``Edit.head_widths``, kvviz.bit_allocation, schemes ``mix{B}-{rule}``)
+"""Mixed precision across layers and KV heads (``Edit.head_widths``, kvviz.quant.allocation, schemes ``mix{B}-{rule}``)
 on the bundled model: a uniform allocation is the plain scheme of that width (the same logits and bytes), a mixed one
 equals a cache holding the test's own K/V quantized head by head, its bytes a plain loop over the pairs, and the
 ``keyerror`` rule a reference loop written here.
@@ -17,16 +17,16 @@ import pytest
 import torch
 
 from kvviz import kv_cache
-from kvviz.bit_allocation import WIDTHS, allocate, key_errors
+from kvviz.quant.allocation import WIDTHS, allocate, key_errors
 from kvviz.cli import main
-from kvviz.edits import Edit
+from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
-from kvviz.quant import Quantizer, fake_quantize, packed_bytes
-from kvviz.schemes import Scheme, schemes
+from kvviz.quant.quantizer import Quantizer, fake_quantize, packed_bytes
+from kvviz.quant.catalogue import Scheme, schemes
 from kvviz.session import Session
 from kvviz.session_file import export_session, import_session
 from kvviz.whatif import what_if
-from kvviz.whatif.schemes import compare_schemes, scheme_edits
+from kvviz.whatif.compare_schemes import compare_schemes, scheme_edits
 from tests.conftest import assert_what_if_is_the_stored_cache
 
 PROMPT = "My dog is called Rex and my cat is called Whiskers. The cat sleeps on the red sofa. What is my dog called?"
@@ -72,7 +72,8 @@ def test_a_mixed_what_if_equals_a_cache_quantized_head_by_head(lm, chat):
 
 def test_the_keyerror_rule_is_a_greedy_climb_of_the_worst_keys(lm, chat):
     at, average = len(chat) - 1, 2.6
-    errors = key_errors(chat, at, Quantizer("channel"))
+    keys = [chat.commits.step_kv(layer, at)[0] for layer in range(lm.layers)]  # (KV, at, D)
+    errors = key_errors(keys, Quantizer("channel"))
     widths = [[WIDTHS[0]] * lm.kv_heads for _ in range(lm.layers)]
     spare = average * lm.layers * lm.kv_heads - WIDTHS[0] * lm.layers * lm.kv_heads
     while True:  # the reference: of the pairs whose next width fits, the one whose keys lose most climbs
@@ -84,7 +85,7 @@ def test_the_keyerror_rule_is_a_greedy_climb_of_the_worst_keys(lm, chat):
         step = WIDTHS[WIDTHS.index(widths[-l][-h]) + 1] - widths[-l][-h]
         widths[-l][-h] += step
         spare -= step
-    chosen = allocate(chat, at, average, "keyerror", Quantizer("channel"))
+    chosen = allocate(keys, average, "keyerror", Quantizer("channel"))
     assert chosen == tuple(tuple(row) for row in widths)
     assert sum(map(sum, chosen)) <= average * lm.layers * lm.kv_heads and len({w for r in chosen for w in r}) > 1
     row = compare_schemes(chat, schemes(["mix2.6-keyerror"]))[0]
@@ -94,10 +95,11 @@ def test_the_keyerror_rule_is_a_greedy_climb_of_the_worst_keys(lm, chat):
 def test_widths_per_head_that_cannot_hold_are_refused_in_one_line(lm, chat):
     at, version = len(chat) - 1, chat.version
     fits = ((3,) * lm.kv_heads,) * lm.layers
+    keys = [chat.commits.step_kv(layer, at)[0] for layer in range(lm.layers)]
     refusals = [
-        (lambda: allocate(chat, at, 2.5, "uniform", Quantizer("channel")), "needs a width"),
-        (lambda: allocate(chat, at, 9, "keyerror", Quantizer("channel")), "outside the widths"),
-        (lambda: allocate(chat, at, 3, "best", Quantizer("channel")), "rule is one of"),
+        (lambda: allocate(keys, 2.5, "uniform", Quantizer("channel")), "needs a width"),
+        (lambda: allocate(keys, 9, "keyerror", Quantizer("channel")), "outside the widths"),
+        (lambda: allocate(keys, 3, "best", Quantizer("channel")), "rule is one of"),
         (lambda: Edit(head_widths=((3, 5),)), "bit-width must be one of"),
         (lambda: what_if(chat, Edit.quantize(range(at), 2, head_widths=((3,) * lm.kv_heads,) * 2), at), "2 layers of 3"),
         (lambda: what_if(chat, Edit.quantize(range(at), 2, keys=Quantizer("tensor"), head_widths=fits), at),
@@ -157,8 +159,8 @@ def test_an_eviction_on_top_of_a_committed_quantization_keeps_it(lm, scheme):
 def test_merging_edits_keeps_what_each_part_means():
     """Synthetic edits (no model): a merge rule stays with the merges it belongs to, widths per KV head travel through
     the app's draft, and widths per KV head beside pruned or merged slots are refused in one line."""
-    from kvviz.draft import EditDraft
-    from kvviz.edits import Merge, Pruning
+    from kvviz.edit.draft import EditDraft
+    from kvviz.edit.edit import Merge, Pruning
 
     added = Edit(merges=(Merge(0, 0, 3, 5, 0.5),), merge_rule="add")
     assert added.merged(Edit.evict([1])).merge_rule == "add"  # an eviction on top keeps CaM's rule

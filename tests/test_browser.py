@@ -94,7 +94,7 @@ def test_hostile_text_is_shown_literally_and_runs_nothing(page):
 
 def test_hostile_model_output_is_shown_literally(page, lm, tmp_path):
     """A session whose *generated* text is the payload, imported through the sidebar."""
-    from kvviz.draft import EditDraft
+    from kvviz.edit.draft import EditDraft
     from kvviz.session_file import export_session
     from kvviz.session import Session
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kvviz.channels import OUTLIER_FACTOR, channels, outliers_by_layer, outliers_of
-from kvviz.quant import Quantizer, fake_quantize
+from kvviz.quant.quantizer import Quantizer, fake_quantize
 from kvviz.session import Session
 from tests.conftest import full_forward
 from tests.rounding import U, residual_rounding

@@ -17,7 +17,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from kvviz.edits import Edit
+from kvviz.edit.edit import Edit
 from kvviz.model import LoadedModel, load_model, resolve_checkpoint
 from kvviz.policies import POLICIES
 from kvviz.session import Session

@@ -17,7 +17,7 @@ import torch
 from kvviz.errors import KvvizError
 from kvviz.policies import CUR, CriticalKV
 from kvviz.policies.base import Candidates, Ratio, slots_kept
-from kvviz.policies.kvpress import from_kvpress
+from kvviz.policies.kvpress.presses import from_kvpress
 from kvviz.session import Session
 
 U = 2.0**-24

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from kvviz.draft import EditDraft
-from kvviz.edits import Edit
+from kvviz.edit.draft import EditDraft
+from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
 from kvviz.session import Session
 from kvviz.session_file import export_session, import_session

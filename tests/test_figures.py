@@ -8,8 +8,8 @@ import pytest
 import vl_convert
 
 from kvviz import figures
-from kvviz.draft import EditDraft
-from kvviz.edits import Edit
+from kvviz.edit.draft import EditDraft
+from kvviz.edit.edit import Edit
 from kvviz.session import Session
 from kvviz.view_data import attention_row, head_map, overview, pool, strip_chips
 from kvviz.whatif import Detail, what_if

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from kvviz import kv_cache
-from kvviz.edits import Edit
+from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
-from kvviz.error_bounds import error_bound
-from kvviz.quant import Quantizer, fake_quantize, packed_bytes
+from tests.support.error_bounds import error_bound
+from kvviz.quant.quantizer import Quantizer, fake_quantize, packed_bytes
 from kvviz.session import Session
 from kvviz.session_file import export_session, import_session
 from kvviz.whatif import what_if

@@ -9,8 +9,8 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from kvviz.draft import EditDraft
-from kvviz.edits import Edit
+from kvviz.edit.draft import EditDraft
+from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
 from kvviz.policies import POLICIES
 from kvviz.session import Session

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from kvviz.errors import KvvizError
-from kvviz.runs.quanto import QuantoCache
-from kvviz.schemes import Scheme, run_cache
+from kvviz.quant.quanto import QuantoCache
+from kvviz.quant.catalogue import Scheme, run_cache
 from tests.conftest import assert_steps_as_transformers
 
 pytest.importorskip("hqq", reason="hqq is not installed: QuantizedCache's HQQ backend cannot be compared "

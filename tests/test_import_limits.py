@@ -12,12 +12,13 @@ import math
 import pytest
 from jsonschema import Draft202012Validator
 
-from kvviz import edit_parts, session_schema
-from kvviz.calibration import calibrate
+from kvviz import session_schema
+from kvviz.edit import parts as edit_parts
+from kvviz.quant.calibration import calibrate
 from kvviz.cli import main
-from kvviz.draft import EditDraft
-from kvviz.edit_parts import Merge
-from kvviz.edits import Edit
+from kvviz.edit.draft import EditDraft
+from kvviz.edit.parts import Merge
+from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
 from kvviz.policies.reshaping import merge_evicted
 from kvviz.session import Session
@@ -225,7 +226,7 @@ def test_the_eviction_mask_of_many_scopes_equals_one_outer_product_per_eviction(
 
     import torch
 
-    from kvviz.edit_parts import Eviction
+    from kvviz.edit.parts import Eviction
 
     chance = random.Random(seed)
     scope = lambda size: None if chance.random() < 0.4 else tuple(sorted(chance.sample(range(size), chance.randint(1, size))))  # noqa: E731

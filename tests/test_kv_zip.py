@@ -18,7 +18,7 @@ import torch
 
 from kvviz.policies import KVZip
 from kvviz.policies.base import Candidates, Ratio
-from kvviz.policies.kvpress import from_kvpress
+from kvviz.policies.kvpress.presses import from_kvpress
 from kvviz.session import Session
 from tests.conftest import full_forward
 from tests.rounding import residual_rounding

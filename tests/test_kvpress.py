@@ -18,7 +18,7 @@ from kvviz.policies import (AdaKV, ChunkKV, KeyNorm, ObservedAttention, PyramidK
                             TOVA)
 from kvviz.policies.base import Candidates
 from kvviz.policies.base import Ratio, slots_kept
-from kvviz.policies.kvpress import PRESSES, from_kvpress, table
+from kvviz.policies.kvpress.presses import PRESSES, from_kvpress, table
 from kvviz.policies.pyramid_kv import kvpress_pyramid
 from kvviz.runs.compressed import CompressedSession, RunSettings
 from kvviz.session import Session

@@ -15,7 +15,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repea
 from kvviz.errors import KvvizError
 from kvviz.policies import KeyNorm, Policy
 from kvviz.policies.base import Candidates, Ratio
-from kvviz.policies.kvpress import from_kvpress
+from kvviz.policies.kvpress.presses import from_kvpress
 from kvviz.runs.compressed import CompressedSession, RunSettings
 from kvviz.session import Session
 from tests.rounding import rescored_weight_rounding

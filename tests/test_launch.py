@@ -58,7 +58,7 @@ def test_a_kill_during_a_restore_keeps_the_autosave_and_it_restores(lm, tmp_path
     import json
 
     from benchmarks.harness import token_ids
-    from kvviz.draft import EditDraft
+    from kvviz.edit.draft import EditDraft
     from kvviz.session import Session
     from kvviz.session_file import export_session
     from benchmarks.browser import app_process

@@ -99,7 +99,7 @@ def test_a_comparison_of_policies_equals_a_what_if_each(lm, eps, back):
     edited logits move, by at most ε each, so each p_i moves by at most (e^{2ε} − 1)·p_i and TV by at most
     ½·(e^{2ε} − 1) ≈ ε (tests/rounding.py); 2ε leaves room."""
     from kvviz.session import Session
-    from kvviz.whatif.compare import _alone, compare_policies
+    from kvviz.whatif.compare_policies import _alone, compare_policies
 
     session = Session(lm)
     session.add_user_turn(PROMPT)
@@ -120,7 +120,7 @@ def test_policies_deciding_again_at_a_step_reuse_the_attention_sums(lm):
     """A second comparison at the same cache version decides from the attention sums the session kept: the same
     edits, and what is kept is not changed by the policies that read it (each gets a copy)."""
     from kvviz.session import Session
-    from kvviz.whatif.compare import compare_policies
+    from kvviz.whatif.compare_policies import compare_policies
 
     session = Session(lm)
     session.add_user_turn(PROMPT)

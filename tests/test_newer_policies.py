@@ -124,7 +124,7 @@ def test_chunk_kv_under_one_chunk_is_its_inner_policy(prompt):
 
 def test_kvpress_chunk_kv_maps_over_score_only_presses():
     from kvviz.errors import KvvizError
-    from kvviz.policies.kvpress import from_kvpress
+    from kvviz.policies.kvpress.presses import from_kvpress
 
     press = from_kvpress("ChunkKVPress", press="KeyDiffPress", chunk_length="10", compression_ratio=0.5)
     assert press.policy == ChunkKV(inner="kvpress:KeyDiffPress", chunk=10) and press.ratio.ratio == 0.5

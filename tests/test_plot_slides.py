@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from kvviz import figures
-from kvviz.edits import Edit
+from kvviz.edit.edit import Edit
 from kvviz.figures import plot_slides, slides
 from kvviz.policies import H2O
 from kvviz.runs.compressed import RunSettings
-from kvviz.runs.kivi import Kivi
+from kvviz.quant.kivi import Kivi
 from kvviz.runs.policy_run import run_policy
 from kvviz.session import Session
 from kvviz.view_data import attention_row, head_map, overview

@@ -9,7 +9,7 @@ from kvviz.errors import KvvizError
 from kvviz.policies import (CUR, H2O, TOVA, AdaKV, ChunkKV, CriticalKV, ExpectedAttention, KeyDiff, KVZip, LagKV,
                             PyramidKV, SnapKV, StreamingLLM)
 from kvviz.runs.compressed import CompressedSession, RunSettings
-from kvviz.runs.kivi import Kivi
+from kvviz.quant.kivi import Kivi
 from kvviz.runs.policy_run import NEVER, run_policy
 
 PROMPT = "My name is Zorblax and I live in the city of Quintara. I like green tea and long walks by the sea. What is my name?"
@@ -102,7 +102,7 @@ def test_after_steps_compresses_as_kvpress_decoding_press_schedules_it(lm):
 
 
 def test_decoding_press_maps_to_after_steps():
-    from kvviz.policies.kvpress import from_kvpress
+    from kvviz.policies.kvpress.presses import from_kvpress
 
     press = from_kvpress("DecodingPress", base_press="KnormPress", compression_interval="8", target_size="256")
     assert (press.policy, press.ratio, press.mode, press.every) == (from_kvpress("KnormPress").policy, 256,

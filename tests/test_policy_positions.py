@@ -8,11 +8,11 @@ import torch
 from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from kvviz.edits import Edit
+from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
 from kvviz.policies import H2O, StreamingLLM
 from kvviz.runs.compressed import CompressedSession, RunSettings
-from kvviz.runs.kivi import Kivi
+from kvviz.quant.kivi import Kivi
 from kvviz.session import Session
 from kvviz.whatif import what_if
 from tests.rounding import kl_rounding, logit_rounding, probability_rounding

@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from kvviz import kv_cache
-from kvviz.edits import Edit
+from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
 from kvviz.policies import H2O, SnapKV, StreamingLLM
 from kvviz.policies.base import Policy
 from kvviz.recorder import Probe, probing
 from kvviz.runs.blame import blame, restore, units
 from kvviz.runs.compressed import CompressedSession, RunSettings
-from kvviz.runs.kivi import Kivi
+from kvviz.quant.kivi import Kivi
 from kvviz.runs.policy_run import run_policy
 from kvviz.session import Session
 from kvviz.whatif import what_if
@@ -295,7 +295,7 @@ def test_user_policies_run_and_bad_ones_are_refused_in_one_line(lm, tmp_path):
             classes[name]().edit(session, 8)
         assert words in str(caught.value) and "\n" not in str(caught.value)
     assert (len(session), session.version) == before
-    for bad in ("no_such_module:Thing", str(tmp_path / "missing.py"), f"{path}:Nothing", "kvviz.edits:Edit"):
+    for bad in ("no_such_module:Thing", str(tmp_path / "missing.py"), f"{path}:Nothing", "kvviz.edit.edit:Edit"):
         with pytest.raises(KvvizError, match="^KVVIZ_POLICIES: "):
             load(bad)
     assert issubclass(classes["newest"], Policy)

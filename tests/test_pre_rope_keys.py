@@ -19,18 +19,18 @@ from transformers import AutoTokenizer
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from kvviz import kv_cache
-from kvviz.edits import Edit
-from kvviz.error_bounds import error_bound
+from kvviz.edit.edit import Edit
+from tests.support.error_bounds import error_bound
 from kvviz.errors import KvvizError
 from kvviz.model import resolve_checkpoint
-from kvviz.quant import Quantizer, fake_quantize
-from kvviz.runs.rerotate import rope_frequencies
-from kvviz.schemes import Scheme, schemes
+from kvviz.quant.quantizer import Quantizer, fake_quantize
+from kvviz.rope import rope_frequencies
+from kvviz.quant.catalogue import Scheme, schemes
 from kvviz.session import Session
 from kvviz.session_file import export_session, import_session
 from kvviz.tiny_models import tiny_pair
 from kvviz.whatif import what_if
-from kvviz.whatif.schemes import compare_schemes
+from kvviz.whatif.compare_schemes import compare_schemes
 from tests.conftest import assert_what_if_is_the_stored_cache
 
 PROMPT = "My dog is called Rex and my cat is called Whiskers. The cat sleeps on the red sofa. What is my dog called?"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvviz.edits import Edit
+from kvviz.edit.edit import Edit
 from kvviz.prefill import chunks
 from kvviz.session import Session
 from tests.conftest import full_forward

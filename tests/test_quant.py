@@ -7,10 +7,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvviz.edits import Edit, Eviction
+from kvviz.edit.edit import Edit, Eviction
 from kvviz.errors import KvvizError
-from kvviz.error_bounds import error_bound
-from kvviz.quant import Quantizer, fake_quantize, packed_bytes
+from tests.support.error_bounds import error_bound
+from kvviz.quant.quantizer import Quantizer, fake_quantize, packed_bytes
 
 quantizers = st.builds(
     Quantizer, axis=st.sampled_from(["channel", "token"]), group_size=st.sampled_from([None, 1, 2, 4, 8, 16]),

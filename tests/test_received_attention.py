@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from kvviz.edits import Edit
+from kvviz.edit.edit import Edit
 from kvviz.policies.candidates import received_attention
 from kvviz.session import Session
 

@@ -1,5 +1,5 @@
 """Bad numbers and names are refused at the edge: one line, exit status 2, before torch loads where the flag alone
-tells (kvviz.numbers, kvviz.scheme_names), and every policy parameter finite in float32 and inside its range."""
+tells (kvviz.numbers, kvviz.quant.names), and every policy parameter finite in float32 and inside its range."""
 
 from __future__ import annotations
 
@@ -97,8 +97,8 @@ def test_number_checks_each_way_a_number_can_be_bad():
 
 
 def test_scheme_names_are_checked_without_torch_and_mix_widths_match_the_allocation():
-    from kvviz.bit_allocation import WIDTHS
-    from kvviz.scheme_names import MIX_WIDTHS, check_names, scheme_family
+    from kvviz.quant.allocation import WIDTHS
+    from kvviz.quant.names import MIX_WIDTHS, check_names, scheme_family
 
     assert MIX_WIDTHS == (WIDTHS[0], WIDTHS[-1])
     assert scheme_family("mix8-uniform") == "mix" and scheme_family("mix2.5-keyerror") == "mix"
@@ -107,6 +107,6 @@ def test_scheme_names_are_checked_without_torch_and_mix_widths_match_the_allocat
             scheme_family(bad)
     with pytest.raises(KvvizError, match="named twice"):
         check_names(["int4-token", "int4-token"])
-    probe = "import sys, kvviz.scheme_names, kvviz.numbers; print('torch' in sys.modules)"
+    probe = "import sys, kvviz.quant.names, kvviz.numbers; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True).stdout.strip() \
         == "False"

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from kvviz import kv_cache
-from kvviz.edit_parts import Merge, Pruning
-from kvviz.edits import Edit
+from kvviz.edit.parts import Merge, Pruning
+from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
 from kvviz.policies.reshaping import merge_evicted, merging, think
 from kvviz.session import Session
@@ -186,7 +186,7 @@ def test_merging_folds_each_slot_into_its_most_similar_kept_key(lm, chat):
 
 
 def test_session_files_keep_prunings_and_merges(lm):
-    from kvviz.draft import EditDraft
+    from kvviz.edit.draft import EditDraft
 
     session = Session(lm)
     session.add_user_turn(PROMPT)
@@ -224,7 +224,7 @@ def test_a_run_that_prunes_and_merges_at_the_prompt_steps_as_the_what_if_of_that
 
     from kvviz.policies import KeyNorm
     from kvviz.runs.compressed import CompressedSession, RunSettings
-    from kvviz.runs.reshape import Reshape
+    from kvviz.edit.reshape import Reshape
 
     run = CompressedSession(lm, RunSettings(KeyNorm(), 24, "prefill", reshape=Reshape(think=0.25, merge=True)))
     run.add_turn(PROMPT)
@@ -248,7 +248,7 @@ def test_a_two_turn_run_merges_in_rounds_and_its_timeline_rebuilds_the_live_cach
     from kvviz.runs.compressed import RunSettings
     from kvviz.runs.policy_run import run_policy
     from kvviz.runs.report import document
-    from kvviz.runs.reshape import Reshape
+    from kvviz.edit.reshape import Reshape
 
     result = run_policy(lm, [PROMPT, "And what is my dog called?"],
                         RunSettings(SnapKV(), 24, "both", reshape=Reshape(think=0.25, merge=True)), max_new_tokens=4)

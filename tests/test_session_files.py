@@ -11,8 +11,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from kvviz.cli import main
-from kvviz.draft import EditDraft
-from kvviz.edits import Edit
+from kvviz.edit.draft import EditDraft
+from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
 from kvviz.session import Session
 from kvviz.session_file import export_session, read_session

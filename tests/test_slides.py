@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from kvviz.draft import EditDraft
+from kvviz.edit.draft import EditDraft
 from kvviz.figures import alpha_chart, slides
 from kvviz.session import Session
 from kvviz.view_data import strip_chips

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from kvviz.draft import EditDraft
-from kvviz.edits import Edit
+from kvviz.edit.draft import EditDraft
+from kvviz.edit.edit import Edit
 from kvviz.model import LoadedModel, resolve_checkpoint
 from kvviz.view_data import strip_chips, window_start
 from kvviz.whatif import step_memory, what_if

@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvviz.edits import Edit
+from kvviz.edit.edit import Edit
 from kvviz.session import Session
 from kvviz.session_file import export_session
-from kvviz.standalone_page import Prepared, page_data, standalone_html
+from kvviz.figures.standalone_page import Prepared, page_data, standalone_html
 from kvviz.whatif import what_if
 from benchmarks.browser import CHROMIUM, CHROMIUM_ARGS, ROOT
 
@@ -67,9 +67,9 @@ def test_a_300_token_conversation_with_10_prepared_edits_fits_5_mb(lm):
 
 
 def test_the_draft_is_taken_at_the_step_the_file_shows_and_long_sessions_are_refused(session, lm):
-    from kvviz.draft import EditDraft
+    from kvviz.edit.draft import EditDraft
     from kvviz.errors import KvvizError
-    from kvviz.standalone_page import MAX_SLOTS, prepared_edits
+    from kvviz.figures.standalone_page import MAX_SLOTS, prepared_edits
 
     n, draft = len(session), EditDraft()
     draft.evict_many([3, n - 2])  # slot n - 2 is after the step shown: the edit at that step leaves it out

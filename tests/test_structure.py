@@ -1,18 +1,25 @@
-"""The code's shape: no import cycles among kvviz's modules (imports inside functions count too), the library never
-imports streamlit, modules stay short, and nothing points outside the repository."""
+"""The code's shape: every import keeps to the floors of docs/architecture.md's module map and none closes a cycle
+(imports inside functions count too), the library never imports streamlit, modules stay short, and nothing points
+outside the repository."""
 
 from __future__ import annotations
 
 import ast
 import re
+import shutil
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 450  # one concept per file may be long; split by concept, never by size
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
+TREE = ("kvviz", "app", "benchmarks", "scripts")
+MAP_LINE = re.compile(r"^((?:kvviz|app|benchmarks|scripts)/[\w/]+\.py)\b")
+FLOOR_LINE = re.compile(r"^── (\d+) · ")
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -29,10 +36,49 @@ def imports(path: Path, known: set[str]) -> set[str]:
     return found & known
 
 
-def graph(package: str) -> dict[str, set[str]]:
-    files = {module_name(p): p for p in (ROOT / package).rglob("*.py")}
+def graph(package: str | None = None, root: Path = ROOT) -> dict[str, set[str]]:
+    """Every module of ``package`` (all of :data:`TREE` when None) and the modules of the tree it imports."""
+    files = {module_name(p, root): p for d in TREE for p in (root / d).rglob("*.py")}
     known = set(files)
-    return {name: imports(path, known) - {name} for name, path in files.items()}
+    return {name: imports(path, known) - {name} for name, path in files.items()
+            if package is None or name == package or name.startswith(package + ".")}
+
+
+def floors(root: Path = ROOT) -> dict[str, int]:
+    """Each module's floor as docs/architecture.md's module map gives it (the last ``── N · …`` line above it)."""
+    text = (root / "docs" / "architecture.md").read_text()
+    block = text[text.index("## Module map"):]
+    block = block[: block.index("```", block.index("```") + 3)]
+    floor, found = 0, {}
+    for line in block.splitlines():
+        if heading := FLOOR_LINE.match(line):
+            floor = int(heading.group(1))
+        elif named := MAP_LINE.match(line):
+            found[module_name(root / named.group(1), root)] = floor
+    return found
+
+
+def upward_imports(edges: dict[str, set[str]], floor: dict[str, int]) -> list[str]:
+    """Every import that runs to a later floor than its importer's, as ``"a (3) → b (9)"``. A package's
+    ``__init__`` may import its own modules, and its other imports keep to the floor of its lowest module; importing a
+    package reaches as high as its ``__init__``'s imports do."""
+    def home(package: str) -> int:
+        return min(f for name, f in floor.items() if name.startswith(package + "."))
+
+    def reach(name: str) -> int:
+        if name in floor:
+            return floor[name]
+        return max([home(name), *(reach(target) for target in edges.get(name, ()))])
+
+    found = []
+    for source, targets in edges.items():
+        level = floor[source] if source in floor else home(source)
+        for target in sorted(targets):
+            if source not in floor and target.startswith(source + "."):
+                continue  # a package's __init__ importing its own module
+            if reach(target) > level:
+                found.append(f"{source} ({level}) → {target} ({reach(target)})")
+    return found
 
 
 def cycle(edges: dict[str, set[str]]) -> list[str] | None:
@@ -64,18 +110,38 @@ def test_the_cycle_finder_finds_a_cycle():
     assert cycle({"p": {"p.x"}, "p.x": set()}) is None
 
 
-def test_no_import_cycles_in_the_library_app_and_benchmarks():
-    for package in ("kvviz", "app", "benchmarks"):
+def test_no_import_cycles_in_the_library_app_benchmarks_and_scripts():
+    for package in TREE:
         assert cycle(graph(package)) is None, f"{package}: {' → '.join(cycle(graph(package)))}"
 
 
-def test_the_library_never_imports_streamlit_and_policies_depend_on_nothing_above_them():
+def test_no_import_runs_to_a_later_floor():
+    """Every import of kvviz/, app/, benchmarks/ and scripts/ keeps to the floors of docs/architecture.md's module map
+    (policies and the what-if never import a policy run, the library never imports the app, …)."""
+    assert not upward_imports(graph(), floors())
+
+
+def test_a_planted_upward_import_or_cycle_is_found(tmp_path):
+    """The checks above fail on what they guard against: an import inside a function from RoPE (floor 3) into the
+    run engine (floor 9), one from a package's ``__init__``, and a cycle they close."""
+    for d in TREE:
+        shutil.copytree(ROOT / d, tmp_path / d)
+    (tmp_path / "docs").mkdir()
+    shutil.copy(ROOT / "docs" / "architecture.md", tmp_path / "docs")
+    assert not upward_imports(graph(root=tmp_path), floors(tmp_path))
+    with (tmp_path / "kvviz" / "rope.py").open("a") as rope:
+        rope.write("\n\ndef _planted():\n    from kvviz.runs.timeline import Timeline\n")
+    with (tmp_path / "kvviz" / "quant" / "__init__.py").open("a") as quant:
+        quant.write("\nimport kvviz.whatif\n")
+    edges = graph(root=tmp_path)
+    found = sorted(upward_imports(edges, floors(tmp_path)))
+    assert found == ["kvviz.quant (1) → kvviz.whatif (8)", "kvviz.rope (3) → kvviz.runs.timeline (9)"], found
+    assert cycle(edges) is not None  # the run engine imports RoPE: the planted import closes a cycle
+
+
+def test_the_library_never_imports_streamlit():
     for path in (ROOT / "kvviz").rglob("*.py"):
         assert not re.search(r"^\s*(import|from)\s+streamlit", path.read_text(), re.M), path
-    edges = graph("kvviz")
-    for name, targets in edges.items():
-        if name.startswith("kvviz.policies"):
-            assert not {t for t in targets if t.startswith(("kvviz.whatif", "kvviz.figures", "kvviz.cli"))}, name
 
 
 def imported_names(path: Path) -> set[str]:
@@ -110,15 +176,12 @@ def test_nothing_points_outside_the_repository():
 
 
 def test_the_module_map_matches_the_tree():
-    """The module map (docs/architecture.md) names every module of kvviz/, app/ and benchmarks/ (one line each, path
-    first) and nothing else."""
-    text = (ROOT / "docs" / "architecture.md").read_text()
-    block = text[text.index("## Module map"):]
-    block = block[: block.index("```", block.index("```") + 3)]
-    named = set(re.findall(r"^((?:kvviz|app|benchmarks)/[\w/]+\.py)\b", block, re.M))
-    actual = {str(p.relative_to(ROOT)) for d in ("kvviz", "app", "benchmarks") for p in (ROOT / d).rglob("*.py")
-              if p.name != "__init__.py"}
+    """The module map (docs/architecture.md) names every module of kvviz/, app/, benchmarks/ and scripts/ (one line
+    each, path first, under its floor) and nothing else."""
+    named = set(floors())
+    actual = {name for name in graph() if not (ROOT / name.replace(".", "/") / "__init__.py").exists()}
     assert named == actual, (sorted(named - actual), sorted(actual - named))
+    assert min(floors().values()) == 1
 
 
 def test_the_readme_python_example_runs(lm, monkeypatch, capsys):

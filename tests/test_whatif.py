@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from kvviz import kv_cache
-from kvviz.edits import Edit
+from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
 from kvviz.policies import POLICIES
-from kvviz.quant import Quantizer
+from kvviz.quant.quantizer import Quantizer
 from kvviz.session import Session
 from kvviz.whatif import what_if
 from kvviz.whatif.step import EditedStepProbe
@@ -171,7 +171,7 @@ def test_refused_edits_leave_the_session_untouched(chat):
     snapshot = [t.clone() for layer in range(chat.lm.layers) for t in kv_cache.layer_kv(chat.cache, layer)]
     slots = list(chat.transcript.slots)
     for edit, at in ((Edit.evict([len(chat) - 1]), None), (Edit.evict([3]), 2), (Edit.evict([3], heads=[7]), None),
-                     (Edit.quantize([1], 4, keys=__import__("kvviz.quant").quant.Quantizer("token", 48)), None)):
+                     (Edit.quantize([1], 4, keys=__import__("kvviz.quant.quantizer").quant.Quantizer("token", 48)), None)):
         with pytest.raises(KvvizError):
             what_if(chat, edit, at=at)
     with pytest.raises(KvvizError):

@@ -146,7 +146,7 @@ def test_the_timeline_of_one_layer_and_kv_head_says_why_each_slot_went(lm):
 
 
 def test_the_strip_says_why_the_seeding_policy_evicted_each_slot(lm):
-    from kvviz.draft import EditDraft
+    from kvviz.edit.draft import EditDraft
     from kvviz.view_data import strip_chips, strip_reasons
 
     session = Session(lm)

@@ -10,7 +10,7 @@ from app.views.slide_download import slide_popover
 from kvviz import figures
 from kvviz.figures import plot_slides
 from kvviz.figures.slides import PLOTLY_CONFIG
-from kvviz.edits import Edit
+from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
 from kvviz.whatif.memory import step_memory
 

@@ -13,7 +13,7 @@ from app.views.policy_choice import build, is_press, kept_fraction, names, param
 from kvviz.errors import KvvizError
 from kvviz.policies import Policy
 from kvviz.policies.base import slots_kept
-from kvviz.whatif.compare import compare_policies
+from kvviz.whatif.compare_policies import compare_policies
 
 
 def render() -> None:

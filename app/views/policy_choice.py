@@ -1,5 +1,5 @@
 """Choosing a policy in the app: the built-ins, ``KVVIZ_POLICIES``' and kvpress' presses by their own names
-(``kvpress:SnapKVPress``, kvviz.policies.kvpress), each with one widget per parameter."""
+(``kvpress:SnapKVPress``, kvviz.policies.kvpress.presses), each with one widget per parameter."""
 
 from __future__ import annotations
 

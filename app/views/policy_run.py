@@ -21,10 +21,10 @@ from kvviz.errors import KvvizError
 from kvviz.policies.base import Ratio
 from kvviz.runs.blame import blame, restore, variants
 from kvviz.runs.compressed import RunSettings
-from kvviz.runs.kivi import Kivi
+from kvviz.quant.kivi import Kivi
 from kvviz.runs.policy_run import held_slots, run_policy
-from kvviz.runs.quanto import QuantoCache
-from kvviz.runs.reshape import Reshape
+from kvviz.quant.quanto import QuantoCache
+from kvviz.edit.reshape import Reshape
 from kvviz.whatif.metrics import compare
 
 

@@ -12,10 +12,10 @@ from app.plain import plain, plural, warn
 from app.components.strip import clicked, parse_click, token_strip
 from app.views import reshape, schemes
 from kvviz.attention_math import kv_head_of
-from kvviz.calibration import calibrate
-from kvviz.runs.rerotate import rope_frequencies
+from kvviz.quant.calibration import calibrate
+from kvviz.rope import rope_frequencies
 from kvviz.errors import KvvizError
-from kvviz.quant import Quantizer
+from kvviz.quant.quantizer import Quantizer
 from kvviz.view_data import (SHADINGS, commit_rows, find_slots, kept_per_head, strip_chips, strip_reasons,
                              window_start)
 

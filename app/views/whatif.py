@@ -11,7 +11,7 @@ from app.views.token_strip import apply_quantizers
 from kvviz import figures
 from kvviz.errors import KvvizError
 from kvviz.figures.slides import whatif_slides
-from kvviz.standalone_page import MAX_PREPARED, MAX_SLOTS, Prepared, page_data, standalone_html
+from kvviz.figures.standalone_page import MAX_PREPARED, MAX_SLOTS, Prepared, page_data, standalone_html
 from kvviz.view_data import strip_chips
 from kvviz.whatif import WhatIf, what_if
 

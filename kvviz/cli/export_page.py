@@ -1,5 +1,5 @@
 """``python -m kvviz export-page SESSION.json --out PAGE.html``: a session file (the app's export or autosave, or
-``chat --save``) as one standalone HTML page that opens offline (see :mod:`kvviz.standalone_page`)."""
+``chat --save``) as one standalone HTML page that opens offline (see :mod:`kvviz.figures.standalone_page`)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> None:
     document = read_document(args.file, args.model)
     from kvviz.model import load_model
     from kvviz.session_file import import_session
-    from kvviz.standalone_page import page_data, prepared_edits, standalone_html
+    from kvviz.figures.standalone_page import page_data, prepared_edits, standalone_html
 
     session, draft, view = import_session(load_model(args.model), document)
     layers = args.layer or [int(view.get("layer", 0))]

@@ -11,7 +11,7 @@ from kvviz.cli.common import add_chat_arguments, positive, ratio
 from kvviz.cli.whatif import _budget
 from kvviz.errors import KvvizError
 from kvviz.numbers import press_budgets
-from kvviz.scheme_names import run_family
+from kvviz.quant.names import run_family
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -76,7 +76,7 @@ def _policy(args: argparse.Namespace, classes: dict) -> tuple[object, object, st
     """The policy, the budget (``--budget``, ``--ratio``, a press's ``compression_ratio`` or DecodingPress'
     ``target_size``), the positions, the mode and every how many steps."""
     from kvviz.policies.base import Ratio
-    from kvviz.policies.kvpress import from_kvpress
+    from kvviz.policies.kvpress.presses import from_kvpress
     from kvviz.runs.report import make_policy
 
     if args.ratio is not None and args.budget is not None:
@@ -112,21 +112,21 @@ def run(args: argparse.Namespace) -> None:
     from kvviz.policies.user import available
     from kvviz.runs.blame import blame
     from kvviz.runs.compressed import RunSettings
-    from kvviz.runs.kivi import Kivi
+    from kvviz.quant.kivi import Kivi
     from kvviz.runs.policy_run import run_policy
     from kvviz.runs.report import document
 
     policy, budget, positions, mode, every = _policy(args, available())
     kivi = None if args.kivi_bits is None else Kivi(args.kivi_bits, args.kivi_bits, args.kivi_group,
                                                     args.kivi_residual, args.kivi_grouping)
-    from kvviz.runs.reshape import Reshape
+    from kvviz.edit.reshape import Reshape
 
     reshape = Reshape(args.think, args.think_window, args.merge, args.merge_rule, args.merge_threshold) \
         if args.think or args.merge else None
 
     quanto = None
     if args.scheme is not None:
-        from kvviz.schemes import run_cache
+        from kvviz.quant.catalogue import run_cache
 
         scheme_kivi, quanto = run_cache(args.scheme, args.q_group_size, args.residual, args.axis)
         kivi = kivi or scheme_kivi

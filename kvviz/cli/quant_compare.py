@@ -7,7 +7,7 @@ import json
 
 from kvviz.cli.common import add_chat_arguments, replay_chat, some_text
 from kvviz.errors import KvvizError
-from kvviz.scheme_names import check_names
+from kvviz.quant.names import check_names
 
 COLUMNS = ("scheme", "kl", "tv", "top1", "bytes", "delta_o", "weight_term", "content_term", "saturated")
 
@@ -25,16 +25,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> None:
     check_names(args.scheme)  # refused before torch loads
-    from kvviz.schemes import schemes
+    from kvviz.quant.catalogue import schemes
 
     chosen = schemes(args.scheme)
     session = replay_chat(args)
-    from kvviz.whatif.schemes import compare_schemes
+    from kvviz.whatif.compare_schemes import compare_schemes
 
     at = len(session) - 1 if args.at is None else args.at
     if not 0 <= at < len(session):
         raise KvvizError(f"slot {at} is not cached (the cache holds slots 0..{len(session) - 1})")
-    from kvviz.calibration import CALIBRATION_TEXT
+    from kvviz.quant.calibration import CALIBRATION_TEXT
 
     rows = compare_schemes(session, chosen, at, calibration_text=args.calibration or CALIBRATION_TEXT)
     if args.json:

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 
 from kvviz.cli.common import add_chat_arguments, replay_chat, some_text
 from kvviz.errors import KvvizError
-from kvviz.scheme_names import scheme_family
+from kvviz.quant.names import scheme_family
 
 if TYPE_CHECKING:  # imported when the command runs (see kvviz/cli/common.py)
-    from kvviz.edits import Edit
+    from kvviz.edit.edit import Edit
     from kvviz.session import Session
 
 
@@ -94,8 +94,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_edit(args: argparse.Namespace, session: Session, at: int) -> Edit:
     """The Edit the flags describe (policy first, hand edits on top)."""
-    from kvviz.edits import Edit
-    from kvviz.quant import Quantizer
+    from kvviz.edit.edit import Edit
+    from kvviz.quant.quantizer import Quantizer
 
     edit = Edit()
     if args.policy is not None:
@@ -122,7 +122,7 @@ def build_edit(args: argparse.Namespace, session: Session, at: int) -> Edit:
         evictions = Edit.evict(parse_slots(args.evict), layers, heads).evictions
     rope = None
     if args.pre_rope:
-        from kvviz.runs.rerotate import rope_frequencies
+        from kvviz.rope import rope_frequencies
 
         rope = rope_frequencies(session.lm)
     hand = Edit(
@@ -133,13 +133,13 @@ def build_edit(args: argparse.Namespace, session: Session, at: int) -> Edit:
     if args.scheme is not None:
         from dataclasses import replace
 
-        from kvviz.schemes import Scheme
+        from kvviz.quant.catalogue import Scheme
 
         if key_bits or value_bits or args.window or args.pre_rope:
             raise KvvizError("--scheme says how every slot is stored; drop --bits, --key-bits, --value-bits, "
                              "--bits-for, --window and --pre-rope (a scheme takes +prerope)")
-        from kvviz.calibration import CALIBRATION_TEXT
-        from kvviz.whatif.schemes import scheme_edits
+        from kvviz.quant.calibration import CALIBRATION_TEXT
+        from kvviz.whatif.compare_schemes import scheme_edits
 
         stored = scheme_edits(session, [Scheme(args.scheme)], at, args.calibration or CALIBRATION_TEXT)[0]
         hand = replace(stored, evictions=hand.evictions)

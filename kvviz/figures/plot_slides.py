@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvviz.edits import Edit
+from kvviz.edit.edit import Edit
 from kvviz.figures.policy_run_charts import STEP_TITLE, bits_grid, evicted_title, seen_grid
 from kvviz.figures.slides import SEGMENT_SCALE, THEME, TOKEN_AXIS, WIDTH, describe, heading, token_labels
 from kvviz.runs.policy_run import PolicyRun

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 import vl_convert
 
-from kvviz.edits import Edit
+from kvviz.edit.edit import Edit
 from kvviz.figures.growth import SEGMENT_COLOURS
 from kvviz.figures.whatif_charts import Chart, alpha_chart, head_grid_chart, hidden_chart, visible
 from kvviz.whatif import WhatIf

@@ -1,5 +1,5 @@
 // kvviz offline page. Every text from the model or the user is set with textContent, never as markup; the page makes
-// no request (its Content-Security-Policy forbids any). Data: the JSON in #kvviz-data (see kvviz/standalone_page.py).
+// no request (its Content-Security-Policy forbids any). Data: the JSON in #kvviz-data (see kvviz/figures/standalone_page.py).
 "use strict";
 const DATA = JSON.parse(document.getElementById("kvviz-data").textContent);
 const SEGMENTS = ["history", "query", "generated"];

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import torch
 
-from kvviz.edits import Edit
+from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
 from kvviz.numbers import number
 from kvviz.policies.candidates import Candidates, received_attention  # noqa: F401 (kvviz.policies.base's names)

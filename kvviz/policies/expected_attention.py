@@ -41,7 +41,7 @@ class ExpectedAttention(TopkTies):
         number(self.epsilon, "expected_attention's epsilon", 0)  # kvpress adds it to scores that are ≥ 0
 
     def score(self, candidates: Candidates) -> torch.Tensor:
-        from kvviz.runs.rerotate import Rotary  # RoPE's frequencies (a plain-RoPE model only)
+        from kvviz.rope import Rotary  # RoPE's frequencies (a plain-RoPE model only)
 
         lm, at, sinks = candidates.session.lm, candidates.at, self.sinks
         if at <= sinks + 1:

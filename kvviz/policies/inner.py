@@ -10,7 +10,7 @@ def inner_policy(name: str) -> Policy:
     """The policy a wrapper (ChunkKV, CriticalKV) scores with: a built-in kvviz policy by ``name`` with its defaults,
     or kvpress' press ``kvpress:NAME`` as kvviz reproduces it."""
     if name.startswith("kvpress:"):
-        from kvviz.policies.kvpress import from_kvpress
+        from kvviz.policies.kvpress.presses import from_kvpress
 
         return from_kvpress(name.removeprefix("kvpress:")).policy
     from kvviz.policies import POLICIES

@@ -16,8 +16,8 @@ from dataclasses import replace
 
 import torch
 
-from kvviz.edit_parts import Merge, Pruning
-from kvviz.edits import Edit
+from kvviz.edit.parts import Merge, Pruning
+from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
 from kvviz.session import Session
 

@@ -23,17 +23,17 @@ from typing import Literal
 import torch
 
 from kvviz import kv_cache
-from kvviz.edits import Edit
+from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
 from kvviz.hidden_log import HiddenLog, recording
 from kvviz.model import LoadedModel
 from kvviz.policies.base import Candidates, Policy, kept_share, received_attention, slots_kept
-from kvviz.runs.kivi import Kivi
+from kvviz.quant.kivi import Kivi
 from kvviz.policies.reshaping import merging, think
 from kvviz.runs.reasons import Reasons
-from kvviz.runs.quanto import QuantoCache
-from kvviz.runs.reshape import Reshape
-from kvviz.runs.rerotate import Rotary
+from kvviz.quant.quanto import QuantoCache
+from kvviz.edit.reshape import Reshape
+from kvviz.rope import Rotary
 from kvviz.runs.timeline import Timeline
 from kvviz.sampling import Sampling
 from kvviz.session import Session
@@ -180,7 +180,7 @@ class CompressedSession:
 
     def _reshape(self, reshape: Reshape, evicted: torch.Tensor | None) -> None:
         """ThinK's prunings and the merges of what the prompt's compression ``evicted`` (bool ``(L, KV, at)``), written
-        into the cache and kept by the timeline (kvviz.runs.reshape)."""
+        into the cache and kept by the timeline (kvviz.edit.reshape)."""
         at = len(self.session)
         prunings = think(self.session, reshape.think, reshape.think_window, at) if reshape.think else ()
         merges = ()
@@ -233,7 +233,7 @@ class CompressedSession:
     def _quanto(self, added: int) -> None:
         """QuantizedCache after a pass that added ``added`` slots (they attended unquantized): the first pass's K/V
         are quantized at once; later ones join the residual, and once it would reach ``residual_length``
-        everything is quantized again together (kvviz.runs.quanto)."""
+        everything is quantized again together (kvviz.quant.quanto)."""
         quanto = self.settings.quanto
         if quanto is None:
             return

@@ -15,10 +15,10 @@ from kvviz.runs.timeline import NEVER
 
 def make_policy(classes: Mapping[str, type[Policy]], name: str, params: Mapping[str, object] | None = None) -> Policy:
     """``classes[name]`` with ``params`` (text values are converted to the type of the field's default); a kvpress
-    press as ``kvpress:NAME`` with kvpress' argument names (:func:`~kvviz.policies.kvpress.from_kvpress`;
+    press as ``kvpress:NAME`` with kvpress' argument names (:func:`~kvviz.policies.kvpress.presses.from_kvpress`;
     ``AdaKVPress`` wraps SnapKV unless ``press`` says otherwise)."""
     if name.startswith("kvpress:"):
-        from kvviz.policies.kvpress import from_kvpress
+        from kvviz.policies.kvpress.presses import from_kvpress
 
         press, params = name.removeprefix("kvpress:"), dict(params or {})
         if press == "KeyRerotationPress":

@@ -1,12 +1,12 @@
 """What a policy run did to its session's cache, step by step: the read side of a session's
-:class:`~kvviz.commits.CommitLog`, so that the session's attention weights, what-ifs and time travel see the cache as
+:class:`~kvviz.edit.commits.CommitLog`, so that the session's attention weights, what-ifs and time travel see the cache as
 it stood at every step.
 
 Commit ``k`` is a compression made when ``at[k]`` slots were cached; it applies to the steps of slots ``≥ at[k]``.
 Evictions are final, so one tensor holds them all: ``evicted_at`` ``(L, KV, n)``, the commit that evicted each slot
 from each layer and KV head (``NEVER`` if none). Quantization (KIVI) covers a growing prefix of slots; the live cache
 holds the quantized K/V, the originals are kept to reproduce any step exactly. With re-rotated positions
-(runs/rerotate.py) the keys as computed are kept too, with the position each slot held after every commit.
+(kvviz/rope.py) the keys as computed are kept too, with the position each slot held after every commit.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import torch
 from transformers import Cache
 
 from kvviz import kv_cache
-from kvviz.edits import Edit
+from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
-from kvviz.runs.kivi import Kivi
-from kvviz.runs.rerotate import Rotary
+from kvviz.quant.kivi import Kivi
+from kvviz.rope import Rotary
 
 NEVER = torch.iinfo(torch.int32).max
 
@@ -41,12 +41,12 @@ class Timeline:
         self.quantized: list[int] = []  # slots 0..q-1 quantized after commit k
         self.originals: tuple[torch.Tensor, torch.Tensor] | None = None  # (L, KV, q, D): quantized slots as computed
         self._edits: dict[int, Edit] = {}
-        self.parts: list[tuple[int, Edit]] = []  # (commit, its prunings and merges), kvviz.runs.reshape
-        self.quanto = None  # a QuantizedCache run's settings (kvviz.runs.quanto)
+        self.parts: list[tuple[int, Edit]] = []  # (commit, its prunings and merges), kvviz.edit.reshape
+        self.quanto = None  # a QuantizedCache run's settings (kvviz.quant.quanto)
         self.flushes: list[tuple[int, int]] = []  # (commit, slots 0..upto-1 quantized again then)
         self.unshaped: tuple[torch.Tensor, torch.Tensor] | None = None  # (L, KV, m, D): slots 0..m-1 as computed
 
-    # --- the CommitLog read side -----------------------------------------------------------------------------
+    # --- the read side of Commits (kvviz.edit.commits) ------------------------------------------------------
 
     def index(self, slot: int) -> int:
         """The commit in force when slot ``slot`` is processed (-1: none)."""

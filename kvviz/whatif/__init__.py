@@ -5,10 +5,10 @@
 - :mod:`~kvviz.whatif.continuation` — greedy continuations with both caches;
 - :mod:`~kvviz.whatif.metrics` — KL, total variation, top-k side by side;
 - :mod:`~kvviz.whatif.memory` — cache bytes, packed as an edit stores them;
-- :mod:`~kvviz.whatif.compare` — several policies' masks at one budget, side by side.
+- :mod:`~kvviz.whatif.compare_policies` — several policies' masks at one budget, side by side.
 """
 
-from kvviz.whatif.compare import PolicyComparison, PolicyRow, compare_policies
+from kvviz.whatif.compare_policies import PolicyComparison, PolicyRow, compare_policies
 from kvviz.whatif.continuation import Continuation
 from kvviz.whatif.memory import CacheBytes, cache_memory, step_memory
 from kvviz.whatif.metrics import Candidate, NextToken, compare

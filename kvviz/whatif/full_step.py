@@ -15,8 +15,8 @@ from transformers import Cache
 from kvviz import attention_math as am
 from kvviz import kv_cache
 from kvviz.attention_support import AttentionRule
-from kvviz.edit_parts import reshaped
-from kvviz.edits import Edit
+from kvviz.edit.parts import reshaped
+from kvviz.edit.edit import Edit
 from kvviz.kv_cache import KV
 from kvviz.recorder import Probe, probing
 from kvviz.session import Session

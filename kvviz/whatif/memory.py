@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from kvviz.edit_check import check_edit
-from kvviz.edits import Edit
-from kvviz.quant import layer_scale_bytes, packed_bytes
+from kvviz.edit.check import check_edit
+from kvviz.edit.edit import Edit
+from kvviz.quant.quantizer import layer_scale_bytes, packed_bytes
 from kvviz.session import Session
 
 

@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from kvviz import attention_math as am
-from kvviz.edit_check import check_edit
-from kvviz.edits import Edit
+from kvviz.edit.check import check_edit
+from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
 from kvviz.recorder import Probe
 from kvviz.session import Session

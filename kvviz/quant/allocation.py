@@ -8,42 +8,44 @@ the hard part, so the rule looks at the keys).
   the next width (ties: the lower layer, then the lower KV head). The budget is an average width over the pairs:
   ``Σ b_{ℓ,h} ≤ average · L · KV``.
 
-The result is an :class:`~kvviz.edits.Edit`'s ``head_widths``: the width of every quantized slot of that layer and KV
+The result is an :class:`~kvviz.edit.edit.Edit`'s ``head_widths``: the width of every quantized slot of that layer and KV
 head, keys and values alike.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 
 import torch
 
 from kvviz.errors import KvvizError
-from kvviz.quant import Quantizer, fake_quantize
-from kvviz.session import Session
+from kvviz.quant.quantizer import Quantizer, fake_quantize
 
 RULES = ("uniform", "keyerror")
 WIDTHS = (2, 3, 4, 8)  # the ladder a pair climbs (16: not quantized, never chosen)
 
 
-def key_errors(session: Session, at: int, keys: Quantizer) -> dict[int, torch.Tensor]:
+def key_errors(cached: Sequence[torch.Tensor], keys: Quantizer) -> dict[int, torch.Tensor]:
     """Per width of :data:`WIDTHS`, each (layer, KV head)'s key error ``(L, KV)`` float64: the Frobenius norm of
-    ``Q_b(K) − K`` over the slots before ``at``, as ``keys`` quantizes them."""
-    errors = {width: torch.zeros(session.lm.layers, session.lm.kv_heads, dtype=torch.float64) for width in WIDTHS}
-    positions = torch.arange(at)
-    for layer in range(session.lm.layers):
-        cached = session.commits.step_kv(layer, at)[0].float()  # (KV, at, D)
+    ``Q_b(K) − K`` over the cached keys, ``cached[layer]`` ``(KV, n, D)`` at slots ``0..n-1``, as ``keys`` quantizes
+    them."""
+    errors = {width: torch.zeros(len(cached), cached[0].shape[0], dtype=torch.float64) for width in WIDTHS}
+    for layer, layer_keys in enumerate(cached):
+        layer_keys = layer_keys.float()
+        positions = torch.arange(layer_keys.shape[1])
         for width in WIDTHS:
-            rounded = fake_quantize(cached, width, keys, layer, positions)  # positions: for pre-RoPE keys
-            errors[width][layer] = (rounded - cached).double().square().sum((1, 2)).sqrt()
+            rounded = fake_quantize(layer_keys, width, keys, layer, positions)  # positions: for pre-RoPE keys
+            errors[width][layer] = (rounded - layer_keys).double().square().sum((1, 2)).sqrt()
     return errors
 
 
-def allocate(session: Session, at: int, average: float, rule: str, keys: Quantizer
+def allocate(cached: Sequence[torch.Tensor], average: float, rule: str, keys: Quantizer
              ) -> tuple[tuple[int, ...], ...]:
     """The width of each (layer, KV head) under ``rule`` with ``average`` bits per pair on average (see the module
-    doc); refuses an unknown rule, an average below the lowest width and a uniform average that is no width."""
-    layers, kv_heads = session.lm.layers, session.lm.kv_heads
+    doc), for the cached keys ``cached[layer]`` ``(KV, n, D)`` at slots ``0..n-1``; refuses an unknown rule, an
+    average below the lowest width and a uniform average that is no width."""
+    layers, kv_heads = len(cached), cached[0].shape[0]
     if rule not in RULES:
         raise KvvizError(f"the allocation rule is one of {', '.join(RULES)}, not {rule!r}")
     if not WIDTHS[0] <= average <= WIDTHS[-1]:
@@ -52,7 +54,7 @@ def allocate(session: Session, at: int, average: float, rule: str, keys: Quantiz
         if average not in WIDTHS:
             raise KvvizError(f"a uniform allocation needs a width ({', '.join(map(str, WIDTHS))}), not {average}")
         return ((int(average),) * kv_heads,) * layers
-    errors = key_errors(session, at, keys)
+    errors = key_errors(cached, keys)
     widths = [[WIDTHS[0]] * kv_heads for _ in range(layers)]
     spare = average * layers * kv_heads - WIDTHS[0] * layers * kv_heads
     queue = [(-float(errors[WIDTHS[0]][layer, head]), layer, head) for layer in range(layers) for head in range(kv_heads)]

@@ -1,16 +1,16 @@
-"""Several quantization schemes (:mod:`kvviz.schemes`) at the same step, side by side: one what-if each."""
+"""Several quantization schemes (:mod:`kvviz.quant.catalogue`) at the same step, side by side: one what-if each."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from kvviz.calibration import CALIBRATION_TEXT, calibrate
-from kvviz.edit_check import check_edit
-from kvviz.edits import Edit
-from kvviz.bit_allocation import allocate
-from kvviz.quant import saturated
-from kvviz.runs.rerotate import rope_frequencies
-from kvviz.schemes import MIX_KEYS, Scheme
+from kvviz.quant.calibration import CALIBRATION_TEXT, calibrate
+from kvviz.edit.check import check_edit
+from kvviz.edit.edit import Edit
+from kvviz.quant.allocation import allocate
+from kvviz.quant.quantizer import saturated
+from kvviz.rope import rope_frequencies
+from kvviz.quant.catalogue import MIX_KEYS, Scheme
 from kvviz.session import Session
 from kvviz.whatif.step import WhatIf, what_if
 
@@ -74,9 +74,11 @@ def scheme_edits(session: Session, schemes: list[Scheme], at: int, calibration_t
     passes = [event.added for event in session.transcript.growth]
     calibration = calibrate(session.lm, calibration_text) if any(s.static for s in schemes) else None
     rope = rope_frequencies(session.lm) if any(s.pre_rope for s in schemes) else None
+    keys = [session.commits.step_kv(layer, at)[0] for layer in range(session.lm.layers)] if any(
+        s.family == "mix" for s in schemes) else None  # (KV, at, D) per layer, as the step sees them
     edits = []
     for scheme in schemes:
-        widths = allocate(session, at, *scheme.mix, MIX_KEYS) if scheme.family == "mix" else None
+        widths = allocate(keys, *scheme.mix, MIX_KEYS) if scheme.family == "mix" else None
         edits.append(scheme.edit(passes, at, calibration, rope, widths))
     return edits
 

@@ -3,7 +3,7 @@ and, for keys rounded before RoPE, that the keys and the frequencies are those t
 
 from __future__ import annotations
 
-from kvviz.edits import Edit
+from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
 from kvviz.model import LoadedModel
 from kvviz.transcript import Transcript
@@ -17,7 +17,7 @@ def check_edit(lm: LoadedModel, transcript: Transcript, edit: Edit, at: int) -> 
     if transcript.renumbered is not None or any(s.position != s.slot for s in transcript.slots[:at]):
         raise KvvizError("keys are quantized before RoPE only where each cached key sits at its slot's position; this "
                          "cache was re-rotated to other positions")
-    from kvviz.runs.rerotate import rope_frequencies
+    from kvviz.rope import rope_frequencies
 
     if edit.keys.rope != rope_frequencies(lm):
         raise KvvizError("the pre-RoPE keys' frequencies are not this model's RoPE: take the model's own")

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import torch
 
 from kvviz import attention_math as am
-from kvviz.edit_check import check_edit
-from kvviz.edits import Edit
+from kvviz.edit.check import check_edit
+from kvviz.edit.edit import Edit
 from kvviz.policies import Policy
 from kvviz.session import Session
 from kvviz.step_variants import rerun

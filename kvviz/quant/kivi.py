@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from kvviz.edits import Edit
+from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
-from kvviz.quant import Quantizer, check_bits
+from kvviz.quant.quantizer import Quantizer, check_bits
 
 
 @dataclass(frozen=True)

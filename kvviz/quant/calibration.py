@@ -17,7 +17,7 @@ import torch
 
 from kvviz.errors import KvvizError
 from kvviz.model import LoadedModel
-from kvviz.quant import FORMATS, Quantizer
+from kvviz.quant.quantizer import FORMATS, Quantizer
 
 CALIBRATION_TEXT = (
     "Summarise the following notes for a colleague. The museum opens at nine on weekdays and at ten on Sundays; "

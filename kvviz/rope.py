@@ -1,20 +1,37 @@
-"""Re-rotated positions (StreamingLLM's "positions within the cache"): after each compression the kept keys are
-rotated to the positions ``0..k-1`` of their order in the cache, and the next token takes position ``k``.
+"""RoPE in one place: a rotation by any number of positions, the model's frequencies, and re-rotated positions.
 
-Keys are cached post-RoPE at the position they were computed at, ``p``; RoPE is a rotation, so the key at position
-``c`` is the computed one rotated by ``c − p`` (docs/math.md §9). The run keeps the keys as computed and rotates them
-from there each time, so rotations never accumulate rounding.
+RoPE turns each channel pair ``(x_i, x_{i+D/2})`` of a query or key by the angle ``p·θ_i`` of its position ``p``
+(transformers' ``rotate_half`` layout). Keys are cached post-RoPE at the position they were computed at, so the key at
+another position ``c`` is the cached one turned by ``c − p`` (docs/math.md §9), and a key before RoPE is the cached one
+turned by ``−p`` (what a pre-RoPE key quantizer rounds, docs/math.md §4). Re-rotated positions (StreamingLLM's
+"positions within the cache") turn the kept keys to the positions ``0..k-1`` of their order after each compression;
+a run keeps the keys as computed and turns them from there each time, so rotations never accumulate rounding.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import torch
 
 from kvviz.errors import KvvizError
-from kvviz.model import LoadedModel
-from kvviz.outlier_handling import rope_rotate
+
+if TYPE_CHECKING:  # the model's module loads transformers; a rotation needs only torch
+    from kvviz.model import LoadedModel
+
+
+def rope_rotate(x: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """``x`` ``(..., n, D)`` rotated by ``delta`` ``(n,)`` positions each, with RoPE frequencies ``inv_freq``
+    ``(D/2,)``: channel pair ``(x_i, x_{i+D/2})`` turned by the angle ``δ·θ_i`` (transformers' ``rotate_half`` layout,
+    float32 angles as the model computes them). A negative ``delta`` undoes a rotation."""
+    freqs = delta.to(inv_freq.device, torch.float32)[:, None] * inv_freq  # (n, D/2)
+    emb = torch.cat((freqs, freqs), dim=-1).to(x.device)
+    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    half = x.shape[-1] // 2
+    rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated_half * sin
+
 
 ROTATIONS = ("default", "linear", "llama3")  # RoPE variants whose angle is position × a fixed frequency
 

@@ -1,6 +1,6 @@
 """An Edit: which cached slots are evicted (everywhere, or in chosen layers / KV heads), which are stored at fewer
 bits (keys and values separately), which key channels are pruned and which evicted values are merged into kept slots
-(:mod:`kvviz.edit_parts`). A validated, JSON-serialisable value object; it never touches a cache itself except
+(:mod:`kvviz.edit.parts`). A validated, JSON-serialisable value object; it never touches a cache itself except
 through :meth:`Edit.quantized`, which returns new tensors."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from functools import cached_property
 
 import torch
 
-from kvviz.edit_parts import (Eviction, Merge, Pruning, check_parts, flags, from_json, index_table, optional, reshaped,
+from kvviz.edit.parts import (Eviction, Merge, Pruning, check_parts, flags, from_json, index_table, optional, reshaped,
                               slots_of, to_json)
 from kvviz.errors import KvvizError
-from kvviz.quant import Quantizer, check_bits
-from kvviz.slot_widths import blocks, check_head_shape, check_head_widths, quantize_slots, width_groups
+from kvviz.quant.quantizer import Quantizer, check_bits
+from kvviz.quant.widths import blocks, check_head_shape, check_head_widths, quantize_slots, width_groups
 
 __all__ = ["Edit", "Eviction", "Merge", "Pruning"]
 
@@ -258,7 +258,7 @@ class Edit:
 
     def groups(self, kind: str, n: int) -> list[tuple[int, slice | list[int]]]:
         """The slots below ``n`` that ``kind`` (``"key"`` or ``"value"``) stores at fewer than 16 bits, as
-        ``(bit-width, slots)`` groups (see :func:`~kvviz.slot_widths.width_groups`); computed once per ``n`` (every
+        ``(bit-width, slots)`` groups (see :func:`~kvviz.quant.widths.width_groups`); computed once per ``n`` (every
         layer uses the same)."""
         if (kind, n) not in self._plans:
             self._plans[kind, n] = width_groups(self.key_bits if kind == "key" else self.value_bits, n)

@@ -1,4 +1,4 @@
-"""The parts of an :class:`~kvviz.edits.Edit` besides bit-widths, each a validated, JSON-ready value:
+"""The parts of an :class:`~kvviz.edit.edit.Edit` besides bit-widths, each a validated, JSON-ready value:
 
 - an :class:`Eviction` hides slots (everywhere, or in chosen layers / KV heads);
 - a :class:`Pruning` zeroes key channels of some slots in one layer and KV head — ThinK's channel pruning (Xu et al.,

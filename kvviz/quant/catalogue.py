@@ -6,23 +6,23 @@ the app's comparison take:
 - ``fp16`` — nothing quantized (the identity: KL exactly 0).
 - ``int{8,4,3,2}-token`` — keys and values per token (one scale and zero point per slot and KV head).
 - ``int{8,4,3,2}-channel`` — KIVI's granularity without its window: keys per channel, values per token.
-- ``kivi-{4,2}`` — KIVI as a run holds the cache at that step (kvviz.runs.kivi, G = 32, R = 128): whole groups of
+- ``kivi-{4,2}`` — KIVI as a run holds the cache at that step (kvviz.quant.kivi, G = 32, R = 128): whole groups of
   32 slots older than the newest 128 quantized, keys per channel within their group, values per token.
 - ``fp8-{e4m3,e5m2}-{head,tensor}`` — an FP8 cache (vLLM's ``kv_cache_dtype``), one dynamic scale per KV head or
   per layer.
 - ``fp8-{e4m3,e5m2}-{head,tensor}-static`` — the same with static scales calibrated on a calibration text
-  (kvviz.calibration: vLLM's checkpoint ``k_scale`` / ``v_scale``); ``fp8-{e4m3,e5m2}-unit`` — every scale 1.0, what
+  (kvviz.quant.calibration: vLLM's checkpoint ``k_scale`` / ``v_scale``); ``fp8-{e4m3,e5m2}-unit`` — every scale 1.0, what
   vLLM uses when a checkpoint has none. Values past the scale's range saturate.
 - ``hqq-{8,4,3,2}`` — transformers' ``QuantizedCache`` with the HQQ backend: a policy run's cache only (HQQ's rounding
-  is an optimisation the hqq package runs; kvviz.runs.quanto).
+  is an optimisation the hqq package runs; kvviz.quant.quanto).
 - ``mix{B}-{uniform,keyerror}`` — mixed precision: every slot quantized at the width its layer and KV head get from a
-  budget of ``B`` bits per pair on average (kvviz.bit_allocation: the same everywhere, or more where the keys lose
+  budget of ``B`` bits per pair on average (kvviz.quant.allocation: the same everywhere, or more where the keys lose
   most), keys per channel, values per token.
 - ``quanto-{4,2}`` — transformers' ``QuantizedCache`` (quanto, ``q_group_size`` 64, ``residual_length`` 128) as it
   would hold this chat at that step: the passes of the growth log replayed through its flush rule, the slots of the
   last flush quantized per token in groups of 64 channels, the residual after it at full precision. It rounds each
   slot once; QuantizedCache rounds again at every later flush (float32 ulps of a dequantized value) — a policy run
-  with ``--scheme quanto-N`` reproduces those flushes exactly (kvviz.runs.quanto).
+  with ``--scheme quanto-N`` reproduces those flushes exactly (kvviz.quant.quanto).
 
 The ``int`` and ``fp8`` schemes take ``+prerope`` (keys rounded before RoPE and rotated back, KVQuant) and outlier
 handling as a suffix, for keys and values alike: ``+hadamard`` rounds
@@ -36,13 +36,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvviz.calibration import Calibration
-from kvviz.edits import Edit
+from kvviz.quant.calibration import Calibration
+from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
-from kvviz.quant import Quantizer
-from kvviz.runs.kivi import Kivi
-from kvviz.runs.quanto import QuantoCache
-from kvviz.scheme_names import PATTERNS, check_names, run_family, scheme_family
+from kvviz.quant.quantizer import Quantizer
+from kvviz.quant.kivi import Kivi
+from kvviz.quant.quanto import QuantoCache
+from kvviz.quant.names import PATTERNS, check_names, run_family, scheme_family
 
 MIX_KEYS = Quantizer("channel")  # the mix schemes' keys: how they are stored, and what the allocation measures
 
@@ -123,8 +123,8 @@ class Scheme:
              rope: tuple[float, ...] | None = None, head_widths: tuple[tuple[int, ...], ...] | None = None) -> Edit:
         """The Edit of this scheme before the step of slot ``at``; ``passes`` are the slots each forward pass added
         (the transcript's growth log, for ``quanto``'s flushes); ``calibration`` gives a static scheme its scales,
-        ``rope`` (the model's RoPE frequencies, kvviz.runs.rerotate.rope_frequencies) a ``+prerope`` one its keys',
-        ``head_widths`` a ``mix`` one its widths (kvviz.bit_allocation). :func:`kvviz.whatif.schemes.scheme_edits`
+        ``rope`` (the model's RoPE frequencies, kvviz.rope.rope_frequencies) a ``+prerope`` one its keys',
+        ``head_widths`` a ``mix`` one its widths (kvviz.quant.allocation). :func:`kvviz.whatif.compare_schemes.scheme_edits`
         supplies all three from a session."""
         family, parts, extra = self.family, self.base.split("-"), self.outlier_settings
         if self.pre_rope and rope is None:
@@ -144,12 +144,12 @@ class Scheme:
                                  values=Quantizer(parts[2], format=parts[1], **extra))
         if family == "fp8static":
             if calibration is None:
-                raise KvvizError(f"{self.name} needs a calibration (kvviz.calibration.calibrate) for its scales")
+                raise KvvizError(f"{self.name} needs a calibration (kvviz.quant.calibration.calibrate) for its scales")
             keys, values = calibration.quantizers(parts[1], parts[2])
             return Edit.quantize(slots, 8, keys=keys, values=values)
         if family == "mix":
             if head_widths is None:
-                raise KvvizError(f"{self.name} needs its widths per layer and KV head (kvviz.bit_allocation.allocate)")
+                raise KvvizError(f"{self.name} needs its widths per layer and KV head (kvviz.quant.allocation.allocate)")
             return Edit.quantize(slots, 2, keys=MIX_KEYS, values=Quantizer("token"), head_widths=head_widths)
         if family == "hqq":
             raise KvvizError(f"{self.name} is transformers' QuantizedCache with the HQQ backend, whose rounding is an "

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvviz.edit_parts import MERGE_RULES
+from kvviz.edit.parts import MERGE_RULES
 from kvviz.errors import KvvizError
 
 

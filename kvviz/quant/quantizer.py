@@ -9,7 +9,7 @@ FP8, the engines' KV-cache dtypes (vLLM's ``kv_cache_dtype="fp8_e4m3"`` / ``"fp8
 scale)`` with ``scale = amax / max(format)`` over the group (dynamic scaling), torch's own float8 casts (round to
 nearest even, saturating at the format's maximum), 8 bits per element and one float32 scale per group. An FP8
 quantizer per KV head or per layer may instead hold *static* scales (``scales``: per layer, one per KV head), calibrated
-beforehand as vLLM's ``k_scale`` / ``v_scale`` are (kvviz.calibration); a value past ``scale · max(format)`` then
+beforehand as vLLM's ``k_scale`` / ``v_scale`` are (kvviz.quant.calibration); a value past ``scale · max(format)`` then
 saturates.
 """
 
@@ -21,7 +21,8 @@ from typing import Literal
 import torch
 
 from kvviz.errors import KvvizError
-from kvviz.outlier_handling import hadamard, rest_channels, rope_rotate
+from kvviz.quant.outliers import hadamard, rest_channels
+from kvviz.rope import rope_rotate
 
 SUPPORTED_BITS = (16, 8, 4, 3, 2)
 Axis = Literal["channel", "token", "head", "tensor"]

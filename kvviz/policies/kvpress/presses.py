@@ -7,7 +7,7 @@ per KV head, PyramidKV's KVCache-Factory schedule); ``compression_ratio`` become
 budget, rounded as kvpress rounds. Wrappers: ``AdaKVPress(press=SnapKVPress)`` is ``ada_kv``; ``KeyRerotationPress``
 re-rotates the kept keys; ``DecodingPress(base_press=…)`` runs the base press in mode ``after_steps``;
 ``ChunkKVPress(press=…)`` is ``chunk_kv`` and ``CriticalKVPress(press=…)`` ``critical_kv``. A press class (or instance) of another name with kvpress' ``score`` method
-runs its own code (:mod:`kvviz.policies.kvpress_code`). Anything else is refused in one line naming the nearest kvviz
+runs its own code (:mod:`kvviz.policies.kvpress.score_code`). Anything else is refused in one line naming the nearest kvviz
 policy. Parity is prefill compression: kvpress compresses a prompt once after its forward pass, as kvviz's
 ``prefill`` mode does.
 """
@@ -102,7 +102,7 @@ def from_kvpress(press: str | type, /, classes: Mapping[str, type[Policy]] | Non
     ratio = arguments.pop("compression_ratio", None)
     ratio = None if ratio is None else Ratio(ratio)
     if not isinstance(press, str) and name not in (*PRESSES, *WRAPPERS) and callable(getattr(press, "score", None)):
-        from kvviz.policies.kvpress_code import KvpressScorer  # a press in kvpress' shape: its own score runs
+        from kvviz.policies.kvpress.score_code import KvpressScorer  # a press in kvpress' shape: its own score runs
 
         instance = press(**arguments) if isinstance(press, type) else press
         return KvpressPolicy(KvpressScorer(press=instance), ratio)

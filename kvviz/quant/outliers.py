@@ -1,7 +1,8 @@
 """How kvviz's quantizers handle outlier channels (docs/math.md §4): a Hadamard rotation of the head dimension before
 rounding (QuaRot), the largest channels per KV head kept exact (KVQuant's dense-and-sparse split, per channel), and
 keys rounded before RoPE (KVQuant's pre-RoPE keys: RoPE mixes each channel pair by a position-dependent angle, which
-smears a channel's outliers over its pair). The quantizers themselves are in kvviz.quant."""
+smears a channel's outliers over its pair; the rotation itself is kvviz.rope's). The quantizers themselves are in
+kvviz.quant.quantizer."""
 
 from __future__ import annotations
 
@@ -31,14 +32,3 @@ def rest_channels(x: torch.Tensor, outliers: int) -> torch.Tensor:
     order = torch.sort(peak, dim=-1, descending=True, stable=True).indices
     return order[:, outliers:].sort(-1).values
 
-
-def rope_rotate(x: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """``x`` ``(..., n, D)`` rotated by ``delta`` ``(n,)`` positions each, with RoPE frequencies ``inv_freq``
-    ``(D/2,)``: channel pair ``(x_i, x_{i+D/2})`` turned by the angle ``δ·θ_i`` (transformers' ``rotate_half`` layout,
-    float32 angles as the model computes them). A negative ``delta`` undoes a rotation."""
-    freqs = delta.to(inv_freq.device, torch.float32)[:, None] * inv_freq  # (n, D/2)
-    emb = torch.cat((freqs, freqs), dim=-1).to(x.device)
-    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-    half = x.shape[-1] // 2
-    rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated_half * sin

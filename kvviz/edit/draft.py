@@ -1,4 +1,4 @@
-"""An edit being composed by clicks: the mutable companion of the immutable :class:`~kvviz.edits.Edit`.
+"""An edit being composed by clicks: the mutable companion of the immutable :class:`~kvviz.edit.edit.Edit`.
 
 The dashboard keeps one per browser session. A policy can seed it; clicks toggle evictions and selections; a
 bit-width picker applies to the selection. :meth:`EditDraft.edit` returns the validated Edit to run.
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvviz.edits import Edit, Eviction, Merge, Pruning
-from kvviz.quant import Quantizer, check_bits
+from kvviz.edit.edit import Edit, Eviction, Merge, Pruning
+from kvviz.quant.quantizer import Quantizer, check_bits
 
 
 @dataclass

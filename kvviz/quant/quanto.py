@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from kvviz.errors import KvvizError
-from kvviz.quant import Quantizer, fake_quantize
+from kvviz.quant.quantizer import Quantizer, fake_quantize
 
 BITS = {"quanto": (2, 4), "hqq": (1, 2, 3, 4, 8)}
 

@@ -3,21 +3,26 @@
 Representation, chosen so that every past step stays exactly reproducible:
 - evicted slots stay in the cache and are hidden per (layer, KV head) by the session's probe — this equals removing
   them (tested: removal and masking give the same logits), and it keeps slot index == cache index;
-- quantized, pruned and merged-into slots hold their edited K/V in the live cache; their original K/V are kept here, so an undo restores
-  them and the step of any earlier slot can be replayed on the cache exactly as it stood then.
+- quantized, pruned and merged-into slots hold their edited K/V in the live cache; their original K/V are kept here,
+  so an undo restores them and the step of any earlier slot can be replayed on the cache exactly as it stood then.
 Each commit stores the cumulative edit and the number of slots cached when it was made; slot ``t`` was processed under
 the newest commit made when at most ``t`` slots were cached.
+
+:class:`Commits` is what every commit log answers: :class:`CommitLog` (a session's) and ``kvviz.runs.timeline.Timeline``
+(a policy run's, whose commits its policy makes) both satisfy it, checked by mypy in the test suite.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
-from transformers import DynamicCache
+from transformers import Cache, DynamicCache
 
 from kvviz import kv_cache
-from kvviz.edits import Edit
+from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
 
 
@@ -25,6 +30,74 @@ from kvviz.errors import KvvizError
 class Commit:
     at: int  # slots cached when the edit was committed; it applies to the steps of slots >= at
     edit: Edit  # cumulative and resolved (no full-precision window left)
+
+
+class Commits(Protocol):
+    """A session's commit log as the session, its attention weights, the what-if and time travel read it: which edit
+    each step ran under, which slots it hid, the keys and values it saw; ``push`` / ``pop`` commit and undo (a log
+    whose commits are not the user's refuses them with a :class:`KvvizError`)."""
+
+    layers: int
+    kv_heads: int
+
+    @property
+    def cache(self) -> Cache:
+        """The session's cache, whose slots the log's edits hide or hold quantized."""
+        ...
+
+    @property
+    def stack(self) -> Sequence[Commit]:
+        """The user's commits, oldest first (empty where the user makes none)."""
+        ...
+
+    @property
+    def current(self) -> Edit:
+        """The edit in force for the next step."""
+        ...
+
+    def edit_at(self, slot: int) -> Edit:
+        """The cumulative edit in force when slot ``slot`` was (or will be) processed."""
+        ...
+
+    def step_edits(self, at: int, edit: Edit) -> tuple[Edit, Edit]:
+        """For the step of slot ``at``: the edit in force then and ``edit`` on top of it."""
+        ...
+
+    def hidden(self, slot: int, length: int) -> torch.Tensor:
+        """Bool ``(L, KV, length)``: the slots hidden from the step of slot ``slot``."""
+        ...
+
+    def step_kv(self, layer: int, at: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values ``(KV, at, D)`` of the slots before ``at`` as computed, before quantization."""
+        ...
+
+    def keys_at(self, layer: int, slot: int, stop: int) -> torch.Tensor:
+        """Keys ``(KV, stop, D)`` of ``layer`` as the step of slot ``slot`` saw them."""
+        ...
+
+    def key_version(self, slot: int) -> int:
+        """Equal for slots whose steps saw the same keys."""
+        ...
+
+    def boundaries(self) -> list[int]:
+        """The slots at which the edit in force changes."""
+        ...
+
+    def evicted(self, length: int) -> torch.Tensor | None:
+        """Bool ``(L, KV, length)`` of the slots the current edit hides, or None when it hides nothing."""
+        ...
+
+    def original_kv(self, layer: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values ``(KV, stop, D)`` of ``layer`` as the model computed them."""
+        ...
+
+    def push(self, edit: Edit, at: int) -> None:
+        """Commit ``edit`` (validated for a step at ``at``) on top of the current one."""
+        ...
+
+    def pop(self) -> None:
+        """Undo the newest commit."""
+        ...
 
 
 class CommitLog:

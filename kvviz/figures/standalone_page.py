@@ -17,15 +17,15 @@ from pathlib import Path
 
 import numpy as np
 
-from kvviz.draft import EditDraft
-from kvviz.edits import Edit
+from kvviz.edit.draft import EditDraft
+from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
 from kvviz.figures.slides import describe
 from kvviz.session import Session
 from kvviz.transcript import SEGMENTS
 from kvviz.whatif import what_if
 
-_HERE = Path(__file__).parent / "figures"
+_HERE = Path(__file__).parent
 MAX_VIEWS = 8  # (layer, head) views of the attention in one page
 MAX_PREPARED = 32
 MAX_SLOTS = 2048  # every step's row of a view is n(n+1)/2 floats: ~11 MB of page per view at 2,048 slots

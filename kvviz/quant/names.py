@@ -1,4 +1,4 @@
-"""The grammar of quantization scheme names (:mod:`kvviz.schemes` says what each one stores): which names exist, and
+"""The grammar of quantization scheme names (:mod:`kvviz.quant.catalogue` says what each one stores): which names exist, and
 the one-line refusal of any other. Imports nothing heavy, so the command line refuses a bad ``--scheme`` before it
 loads torch or runs a chat."""
 

@@ -1,6 +1,6 @@
-"""Which slots an :class:`~kvviz.edits.Edit` stores at which bit-width: the slots grouped by width (one quantization
+"""Which slots an :class:`~kvviz.edit.edit.Edit` stores at which bit-width: the slots grouped by width (one quantization
 each, which matters for scales shared across slots), and mixed precision across layers and KV heads — one width per
-(layer, KV head) for every slot the edit quantizes (``Edit.head_widths``, chosen by kvviz.bit_allocation)."""
+(layer, KV head) for every slot the edit quantizes (``Edit.head_widths``, chosen by kvviz.quant.allocation)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 import torch
 
 from kvviz.errors import KvvizError
-from kvviz.quant import Quantizer, check_bits, fake_quantize, fake_quantize_, per_head_table
+from kvviz.quant.quantizer import Quantizer, check_bits, fake_quantize, fake_quantize_, per_head_table
 
 
 def check_head_widths(widths: object) -> tuple[tuple[int, ...], ...]:

@@ -1,4 +1,4 @@
-"""The largest error a quantizer (kvviz.quant) can leave in each element: the bound its round trip must keep (the
+"""The largest error a quantizer (kvviz.quant.quantizer) can leave in each element: the bound its round trip must keep (the
 tests' property, docs/math.md §4)."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ from dataclasses import replace
 
 import torch
 
-from kvviz.outlier_handling import hadamard, rest_channels, rope_rotate
-from kvviz.quant import Quantizer
+from kvviz.quant.outliers import hadamard, rest_channels
+from kvviz.rope import rope_rotate
+from kvviz.quant.quantizer import Quantizer
 
 _TINY = torch.finfo(torch.float32).tiny
 
