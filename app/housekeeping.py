@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import gc
 import logging
-import os
 import threading
 import time
 
@@ -21,6 +20,8 @@ from streamlit import runtime
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from app.server_memory import ServerMemory
+
+from kvviz import settings
 
 IDLE_SECONDS = 3.0  # no script run started for this long: collecting now delays no click
 SWEEP_SECONDS = 5.0
@@ -82,9 +83,9 @@ def _trim() -> None:
 
 def start(memory: ServerMemory) -> None:
     """Keep ``memory`` swept; the thread starts once per server process."""
+    period = settings.number("KVVIZ_GC_SECONDS", 30)  # before anything changes: a bad value leaves no thread half-made
     _memories.append(memory)
     if _started.is_set():
         return
     _started.set()
-    period = float(os.environ.get("KVVIZ_GC_SECONDS", "30"))
     threading.Thread(target=housekeeping, args=(period,), name="kvviz-housekeeping", daemon=True).start()

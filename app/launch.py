@@ -9,7 +9,8 @@ others on purpose: ``KVVIZ_ALLOW_REMOTE=1``.
 from __future__ import annotations
 
 import ipaddress
-import os
+
+from kvviz import settings
 
 
 def _loopback(name: str) -> bool:
@@ -33,7 +34,7 @@ def refusal(address: str | None, host: str | None) -> str | None:
     """Why this page must not be served (one line, with the fix), or None. ``address``: the server's
     ``server.address`` (None or empty: every interface); ``host``: the request's Host header (None outside a real
     server, e.g. under AppTest, where nothing is listening)."""
-    if host is None or os.environ.get("KVVIZ_ALLOW_REMOTE") == "1":
+    if host is None or settings.switched_on("KVVIZ_ALLOW_REMOTE"):
         return None
     if not address or not _loopback(address):
         listening = f"address {address}" if address else "every network interface"

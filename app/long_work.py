@@ -28,13 +28,13 @@ class Work:
 
 def hand_over(work: Work) -> None:
     """Run ``work`` in the page's run, now (from a fragment: the page reruns)."""
-    st.session_state.long_work = work
+    state.hand_over(work)
     st.rerun(scope="app")
 
 
 def run_pending() -> None:
     """The work handed over, if any (once: a stopped run is not started again)."""
-    work = st.session_state.pop("long_work", None)
+    work = state.take_work()
     if work is None:
         return
     try:

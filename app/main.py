@@ -14,11 +14,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 # spin. Measured on 2 cores: a click's what-if ran ~1.5x faster. Set before torch is first imported.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from app import housekeeping, launch, long_work, server_memory, state  # noqa: E402
+from app import housekeeping, launch, long_work, persistence, server_memory, state  # noqa: E402
 from app.components.scroll import mark  # noqa: E402
 from app.plain import plain, warn  # noqa: E402
 from app.views import (attention, channels, chat, growth, guide, held, policies, policy_run, sidebar, sweeps,  # noqa: E402
                        token_strip, toy, whatif)
+from kvviz import settings  # noqa: E402
 from kvviz.errors import KvvizError  # noqa: E402
 from kvviz.model import load_model  # noqa: E402
 
@@ -55,7 +56,8 @@ def guarded(view) -> None:
 
 
 try:
-    model_path = state.model_path() or os.environ.get("KVVIZ_MODEL")
+    settings.check()
+    model_path = state.model_path() or settings.text("KVVIZ_MODEL")
     lm, memory = shared_model(model_path), shared_memory(model_path)
 except KvvizError as exc:
     state.choose_model(None)  # a bad path chosen in the page: back to the default next run
@@ -63,7 +65,7 @@ except KvvizError as exc:
     st.stop()
 
 housekeeping.touch()
-state.init(lm, memory)
+persistence.init(lm, memory)
 guarded(sidebar)
 if st.session_state.large:  # every element scales: prose, widgets, numbers, tables (charts get larger fonts as well)
     st.html("<style>html, .stMarkdown, .stText, p, code, label {font-size: 1.3rem !important;}"
@@ -91,7 +93,7 @@ def editor() -> None:
     save is also the page's: nothing drawn after it changes the session or the draft without a rerun. The what-if
     is computed before anything is drawn (see ``whatif.prepare``), and its numbers are sent before the strip that
     stands above them (see ``whatif.summary``)."""
-    state.begin_run()  # a click reruns only this fragment (or the page, when it chose a head): in use until its end
+    persistence.begin_run()  # a click reruns only this fragment (or the page, when it chose a head): in use until its end
     if notice := state.take_notice():  # e.g. a refused click, noted by its callback just before this run
         message, note = notice
         if note:
@@ -115,8 +117,8 @@ def editor() -> None:
         guarded(whatif.rest)
     else:
         guarded(whatif)
-    state.save()
-    state.end_run()
+    persistence.save()
+    persistence.end_run()
 
 
 VIEWS = {"Attention": attention, "Cache growth": growth, "Channels": channels, "Policies": policies, "Policy run": policy_run,
@@ -130,19 +132,18 @@ def views() -> None:
     focusable one): at 8k slots, with the Attention view hidden behind another tab, a click settled ~0.17 s later.
     Choosing a tab, or a view's own widget, reruns only this part; what changes the whole page (a head picked on the
     overview) reruns it."""
-    state.begin_run()
-    if chosen := st.session_state.pop("open_view", None):  # a view opened another (before the tabs are drawn)
-        st.session_state.view = chosen
+    persistence.begin_run()
+    state.take_open_view()  # a view opened another (before the tabs are drawn)
     tabs = st.tabs(list(VIEWS), key="view", on_change="rerun")
     for tab, view in zip(tabs, VIEWS.values()):
         if tab.open:
             with tab:
                 guarded(view)
-    state.end_run()
+    persistence.end_run()
 
 
 editor()
 mark("views")  # a tour step about a view tab
 views()
 long_work.run_pending()  # a policy run asked for in the views: here, where Stop can interrupt it
-state.end_run()
+persistence.end_run()

@@ -18,7 +18,6 @@ Budget: ``KVVIZ_SERVER_MEMORY_MB``, default half of the machine's memory (of the
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import weakref
@@ -29,6 +28,7 @@ from streamlit import runtime
 from streamlit.runtime.app_session import AppSession
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
+from kvviz import settings
 from kvviz.errors import KvvizError
 from kvviz.memo import held_bytes
 from kvviz.model import LoadedModel
@@ -178,9 +178,7 @@ class ServerMemory:
 
 def default_budget(lm: LoadedModel) -> int:
     """``KVVIZ_SERVER_MEMORY_MB``, else half of the machine's memory (the GPU's on CUDA)."""
-    if os.environ.get("KVVIZ_SERVER_MEMORY_MB"):
-        return int(float(os.environ["KVVIZ_SERVER_MEMORY_MB"]) * 2**20)
-    return lm.memory_capacity() // 2
+    return int(settings.number("KVVIZ_SERVER_MEMORY_MB", lm.memory_capacity() / 2**21) * 2**20)
 
 
 def page_kept(lm: LoadedModel) -> Kept:
@@ -214,4 +212,4 @@ def page_kept(lm: LoadedModel) -> Kept:
 
 
 def create(lm: LoadedModel) -> ServerMemory:
-    return ServerMemory(default_budget(lm), float(os.environ.get("KVVIZ_IDLE_MINUTES", "15")) * 60, page_kept(lm))
+    return ServerMemory(default_budget(lm), settings.number("KVVIZ_IDLE_MINUTES", 15) * 60, page_kept(lm))

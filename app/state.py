@@ -1,27 +1,18 @@
-"""Per-browser-session state, all in ``st.session_state``: the Session, the draft edit and the view settings."""
+"""A page's state, all in ``st.session_state``: its keys and defaults, the getters views read, and every write of it
+(with app/persistence.py, which starts, saves and restores the page's session; no other module writes it by code —
+tests/test_page_state_writers.py — while widgets write their own keys, as Streamlit's widgets do)."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import time
-import uuid
-from collections.abc import Callable
-from pathlib import Path
+from types import SimpleNamespace
 
 import streamlit as st
 
-from app import autosave, housekeeping
-from app.plain import plain
-from app.progress import replay_progress
-from app.server_memory import KEPT, ServerMemory
+from app import housekeeping
+from app.server_memory import KEPT
 from kvviz.edit.draft import EditDraft
-from kvviz.model import LoadedModel, cache_root
-from kvviz.sampling import Sampling
 from kvviz.session import Session
-from kvviz.session_file import export_session, import_session
-from kvviz.session_schema import parse, token_count, validate
 
 SESSION_ID = re.compile(r"[0-9a-f]{32}")  # the ?s= URL parameter (full match); nothing else names an autosave file
 
@@ -33,52 +24,8 @@ DEFAULTS = {"layer": 0, "head": MEAN, "at": None, "max_new_tokens": 48, "large":
             "pick_k": 4, "pick_v": 4, "topk": 10, "continuation": 0, "raw_special_tokens": False}
 
 
-def init(lm: LoadedModel, memory: ServerMemory) -> None:
-    """Create what this browser session needs, once (``if key not in st.session_state``); after a page reload the
-    autosaved session of this URL's ``?s=`` id is restored, and so is a session the server released meanwhile."""
-    for key, value in DEFAULTS.items():
-        st.session_state.setdefault(key, value)
-    st.session_state.server_memory = memory
-    if "session" in st.session_state:
-        released = session().released
-        if released:
-            # a fresh session first: a restore that is refused or stopped leaves a page that works (and holds the file)
-            st.session_state.session, st.session_state.draft = Session(lm), EditDraft()
-            restore(lm)
-            if not held():
-                notify(f"This conversation was set aside to free the server's memory ({released}) and has been "
-                       "restored from its autosave.")
-        begin_run(whole_page=True)
-        return
-    sid = st.query_params.get("s", "")
-    if not SESSION_ID.fullmatch(sid):
-        sid = st.query_params["s"] = uuid.uuid4().hex
-    st.session_state.sid = sid
-    st.session_state.session, st.session_state.draft = Session(lm), EditDraft()
-    st.session_state.held, st.session_state.revision = None, None
-    restore(lm)
-    begin_run(whole_page=True)
-
-
-def begin_run(whole_page: bool = False) -> None:
-    """This page's session is in use until :func:`end_run` (the server never releases it meanwhile). A session the
-    server released just before is restored by a new run of the whole page; a fragment's run after a callback set
-    ``whole_page`` (a layer and head chosen for every view) becomes the whole page's."""
-    memory = st.session_state.get("server_memory")
-    if (st.session_state.pop("whole_page", False) and not whole_page
-            or memory is not None and memory.started(_page(), session(), whole_page)):
-        st.rerun(scope="app")
-
-
-def end_run() -> None:
-    """The run of the page (or of its fragment) is over: the server may release the session if its autosave holds
-    it."""
-    memory = st.session_state.get("server_memory")
-    if memory is not None:
-        memory.finished(_page(), session(), releasable=not held() and st.session_state.get("saved_current", False))
-
-
-def _page() -> str:
+def page() -> str:
+    """The server's name of this page (its memory budget's key)."""
     return housekeeping.page_id(st.session_state.get("sid", ""))
 
 
@@ -87,109 +34,7 @@ def make_room(tokens: int) -> None:
     then idle sessions, are released for it); refuses with :class:`KvvizError` when it cannot."""
     memory = st.session_state.get("server_memory")
     if memory is not None:
-        memory.make_room(_page(), tokens, session().lm.bytes_per_slot)
-
-
-def restore(lm: LoadedModel) -> None:
-    """Replace this page's session by the autosave of its id, if there is one. A restore that is refused, fails or is
-    stopped holds the autosave: nothing is written over it until the person chooses (see :func:`held`)."""
-    path = autosave_path(st.session_state.sid)
-    if not path.is_file():
-        return
-    st.session_state.held = ("restore", "The restore of the autosaved session was stopped. Its file is kept as it "
-                             "was: nothing is saved over it.")
-    try:
-        text = path.read_bytes()
-        session, draft, view = load(lm, text, "Restoring the autosaved session")
-    except Exception as exc:  # noqa: BLE001 — refused (KvvizError), unreadable or failed: the file stays as it is
-        st.session_state.held = ("restore", f"The autosaved session could not be restored ({exc}). Its file is kept "
-                                 "as it was: nothing is saved over it.")
-        return
-    replace(session, draft, view)
-    st.session_state.revision, st.session_state.held = autosave.revision(text), None
-    # what the file holds is saved already: a page that only restored it writes nothing (another tab's save stays)
-    st.session_state.saved = json.dumps(document(), ensure_ascii=False)
-
-
-def load(lm: LoadedModel, text: str | bytes, label: str) -> tuple[Session, EditDraft, dict]:
-    """A session file's session, draft and view: checked in full, room made for it within the server's memory
-    budget, then replayed with a progress bar (``label``); refusals raise :class:`KvvizError`."""
-    document = parse(text)
-    validate(lm.geometry, document)
-    make_room(token_count(document))
-    with replay_progress(label) as progress:
-        return import_session(lm, document, progress)
-
-
-def held() -> tuple[str, str] | None:
-    """Why this page does not autosave now, or None: ``("restore", message)`` after a refused restore, ``("conflict",
-    message)`` when another tab saved the same id since this page loaded or saved it."""
-    return st.session_state.get("held")
-
-
-def move_to_new_id() -> None:
-    """Keep what this page holds under a new id (the other file is left as it is); autosaving resumes."""
-    st.session_state.sid = st.query_params["s"] = uuid.uuid4().hex
-    st.session_state.held, st.session_state.revision, st.session_state.saved = None, None, None
-
-
-def autosave_path(sid: str) -> Path:
-    """``$KVVIZ_SESSIONS/<id>.json`` (default: ``sessions/`` in kvviz's cache folder)."""
-    folder = os.environ.get("KVVIZ_SESSIONS") or cache_root() / "sessions"
-    return Path(folder) / f"{sid}.json"
-
-
-def document() -> dict:
-    """This browser session as an export document (conversation, edits, view)."""
-    view = {key: st.session_state[key] for key in ("layer", "head", "at")} | {"prepared": prepared()}
-    return export_session(session(), draft(), view)
-
-
-def save() -> None:
-    """End of the editor's run (a click's, or part of a page run): keep the export current and autosave it."""
-    if session().released:  # its tensors (and commits) are gone: the next run of the page restores it
-        return
-    doc, was_held = document(), held()
-    st.session_state.setdefault("export", {})["doc"] = doc  # read by the export button's deferred download
-    st.session_state.saved_current = False
-    try:
-        _autosave(doc)
-    except OSError as exc:  # a full or read-only disk must not take the page down (nor may the server release it)
-        st.caption(plain(f"Autosave failed: {exc}"))
-    if held() and not was_held:
-        st.rerun(scope="app")  # the banner at the top says why and offers the way on
-
-
-def export_json() -> Callable[[], str]:
-    """The export document of the last run, for a deferred download (called outside any script run)."""
-    holder = st.session_state.setdefault("export", {})
-    return lambda: json.dumps(holder.get("doc", {}), ensure_ascii=False, indent=1)
-
-
-def _autosave(doc: dict) -> None:
-    """Write ``doc`` for this URL's id when it changed: atomically (a reload never reads half a file), owner-only
-    (folder 0700, file 0600), and never over a file another tab wrote since this page read or wrote it — that holds
-    autosaving instead (see :func:`held`), so neither tab's work is lost."""
-    text = json.dumps(doc, ensure_ascii=False)
-    ss = st.session_state
-    if ss.get("saved") == text:
-        ss.saved_current = True
-        return
-    if not ss.get("sid") or held():
-        return
-    try:
-        revision = autosave.write(autosave_path(ss.sid), text, ss.get("revision"))
-    except autosave.Conflict:
-        ss.held = ("conflict", "This conversation was saved from another tab or window since this page loaded it. "
-                   "This page stopped autosaving, so neither version is lost.")
-        return
-    ss.saved, ss.revision, ss.saved_at, ss.saved_current = text, revision, time.monotonic(), True
-
-
-def save_every(seconds: float) -> None:
-    """:func:`save` if the last autosave is older than ``seconds`` (a reply being written is saved as it grows)."""
-    if time.monotonic() - st.session_state.get("saved_at", 0.0) >= seconds:
-        save()
+        memory.make_room(page(), tokens, session().lm.bytes_per_slot)
 
 
 def session() -> Session:
@@ -198,13 +43,6 @@ def session() -> Session:
 
 def draft() -> EditDraft:
     return st.session_state.draft
-
-
-def new_conversation(lm: LoadedModel, sampling: Sampling | None = None) -> None:
-    if held():  # the held file stays as it is: the new conversation gets its own id
-        move_to_new_id()
-    st.session_state.session = Session(lm, sampling)
-    st.session_state.draft, st.session_state.at, st.session_state.prepared = EditDraft(), None, []
 
 
 def replace(session: Session, draft: EditDraft, view: dict | None = None, at: int | None = None) -> None:
@@ -295,3 +133,67 @@ def notify(message: str, note: bool = False) -> None:
     """A message shown once at the top of the next run: a warning (e.g. a refused click, reported from a callback), or
     with ``note`` a plain note (what a demo shows, where a result went)."""
     st.session_state.notice = (message, note)
+
+
+def choose_head(layer: int, head: int, whole_page: bool = True) -> None:
+    """Every view shows ``layer`` and query ``head`` (:data:`MEAN`: the mean over heads); ``whole_page``: a click in
+    a fragment reruns the whole page, so the views outside it show them too."""
+    st.session_state.layer, st.session_state.head = layer, head
+    if whole_page:
+        st.session_state.whole_page = True
+
+
+def show_in_views(continuation: int | None = None, chart: str | None = None,
+                  channels: tuple[int, int] | None = None) -> None:
+    """What a demo or a tour step shows: the what-if's ``continuation`` tokens, its ``chart``, the Channels tab's
+    (layer, KV head)."""
+    if continuation is not None:
+        st.session_state.continuation = continuation
+    if chart is not None:
+        st.session_state.whatif_chart = chart
+    if channels is not None:
+        st.session_state.channels_layer, st.session_state.channels_kv_head = channels
+
+
+def open_view(name: str) -> None:
+    """Open the view tab ``name`` on the next run (a view opening another: a policy run opened from a sweep)."""
+    st.session_state.open_view = name
+
+
+def take_open_view() -> None:
+    """Before the tabs are drawn: the view another asked for (:func:`open_view`) becomes the open tab, once."""
+    if chosen := st.session_state.pop("open_view", None):
+        st.session_state.view = chosen
+
+
+def show_step_in_pickers() -> None:
+    """The time-travel slider and the jump box show the step in view (set here: no widget default to fight)."""
+    st.session_state.at_slider = st.session_state.at_jump = step_slot()
+
+
+def look_at(place: str) -> None:
+    """Count one more request to bring ``place`` into view (app/components/scroll.py scrolls once per count)."""
+    st.session_state[f"scroll_{place}"] = scrolls(place) + 1
+
+
+def scrolls(place: str) -> int:
+    """How often ``place`` was asked to come into view (see :func:`look_at`)."""
+    return st.session_state.get(f"scroll_{place}", 0)
+
+
+def hand_over(work: object) -> None:
+    """Keep long work asked for in a view until the page's own run takes it (app/long_work.py)."""
+    st.session_state.long_work = work
+
+
+def take_work() -> object | None:
+    """The work handed over, once."""
+    return st.session_state.pop("long_work", None)
+
+
+QUANTIZER_SETTINGS = ("key_axis", "value_axis", "group", "symmetric", "number_format", "fp8_scales", "pre_rope")
+
+
+def quantizer_settings() -> SimpleNamespace:
+    """The editor's quantizer settings as they stand (a copy to read: its widgets write them)."""
+    return SimpleNamespace(**{key: st.session_state[key] for key in QUANTIZER_SETTINGS})

@@ -12,6 +12,7 @@ import json
 import os
 from pathlib import Path
 
+from kvviz import settings
 from kvviz.errors import ModelLoadError
 from kvviz.geometry import Geometry
 
@@ -24,7 +25,7 @@ GGUF_MAGIC = b"GGUF"
 
 def cache_root() -> Path:
     """Folder for converted models: ``$KVVIZ_CACHE`` or ``~/.cache/kvviz``."""
-    return Path(os.environ.get("KVVIZ_CACHE") or Path.home() / ".cache" / "kvviz")
+    return Path(settings.text("KVVIZ_CACHE") or Path.home() / ".cache" / "kvviz")
 
 
 def bundled_gguf() -> Path:
@@ -52,7 +53,7 @@ def converted_dir(gguf: Path) -> Path:
 def located_geometry(path: str | os.PathLike | None) -> Geometry | None:
     """The shape of the model ``load_model(path)`` would load, read from its ``config.json`` when that is already on
     disk (a folder, or a GGUF converted before); None otherwise (the load will convert it)."""
-    path = path or os.environ.get("KVVIZ_MODEL") or None
+    path = path or settings.text("KVVIZ_MODEL")
     try:
         source = bundled_gguf() if path is None else Path(path).expanduser()
         folder = converted_dir(source) if source.is_file() else source

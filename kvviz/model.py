@@ -18,6 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
+from kvviz import settings
 from kvviz.attention_support import AttentionRule, check
 from kvviz.chat_template import PLAIN_TEMPLATE
 from kvviz.checkpoint import BUNDLED_NAME, GGUF_MAGIC, bundled_gguf, cache_root, converted_dir
@@ -104,16 +105,16 @@ BUNDLED = "(bundled)"  # names the bundled model even where KVVIZ_MODEL names an
 def allowed_models() -> list[str]:
     """The models a page may switch between: the bundled one and those listed in ``KVVIZ_MODELS`` (comma-separated
     folders, ``.gguf`` files or hub ids; the server's list, never the page's)."""
-    listed = [m.strip() for m in os.environ.get("KVVIZ_MODELS", "").split(",") if m.strip()]
+    listed = settings.listed("KVVIZ_MODELS")
     return [BUNDLED, *dict.fromkeys(m for m in listed if m != BUNDLED)]
 
 
 def pick_device(requested: str | None = None, dtype: str | torch.dtype | None = None) -> tuple[torch.device, torch.dtype]:
     """CUDA (bf16, or fp16 where bf16 is unsupported) when available, else CPU fp32. ``dtype`` (or ``KVVIZ_DTYPE``,
     e.g. ``float32``) overrides the dtype, for instance to check a GPU against fp32 references."""
-    name = requested or os.environ.get("KVVIZ_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+    name = requested or settings.text("KVVIZ_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
-    dtype = dtype or os.environ.get("KVVIZ_DTYPE") or None
+    dtype = dtype or settings.text("KVVIZ_DTYPE")
     if dtype is not None:
         chosen = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
         if not isinstance(chosen, torch.dtype) or not chosen.is_floating_point:
@@ -165,7 +166,7 @@ def convert_gguf(gguf: Path) -> Path:
 def resolve_checkpoint(path: str | os.PathLike | None) -> tuple[Path, str]:
     """Turn ``--model`` (None = bundled, a folder, a ``.gguf``, or a hub id such as ``Qwen/Qwen2.5-0.5B-Instruct``)
     into a safetensors folder and a display name."""
-    path = path or os.environ.get("KVVIZ_MODEL") or None
+    path = path or settings.text("KVVIZ_MODEL")
     if path is None or path == BUNDLED:
         return convert_gguf(bundled_gguf()), BUNDLED_NAME
     name = str(path)
@@ -191,7 +192,7 @@ def load_model(path: str | os.PathLike | None = None, device: str | None = None,
     ``device_map`` (or ``KVVIZ_DEVICE_MAP``), e.g. ``"auto"``, spreads a large checkpoint over several GPUs with
     accelerate. Raises :class:`ModelLoadError` with a message naming the fix when files are missing or unreadable.
     """
-    device_map = device_map or os.environ.get("KVVIZ_DEVICE_MAP") or None
+    device_map = device_map or settings.text("KVVIZ_DEVICE_MAP")
     from kvviz.recorder import ATTENTION_NAME, register  # registration is global and idempotent
 
     register()

@@ -6,14 +6,13 @@ pass is atomic: if it fails, the cache, the recorded queries and the transcript 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
 
-from kvviz import kv_cache, prefill
+from kvviz import kv_cache, prefill, settings
 from kvviz.chat_template import chat_delta, check_unicode
 from kvviz.edit.commits import CommitLog, Commits
 from kvviz.edit.check import check_edit
@@ -44,7 +43,7 @@ class Session:
         """``memory_budget``: bytes of cache + recorded queries this session may hold (default: the
         ``KVVIZ_MEMORY_BUDGET_MB`` environment variable, else 4096 MiB); a turn or step beyond it is refused."""
         self.lm = lm
-        default = int(float(os.environ.get("KVVIZ_MEMORY_BUDGET_MB", "4096")) * 2**20)
+        default = int(settings.number("KVVIZ_MEMORY_BUDGET_MB", 4096) * 2**20)
         self.memory_budget = memory_budget if memory_budget is not None else default
         self.sampling = sampling or Sampling()
         self.transcript = Transcript()

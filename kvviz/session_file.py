@@ -16,7 +16,7 @@ from kvviz.errors import KvvizError
 from kvviz.model import LoadedModel
 from kvviz.sampling import Sampling
 from kvviz.session import Session
-from kvviz.session_schema import FORMAT, VERSION, parse, validate
+from kvviz.session_schema import FORMAT, VERSION, CheckedFile, check_file
 
 
 def export_session(session: Session, draft: EditDraft | None = None, view: dict | None = None) -> dict:
@@ -48,12 +48,15 @@ def _require(condition: bool, message: str) -> None:
 def import_session(lm: LoadedModel, document: Any, progress: Callable[[int, int], None] | None = None
                    ) -> tuple[Session, EditDraft, dict]:
     """Rebuild a session from :func:`export_session`'s document, which is checked in full first (see
-    :mod:`kvviz.session_schema`): malformed, foreign or oversized documents are refused before anything runs.
+    :mod:`kvviz.session_schema`; once only: a :class:`CheckedFile` for this model's shape is not checked again):
+    malformed, foreign or oversized documents are refused before anything runs.
 
     ``progress(done, total)`` is called after each forward pass with the tokens replayed so far; an exception it
     raises (e.g. the page's Stop) abandons the replay. Either way nothing but the returned session is touched.
     """
-    validate(lm.geometry, document)
+    if not (isinstance(document, CheckedFile) and document.geometry == lm.geometry):
+        document = check_file(lm.geometry, document.document if isinstance(document, CheckedFile) else document)
+    document = document.document
     turns = document["turns"]
     commits = [(c["at"], Edit.from_dict(c["edit"])) for c in document.get("commits", [])]
     saved = document.get("draft")
@@ -89,8 +92,8 @@ def import_session(lm: LoadedModel, document: Any, progress: Callable[[int, int]
 
 def read_session(lm: LoadedModel, text: str | bytes, progress: Callable[[int, int], None] | None = None
                  ) -> tuple[Session, EditDraft, dict]:
-    """:func:`import_session` of a file's text (parsed with the size and nesting limits of :func:`parse`)."""
-    return import_session(lm, parse(text), progress)
+    """:func:`import_session` of a file's text (checked with :func:`~kvviz.session_schema.check_file`)."""
+    return import_session(lm, check_file(lm.geometry, text), progress)
 
 
 def _raw(session: Session, turn: int) -> bool:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import dataclass
 from itertools import chain
 from operator import itemgetter
 from typing import Any
@@ -311,3 +312,25 @@ def _reason(error) -> str:
 def token_count(document: dict) -> int:
     """Tokens a validated document's turns hold (its prefills and replies): what replaying it caches, at most."""
     return sum(len(turn["prefill_ids"]) + len(turn["reply_ids"]) for turn in document["turns"])
+
+
+@dataclass(frozen=True)
+class CheckedFile:
+    """A session file's document, checked in full against a model's shape (:func:`check_file`): importing it on a
+    model of that shape does not check it again."""
+
+    document: dict
+    geometry: Geometry
+
+    @property
+    def tokens(self) -> int:
+        """The slots its replay caches (what a memory budget is asked for before it runs)."""
+        return token_count(self.document)
+
+
+def check_file(geometry: Geometry, text: str | bytes | Any) -> CheckedFile:
+    """A session file's text (parsed with the size and nesting limits of :func:`parse`) or an
+    already parsed document, checked in full against ``geometry``; refuses with :class:`KvvizError`, in one line."""
+    document = parse(text) if isinstance(text, (str, bytes)) else text
+    validate(geometry, document)
+    return CheckedFile(document, geometry)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import streamlit as st
 
+from app import state
+
 _JS = """export default function ({ parentElement, data }) {
   const token = data ? String(data.token) : "";
   let mark = parentElement.querySelector(".kv-scroll");  // parentElement is a shadow root: a mark of our own
@@ -63,11 +65,11 @@ PLACES = ("top", "strip", "views", "run", "blame")  # the page's title, the cach
 def look_at(place: str) -> None:
     """Bring ``place`` (:data:`PLACES`) to the top of the view on the next run, once: after a message or a demo the
     strip, for a tour step what it describes (Streamlit keeps a chat page at its bottom while it grows)."""
-    st.session_state[f"scroll_{place}"] = st.session_state.get(f"scroll_{place}", 0) + 1
+    state.look_at(place)
 
 
 def mark(place: str) -> None:
     """Where the page scrolls for :func:`look_at` ``(place)``; the title's also when the page (re)loads."""
-    count = st.session_state.get(f"scroll_{place}", 0)
+    count = state.scrolls(place)
     if count or place == "top":
         scroll_here(f"{place}-{count}", key=f"scroll-{place}", top=place == "top")

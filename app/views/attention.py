@@ -21,8 +21,7 @@ def _pick_cell() -> None:
     lm = state.session().lm
     index = points[0].get("point_index") if points and points[0].get("curve_number") == 1 else None
     if isinstance(index, int) and 0 <= index < lm.layers * lm.heads:  # the tile markers: layer-major
-        st.session_state.layer, st.session_state.head = divmod(index, lm.heads)
-        st.session_state.whole_page = True  # the strip, the what-if and the layer and head pickers show them too
+        state.choose_head(*divmod(index, lm.heads))  # the strip, the what-if and the pickers show them too
 
 
 def render() -> None:

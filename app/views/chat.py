@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import state
+from app import persistence, state
 from app.components.scroll import look_at, scroll_here
 from app.plain import plain, warn
 from kvviz.errors import KvvizError
@@ -63,14 +63,14 @@ def render() -> None:
         if _guard(lambda: _prefill(session, prompt, tokens - st.session_state.max_new_tokens)) is None:
             return
         state.travel(None)
-        state.save()  # the message is kept before the reply starts, and the reply as it grows
+        persistence.save()  # the message is kept before the reply starts, and the reply as it grows
         answer = st.chat_message("assistant")
         with answer:
             scroll_here(f"reply-{len(session.turns)}", key="scroll-reply")  # the reply on screen while it streams
         placeholder = answer.empty()
         for _ in session.stream(st.session_state.max_new_tokens):
             placeholder.text(session.reply)
-            state.save_every(SAVE_SECONDS)
+            persistence.save_every(SAVE_SECONDS)
         look_at("strip")
         st.rerun()
 

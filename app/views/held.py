@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import state
+from app import persistence, state
 from app.plain import warn
 
 
 def render() -> None:
-    held = state.held()
+    held = persistence.held()
     if held is None:
         return
     kind, message = held
@@ -18,14 +18,14 @@ def render() -> None:
     retry, new_id = st.columns(2)
     if kind == "restore":
         if retry.button("Try the restore again"):
-            state.restore(session.lm)
+            persistence.restore(session.lm)
             st.rerun()
         label = "Start a new conversation under a new id"
     else:
         if retry.button("Load the other tab's version"):
-            state.restore(session.lm)
+            persistence.restore(session.lm)
             st.rerun()
         label = "Keep this page's version under a new id"
     if new_id.button(label):
-        state.move_to_new_id()
+        persistence.move_to_new_id()
         st.rerun()

@@ -8,7 +8,8 @@ from dataclasses import fields
 
 from app.plain import warn
 from kvviz.errors import KvvizError
-from kvviz.policies import POLICIES, Policy, kvpress
+from kvviz.policies import POLICIES, Policy
+from kvviz.policies.kvpress import presses as kvpress
 from kvviz.policies.base import Ratio
 from kvviz.policies.user import available
 from kvviz.runs.report import make_policy

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import os
 
 import streamlit as st
 
-from app import state
+from app import persistence, state
 from app.components.scroll import look_at
 from app.views import tour
 from app.views.whatif import CHARTS
 from app.plain import plain
 from app.progress import long_progress
+from kvviz import settings
 from kvviz.errors import KvvizError
 from kvviz.model import BUNDLED, LoadedModel, allowed_models
 from kvviz.sampling import Sampling
@@ -25,7 +25,7 @@ def render() -> None:
         tour.render()  # a tour's card first: always beside the page it explains
         models = allowed_models()
         if len(models) > 1:  # the server's allow-list (KVVIZ_MODELS): each page may use another, each loaded once
-            current = state.model_path() or os.environ.get("KVVIZ_MODEL") or BUNDLED
+            current = state.model_path() or settings.text("KVVIZ_MODEL") or BUNDLED
             chosen = st.selectbox("Model", models, index=models.index(current) if current in models else 0,
                                   help="the models this server offers (KVVIZ_MODELS); switching starts a new "
                                        "conversation on this page")
@@ -34,7 +34,7 @@ def render() -> None:
                 st.rerun()
         st.caption(f"**Model** {plain(lm.name)}")
         st.caption(f"**Device** {lm.device_label}")
-        if os.environ.get("KVVIZ_ALLOW_MODEL_PATHS") == "1":  # off by default: the page cannot make the server read paths
+        if settings.switched_on("KVVIZ_ALLOW_MODEL_PATHS"):  # off by default: the page cannot make the server read paths
             path = st.text_input("Model path (checkpoint folder or .gguf on the server)")
             if path and st.button("Load this model"):
                 state.choose_model(path)
@@ -47,10 +47,10 @@ def render() -> None:
             top_p = st.slider("Top-p", 0.05, 1.0, max(sampling.top_p, 0.05), 0.05)
             seed = st.number_input("Seed", 0, 2**31 - 1, min(sampling.seed, 2**31 - 1))
             if st.button("New conversation with these settings"):
-                state.new_conversation(lm, Sampling(temperature, top_p, int(seed)))
+                persistence.new_conversation(lm, Sampling(temperature, top_p, int(seed)))
                 st.rerun()
         if st.button("New conversation"):
-            state.new_conversation(lm, session.sampling)
+            persistence.new_conversation(lm, session.sampling)
             st.rerun()
         _scenarios(lm)
         tour.choose(lm)
@@ -73,9 +73,8 @@ def _scenarios(lm: LoadedModel) -> None:
                 view = demo_view(session, draft, answer_step, scenario) if draft.evicted else None
                 state.replace(session, draft, at=answer_step)
                 if view is not None:  # the views that tell the demo's story
-                    st.session_state.layer, st.session_state.head = view["layer"], view["head"]
-                    st.session_state.continuation = view["continuation"]
-                    st.session_state.whatif_chart = CHARTS["alpha"]  # that head's weights, α and α′
+                    state.choose_head(view["layer"], view["head"], whole_page=False)  # the whole page runs already
+                    state.show_in_views(view["continuation"], CHARTS["alpha"])  # that head's weights, α and α′
                 state.notify(scenario.description, note=True)
                 look_at("strip")
             st.rerun()
@@ -84,13 +83,13 @@ def _scenarios(lm: LoadedModel) -> None:
 def _export_import(lm: LoadedModel) -> None:
     st.subheader("Save and share")
     st.caption("Saved automatically: reloading this page restores it.")
-    st.download_button("Export session (JSON)", state.export_json(), file_name="kvviz-session.json",
+    st.download_button("Export session (JSON)", persistence.export_json(), file_name="kvviz-session.json",
                        mime="application/json", on_click="ignore")
     upload = st.file_uploader("Import session", type=["json"], key=state.upload_key())
     if upload is not None and st.button("Load it"):
         state.clear_upload()  # loaded or refused, the file is not kept: a later refused upload cannot leave it behind
         try:
-            session, draft, view = state.load(lm, upload.getvalue(), "Importing the session")
+            session, draft, view = persistence.load(lm, upload.getvalue(), "Importing the session")
         except KvvizError as exc:
             state.notify(str(exc))  # shown at the top of the page, after the rerun that empties the uploader
             st.rerun()

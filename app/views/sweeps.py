@@ -5,7 +5,6 @@ shown (:mod:`kvviz.sweeps.table` says which and why) is named above the table; t
 from __future__ import annotations
 
 import io
-import os
 
 import pandas as pd
 import streamlit as st
@@ -14,7 +13,7 @@ from app import state
 from app.plain import plural, warn
 from app.long_work import Work, hand_over
 from app.views.policy_choice import policy_classes
-from kvviz import figures
+from kvviz import figures, settings
 from kvviz.errors import KvvizError
 from kvviz.runs.policy_run import held_slots, run_policy
 from kvviz.sweeps.cases import case_of, run_settings
@@ -65,7 +64,7 @@ def render() -> None:
 
 def _sweep() -> Sweep | None:
     """The chosen table, checked to be a sweep's and row by row; None when there is none yet."""
-    folders = [f.strip() for f in os.environ.get("KVVIZ_SWEEPS", "").split(",") if f.strip()]
+    folders = settings.listed("KVVIZ_SWEEPS")
     source = st.selectbox("Sweep on this server (KVVIZ_SWEEPS)", ["(upload one)", *folders]) if folders else None
     try:
         if source and source != "(upload one)":
@@ -101,7 +100,7 @@ def _open(row: dict) -> None:
         state.keep_policy_run(result)
         state.notify(f"Opened {case.prompt.id} · {case.policy} · budget {case.budget} as a policy run on {lm.name}: "
                      "it is in the Policy run tab.", note=True)
-        st.session_state.open_view = "Policy run"
+        state.open_view("Policy run")
 
     hand_over(Work("Running the case again: the full cache and the policy side by side",
                    lambda progress: run_policy(lm, turns, settings, case.max_new_tokens, progress), opened))

@@ -52,7 +52,7 @@ def view_settings() -> None:
                       help="How attention shades the chips: linear (relative to the strongest: a sink leaves the rest "
                            "white), log (six decades) or by rank")
     if len(session) > 1:  # both controls show the step in view (set through the state: no default to fight)
-        st.session_state.at_slider = st.session_state.at_jump = state.step_slot()
+        state.show_step_in_pickers()
         view[3].slider("Step (time travel)", 0, len(session) - 1, key="at_slider", on_change=_travel)
         view[4].number_input("Jump to", 0, len(session) - 1, key="at_jump", on_change=_jump,
                              help="The step of this slot (the strip scrolls to it)")
@@ -155,7 +155,7 @@ def _travel() -> None:
 def apply_quantizers() -> str | None:
     """Set the draft's quantizers from the settings (widget state, so this can run before the widgets are drawn: the
     what-if is computed first); returns why they do not fit the model, or None."""
-    ss, draft, lm = st.session_state, state.draft(), state.session().lm
+    ss, draft, lm = state.quantizer_settings(), state.draft(), state.session().lm
     try:
         if ss.number_format != "int" and ss.fp8_scales != "dynamic":  # static: vLLM's calibrated k_scale / v_scale
             calibration = calibrate(lm)

@@ -44,14 +44,14 @@ def go(tour: Tour, index: int, session) -> None:
         scenario = Scenario(name="Toy numbers", description="α, ρ and α′ = α/(1−ρ)", toy=step.toy)
         toy = (scenario, [toy_example(step.toy["alpha"], evict) for evict in step.toy["evict"]])
     state.keep("toy", toy)
-    st.session_state.continuation = step.continuation  # the what-if shows the continuations the caption quotes
+    state.show_in_views(continuation=step.continuation)  # the what-if shows the continuations the caption quotes
     look_at(step.scroll or ("top" if step.toy else "views" if step.view or step.channels else "strip"))  # its subject
     if step.policy_run:
         state.keep_policy_run(*shown.policy_run)
     if step.view or step.policy_run:  # opened before the tabs are drawn (app/main.py)
-        st.session_state["open_view"] = step.view or "Policy run"
+        state.open_view(step.view or "Policy run")
     if step.channels:
-        st.session_state["channels_layer"], st.session_state["channels_kv_head"] = step.channels
+        state.show_in_views(channels=step.channels)
     state.keep("tour", {"tour": tour, "index": index, "caption": shown.caption(step, lambda t: code(visible(t))),
                         "look": step.look, "session": session})
 

@@ -172,8 +172,7 @@ def _pick_cell() -> None:
     cell = cells[0] if cells and isinstance(cells[0], dict) else {}
     layer, head, lm = cell.get("layer"), cell.get("head"), state.session().lm
     if isinstance(layer, int) and isinstance(head, int) and 0 <= layer < lm.layers and 0 <= head < lm.heads:
-        st.session_state.layer, st.session_state.head = layer, head  # anything else (a tampered page) is ignored
-        st.session_state.whole_page = True  # every view shows the new layer and head, not only the editor
+        state.choose_head(layer, head)  # anything else (a tampered page) is ignored; every view shows them
 
 
 def _summary(result: WhatIf) -> None:

@@ -1,5 +1,5 @@
 """``python -m kvviz replay SESSION.json``: replay a session file with the app's own import checks (the same code:
-:func:`~kvviz.session_schema.parse`, :func:`~kvviz.session_schema.validate`, :func:`kvviz.session_file.import_session`)
+:func:`~kvviz.session_schema.check_file`, :func:`kvviz.session_file.import_session`)
 and print its transcript like ``chat``."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from kvviz.cli.chat import print_transcript
 from kvviz.cli.common import chat_document
 from kvviz.checkpoint import located_geometry
 from kvviz.errors import KvvizError
-from kvviz.session_schema import MAX_BYTES, parse, validate
+from kvviz.session_schema import MAX_BYTES, CheckedFile, check_file, parse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document (as chat --json)")
 
 
-def read_document(path: Path, model: str | None) -> dict:
+def read_document(path: Path, model: str | None) -> CheckedFile | dict:
     """A session file's document, parsed with the app's limits and, when the model's shape is known without loading
     it, checked against it (a refusal before the slow imports and load)."""
     try:
@@ -31,11 +31,8 @@ def read_document(path: Path, model: str | None) -> dict:
         text = path.read_bytes()
     except OSError as exc:
         raise KvvizError(f"cannot read {path}: {exc.strerror}") from None
-    document = parse(text)
     geometry = located_geometry(model)
-    if geometry is not None:
-        validate(geometry, document)
-    return document
+    return parse(text) if geometry is None else check_file(geometry, text)  # import checks a parsed one, once
 
 
 def run(args: argparse.Namespace) -> None:

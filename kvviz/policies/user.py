@@ -11,10 +11,10 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
-import os
 import sys
 from pathlib import Path
 
+from kvviz import settings
 from kvviz.errors import KvvizError
 from kvviz.policies.base import Policy
 
@@ -55,7 +55,7 @@ def _checked(cls: object, entry: str) -> type[Policy]:
 
 def load(value: str | None = None) -> dict[str, type[Policy]]:
     """The user policies named by ``value`` (default: the ``KVVIZ_POLICIES`` environment variable), by name."""
-    value = os.environ.get(VARIABLE, "") if value is None else value
+    value = (settings.text(VARIABLE) or "") if value is None else value
     found: dict[str, type[Policy]] = {}
     for entry in filter(None, (part.strip() for part in value.split(","))):
         spec, _, attribute = entry.rpartition(":") if ":" in entry and not entry.endswith(".py") else (entry, "", "")

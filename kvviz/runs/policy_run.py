@@ -22,13 +22,25 @@ from kvviz.errors import KvvizError
 from kvviz.model import LoadedModel
 from kvviz.runs.compressed import CompressedSession, RunSettings
 from kvviz.runs.lockstep import Steps, drive
-from kvviz.runs.progress import Progress
 from kvviz.runs.run_records import PolicyRun, StepRecord, TurnRun
 from kvviz.runs.timeline import NEVER
 from kvviz.session import Session
 from kvviz.whatif.metrics import kl_divergence
 
 __all__ = ["NEVER", "FullTurn", "PolicyRun", "StepRecord", "TurnRun", "held_slots", "run_policies", "run_policy"]
+
+
+class Progress:
+    """Counts a run's forward passes for ``report(done, total)``; ``total`` is an upper bound that tightens as the run
+    learns how long its replies are (an exception ``report`` raises abandons the run)."""
+
+    def __init__(self, report: Callable[[int, int], None] | None, total: int):
+        self.report, self.done, self.total = report, 0, total
+
+    def tick(self) -> None:
+        self.done += 1
+        if self.report is not None:
+            self.report(self.done, max(self.total, self.done))
 
 
 def held_slots(lm: LoadedModel, turns: Sequence[str], max_new_tokens: int) -> int:
