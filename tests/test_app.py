@@ -4,43 +4,13 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
-from streamlit.testing.v1 import AppTest
 
 from app.views.whatif import CHARTS
 from kvviz.policies import H2O, KVZip
 from kvviz.view_data import reply_as_cached
-
-APP = str(Path(__file__).resolve().parents[1] / "app" / "main.py")
-
-
-def start() -> AppTest:
-    app = AppTest.from_file(APP, default_timeout=300).run()
-    assert not app.exception
-    return app
-
-
-def assert_clean(app: AppTest) -> None:
-    assert not app.exception, app.exception
-    assert not [e.value for e in app.error], [e.value for e in app.error]
-
-
-def open_view(app: AppTest, label: str) -> AppTest:
-    """Choose one of the page's view tabs (only the open one is drawn) and rerun."""
-    app.session_state["view"] = label
-    return app.run()
-
-
-def strip_data(app: AppTest) -> dict:
-    """What the strip component was sent (the page's other components, e.g. its scroll marks, are skipped)."""
-    sent = [c.proto.bytes for c in app.get("bidi_component")]
-    return next(data for data in (json.loads(b) for b in sent if b) if "chips" in data)
-
-
-def metric(app: AppTest, label: str) -> str:
-    return next(m.value for m in app.metric if m.label.startswith(label))
+from tests.support.app_test import assert_clean, metric, open_view, start, strip_data
 
 
 def test_full_flow_send_select_compare_commit_undo():

@@ -4,7 +4,7 @@ the draft, the what-if shows them, a commit keeps them and undo takes them back.
 from __future__ import annotations
 
 from kvviz.policies.reshaping import think
-from tests.test_app import assert_clean, metric, start
+from tests.support.app_test import assert_clean, metric, start
 
 
 def button(app, label: str):
@@ -39,7 +39,7 @@ def test_prune_merge_commit_and_undo_from_the_page():
 
 
 def test_a_policy_run_from_the_page_prunes_and_merges_at_the_prompt():
-    from tests.test_app import open_view
+    from tests.support.app_test import open_view
 
     app = start()
     app.chat_input[0].set_value("My cat is called Whiskers and my dog is called Rex. What is my cat called?").run()

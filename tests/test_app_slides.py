@@ -8,7 +8,7 @@ import struct
 import pytest
 from streamlit.runtime.media_file_manager import MediaFileManager
 
-from tests.test_app import assert_clean, open_view, start
+from tests.support.app_test import assert_clean, open_view, start
 
 
 @pytest.fixture

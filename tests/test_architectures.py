@@ -17,9 +17,9 @@ from kvviz.runs.compressed import RunSettings
 from kvviz.runs.policy_run import run_policy
 from kvviz.session_file import export_session, import_session
 from kvviz.whatif import what_if
-from tests.conftest import removed_step
+from tests.support.references import removed_step
 from kvviz.tiny_models import ARCHITECTURES, tiny, tiny_pair
-from tests.rounding import logit_rounding, probability_rounding, weight_rounding, worst_ratio
+from tests.support.rounding import logit_rounding, probability_rounding, weight_rounding, worst_ratio
 
 TURNS = ["a = 3, b = 5. What is a + b?", "And a - b?"]
 
@@ -59,7 +59,7 @@ def test_recorded_weights_equal_eager_attention(model):
             placed = torch.nn.functional.pad(weights[0], (end - weights.shape[-1], n - end))
             rows[layer] = torch.cat([rows[layer], placed], 1)
         start = end
-    # each layer's weights to the rounding its scores carry from the layers below (tests/rounding.py)
+    # each layer's weights to the rounding its scores carry from the layers below (tests/support/rounding.py)
     for layer in range(lm.layers):
         queries, keys = session.queries.layer(layer), session.layer_kv(layer)[0]
         rel = weight_rounding(lm.config, layer, queries, keys, lm.scaling)
@@ -85,7 +85,8 @@ def test_every_policy_runs(model):
     lm, _, session = model
     for name, policy in POLICIES.items():
         edit = policy().edit(session, 0.5)
-        assert what_if(session, edit).next_token.kl >= 0, name
+        kl = what_if(session, edit).next_token.kl  # an eviction changes the next token's odds; no eviction, exactly not
+        assert (kl > 0) == bool(edit.evictions), (name, kl, edit.evictions)
     result = run_policy(lm, TURNS[:1], RunSettings(POLICIES["h2o"](), 12, "decode"), max_new_tokens=4)
     assert all(step.visible == pytest.approx(12) for step in result.last.steps)
 
@@ -94,7 +95,7 @@ def test_blame_nothing_back_is_the_runs_own_step(model):
     """Blame's variants replace the model's mask with their own: restoring nothing gives the run's own KL at each
     step, also where sliding windows hide slots (they once saw past the window: KL 1.77 against the run's 0.995)."""
     from kvviz.runs.blame import blame
-    from tests.rounding import kl_rounding
+    from tests.support.rounding import kl_rounding
 
     lm, _, _ = model
     result = run_policy(lm, ["Tell me a long story about a cat and a dog and a bird who live in a house."],

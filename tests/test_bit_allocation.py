@@ -5,7 +5,7 @@ equals a cache holding the test's own K/V quantized head by head, its bytes a pl
 
 Tolerances. Quantizing one KV head alone or beside others runs the same float32 operations on the same row (per
 channel and per token, scales never span KV heads), so the test's K/V are compared exactly; the what-if against the
-stored cache differs only in summation order (tests/conftest.py). Key errors are float64 sums of float32 terms, used
+stored cache differs only in summation order (tests/support/references.py). Key errors are float64 sums of float32 terms, used
 only to order the pairs, as the library orders them.
 """
 
@@ -27,17 +27,14 @@ from kvviz.session import Session
 from kvviz.session_file import export_session, import_session
 from kvviz.whatif import what_if
 from kvviz.whatif.compare_schemes import compare_schemes, scheme_edits
-from tests.conftest import assert_what_if_is_the_stored_cache
+from tests.support.references import assert_what_if_is_the_stored_cache
 
 PROMPT = "My dog is called Rex and my cat is called Whiskers. The cat sleeps on the red sofa. What is my dog called?"
 
 
 @pytest.fixture(scope="module")
-def chat(lm) -> Session:
-    session = Session(lm)
-    session.add_user_turn(PROMPT)
-    session.generate(3)
-    return session
+def chat(make_chat) -> Session:
+    return make_chat(PROMPT, generate=3)
 
 
 def test_a_uniform_allocation_is_the_plain_scheme_of_its_width(chat):

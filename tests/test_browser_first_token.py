@@ -12,8 +12,8 @@ import pytest
 
 from benchmarks.browser import CHROMIUM
 from kvviz.sweeps import SweepSpec, read_table, run_sweep
-from tests.test_browser_newcomer import watch_console
-from tests.test_first_token_step import FOLLOW_UP
+from tests.support.browser_page import watch_console
+from tests.support.inputs import FOLLOW_UP
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
                                 reason="Debian's chromium is not installed (scripts/test.sh installs it)")

@@ -11,7 +11,7 @@ import pytest
 from playwright.sync_api import expect
 
 from benchmarks.browser import CHROMIUM
-from tests.test_policy_run import USER_POLICY
+from tests.support.inputs import USER_POLICY
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,7 +76,7 @@ def test_a_long_policy_run_shows_its_progress_and_stop_keeps_the_page(tmp_path):
     """A policy run shows passes done of how many and the time left; Stop ends it and the page keeps what it had
     (no run is shown, nothing is broken), and a run after it completes."""
     from benchmarks.browser import browser_page, running_app
-    from tests.test_browser_newcomer import idle, send, watch_console
+    from tests.support.browser_page import idle, send, watch_console
 
     with running_app() as url, browser_page(url, height=1600) as page:
         watch_console(page)

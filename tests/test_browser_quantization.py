@@ -11,7 +11,7 @@ import pytest
 from playwright.sync_api import expect
 
 from benchmarks.browser import CHROMIUM
-from tests.test_browser_newcomer import idle, send, watch_console
+from tests.support.browser_page import idle, send, watch_console
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
                                 reason="Debian's chromium is not installed (scripts/test.sh installs it)")

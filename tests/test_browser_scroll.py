@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.browser import CHROMIUM
-from tests.test_browser_newcomer import idle, watch_console
+from tests.support.browser_page import idle, watch_console
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
                                 reason="Debian's chromium is not installed (scripts/test.sh installs it)")

@@ -3,7 +3,7 @@ own key projection without RoPE (an independent path: a no-cache forward's hidde
 and k_proj), outlier channels and per-channel errors against formulas written here, and the page through AppTest.
 
 Tolerances. The pre-RoPE keys of the two paths differ by the float32 rounding of the hidden states after ``layer``
-decoder layers between two batch shapes (tests/rounding.py's ε at that depth, of the keys' magnitude), plus the
+decoder layers between two batch shapes (tests/support/rounding.py's ε at that depth, of the keys' magnitude), plus the
 rotation back: cos/sin and two products per element, 4u of the key's largest entry.
 """
 
@@ -15,18 +15,15 @@ import torch
 from kvviz.channels import OUTLIER_FACTOR, channels, outliers_by_layer, outliers_of
 from kvviz.quant.quantizer import Quantizer, fake_quantize
 from kvviz.session import Session
-from tests.conftest import full_forward
-from tests.rounding import U, residual_rounding
+from tests.support.references import full_forward
+from tests.support.rounding import U, residual_rounding
 
 PROMPT = "My cat is called Whiskers and my dog is called Rex. The cat sleeps on the red sofa. What is my cat called?"
 
 
 @pytest.fixture(scope="module")
-def chat(lm) -> Session:
-    session = Session(lm)
-    session.add_user_turn(PROMPT)
-    session.generate(6)
-    return session
+def chat(make_chat) -> Session:
+    return make_chat(PROMPT, generate=6)
 
 
 @pytest.mark.parametrize("layer", [0, 12, 29])
@@ -75,7 +72,7 @@ def test_every_layers_outliers_are_named(lm, chat):
 
 
 def test_the_channels_view_draws_and_names_outliers():
-    from tests.test_app import assert_clean, open_view, start
+    from tests.support.app_test import assert_clean, open_view, start
 
     app = start()
     app.chat_input[0].set_value(PROMPT).run()

@@ -4,14 +4,9 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 
 import pytest
-
-
-def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvviz", *args], capture_output=True, text=True, timeout=300)
+from tests.support.inputs import run
 
 
 def test_chat_json_document():

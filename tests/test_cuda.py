@@ -22,7 +22,7 @@ from kvviz.model import LoadedModel, load_model, resolve_checkpoint
 from kvviz.policies import POLICIES
 from kvviz.session import Session
 from kvviz.whatif import what_if
-from tests.conftest import committed_eviction_gaps, removed_step
+from tests.support.references import committed_eviction_gaps, removed_step
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -13,7 +13,7 @@ from kvviz.edit.edit import Edit
 from kvviz.session import Session
 from kvviz.view_data import attention_row, head_map, overview, pool, strip_chips
 from kvviz.whatif import Detail, what_if
-from tests.rounding import rescored_weight_rounding, worst_ratio
+from tests.support.rounding import rescored_weight_rounding, worst_ratio
 
 
 @pytest.fixture(scope="module")

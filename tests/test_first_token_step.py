@@ -15,7 +15,8 @@ from kvviz.runs.blame import blame, restore
 from kvviz.runs.compressed import RunSettings
 from kvviz.runs.policy_run import run_policy
 from kvviz.whatif.metrics import kl_divergence
-from tests.rounding import kl_rounding, logit_rounding, zero_kl_rounding
+from tests.support.rounding import kl_rounding, logit_rounding, zero_kl_rounding
+from tests.support.inputs import FOLLOW_UP
 
 TURNS = ["My name is Zorblax and I live in the city of Quintara. I like green tea and long walks by the sea. "
          "Please just reply OK.", "What is my name? Answer with the name only."]
@@ -92,9 +93,6 @@ def test_blame_of_the_prefill_row_equals_one_masked_forward(lm, eager_model, str
     assert ranked.step == -1 and ranked.slot == last
     assert abs(ranked.kl - run.record(-1).kl) <= kl_rounding(eps, ranked.kl)
     assert {s for r in ranked.rows for s in r.slots} <= set(evicted)
-
-
-FOLLOW_UP = ["My dog is called Rex. Is the sky blue? Answer yes or no.", "What is my dog called?"]
 
 
 def test_the_cli_names_and_blames_a_first_token_divergence():

@@ -5,7 +5,7 @@ a session file).
 
 Tolerances. The round trip is compared exactly: the test runs the same float32 division, cast and multiplication.
 The what-if against the built cache differs only in summation order: probabilities within (e^{2ε} − 1)·p, ε the
-logits' rounding (tests/rounding.py).
+logits' rounding (tests/support/rounding.py).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from kvviz.quant.quantizer import Quantizer, fake_quantize, packed_bytes
 from kvviz.session import Session
 from kvviz.session_file import export_session, import_session
 from kvviz.whatif import what_if
-from tests.conftest import assert_what_if_is_the_stored_cache
+from tests.support.references import assert_what_if_is_the_stored_cache
 
 DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 DIMS = {"head": (1, 2), "channel": 1, "tensor": (0, 1, 2)}
@@ -62,10 +62,8 @@ def test_fp8_bytes_are_one_per_element_and_a_float32_scale_per_group():
 
 
 @pytest.fixture(scope="module")
-def chat(lm) -> Session:
-    session = Session(lm)
-    session.add_user_turn(PROMPT)
-    return session
+def chat(make_chat) -> Session:
+    return make_chat(PROMPT)
 
 
 @pytest.mark.parametrize("fmt, axis", [("e4m3", "head"), ("e5m2", "head"), ("e4m3", "tensor")])
@@ -101,7 +99,7 @@ def test_fp8_commits_replay_from_a_session_file_and_bad_widths_are_refused(lm):
 def test_the_page_quantizes_to_fp8_and_refuses_other_widths_in_one_line():
     import re
 
-    from tests.test_app import assert_clean, metric, start
+    from tests.support.app_test import assert_clean, metric, start
 
     app = start()
     app.session_state["max_new_tokens"] = 4

@@ -5,10 +5,10 @@ test's own FP8 K/V for the what-if, a session file for the replay.
 
 Tolerances. The calibration's magnitudes come from two forwards with different attention code (kvviz's recorder, the
 eager reference): the keys and values of layer ℓ differ by the float32 rounding of the hidden states after ℓ + 1
-layers (tests/rounding.py's ε, of their magnitude) plus the projection's and RoPE's own rounding (4u of the largest
+layers (tests/support/rounding.py's ε, of their magnitude) plus the projection's and RoPE's own rounding (4u of the largest
 entry), and a maximum moves no more than its arguments. The round trips run the same float32 division, clamp, cast
 and product as the test, so they are compared exactly. The what-if against the stored cache differs only in summation
-order: probabilities within (e^{2ε} − 1)·p (tests/conftest.py).
+order: probabilities within (e^{2ε} − 1)·p (tests/support/references.py).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from kvviz.session import Session
 from kvviz.session_file import export_session, import_session
 from kvviz.whatif import what_if
 from kvviz.whatif.compare_schemes import compare_schemes
-from tests.conftest import assert_what_if_is_the_stored_cache
-from tests.rounding import U, residual_rounding
+from tests.support.references import assert_what_if_is_the_stored_cache
+from tests.support.rounding import U, residual_rounding
 
 DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 PROMPT = "My cat is called Whiskers and my dog is called Rex. What is my cat called?"
@@ -44,10 +44,8 @@ def reference(x: torch.Tensor, fmt: str, scale: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def chat(lm) -> Session:
-    session = Session(lm)
-    session.add_user_turn(PROMPT)
-    return session
+def chat(make_chat) -> Session:
+    return make_chat(PROMPT)
 
 
 def test_the_calibration_is_the_largest_magnitude_a_plain_forward_caches(lm, eager_model):
@@ -173,7 +171,7 @@ def test_quant_compare_prints_static_schemes_with_what_they_clip(capsys):
 
 
 def test_the_page_quantizes_with_calibrated_fp8_scales(lm):
-    from tests.test_app import assert_clean, metric, start
+    from tests.support.app_test import assert_clean, metric, start
 
     app = start()
     app.session_state["max_new_tokens"] = 3

@@ -5,7 +5,7 @@ tokens (tests/test_quanto_cache.py's check, shared).
 kvviz calls hqq's Quantizer as transformers' ``HQQQuantizedLayer`` does, on tensors of the same shape; only the cache
 schedule is kvviz's own (the prompt quantized at once, a residual, flushes that quantize everything again). The K/V
 the two caches receive agree up to the float32 rounding of the forward passes, so the logits are compared at ε_z
-(tests/rounding.py) and the greedy tokens must agree. HQQ's zero points come from an iterative optimisation over
+(tests/support/rounding.py) and the greedy tokens must agree. HQQ's zero points come from an iterative optimisation over
 each group; a group whose input moved by rounding may settle a code away, so the cache states are compared per
 element at 1e-5 relative for all but 0.1 % of the elements.
 """
@@ -18,7 +18,7 @@ import torch
 from kvviz.errors import KvvizError
 from kvviz.quant.quanto import QuantoCache
 from kvviz.quant.catalogue import Scheme, run_cache
-from tests.conftest import assert_steps_as_transformers
+from tests.support.references import assert_steps_as_transformers
 
 pytest.importorskip("hqq", reason="hqq is not installed: QuantizedCache's HQQ backend cannot be compared "
                                   "(pip install hqq==0.2.8)")
@@ -65,7 +65,7 @@ def test_a_flush_hqq_cannot_pack_is_refused_in_one_line_as_transformers_fails(lm
 def test_the_page_runs_an_hqq_cache():
     import re
 
-    from tests.test_app import assert_clean, open_view, start
+    from tests.support.app_test import assert_clean, open_view, start
 
     app = start()
     app.chat_input[0].set_value(PROMPT).run()

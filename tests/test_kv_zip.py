@@ -5,7 +5,7 @@ subset of columns is the full softmax renormalised over it), maxed over rows and
 scores; then the budget shared by all layers and KV heads, as kvpress' ``KVzipPress`` removes ``int(n·L·KV·ratio)``.
 
 Tolerance. kvviz scores on the cache (context cached, repeat as a second pass) where the reference runs one pass: the
-attention logits of the two differ by the float32 rounding of the residual stream (tests/rounding.py's ε at the
+attention logits of the two differ by the float32 rounding of the residual stream (tests/support/rounding.py's ε at the
 scale of an attention logit, ≤ 30 here), and a weight renormalised over m ≤ 300 columns moves by at most
 2·ε_logit + m·u relative; scores are compared to that. Kept sets are compared exactly in every slot clear of the
 global threshold by twice that bound.
@@ -20,8 +20,8 @@ from kvviz.policies import KVZip
 from kvviz.policies.base import Candidates, Ratio
 from kvviz.policies.kvpress.presses import from_kvpress
 from kvviz.session import Session
-from tests.conftest import full_forward
-from tests.rounding import residual_rounding
+from tests.support.references import full_forward
+from tests.support.rounding import residual_rounding
 
 U = 2.0**-24
 PROMPT = ("Mira keeps three keys: the red key opens the shed, the blue key opens the gate and the green key opens "

@@ -22,7 +22,7 @@ from kvviz.policies.kvpress.presses import PRESSES, from_kvpress, table
 from kvviz.policies.pyramid_kv import kvpress_pyramid
 from kvviz.runs.compressed import CompressedSession, RunSettings
 from kvviz.session import Session
-from tests.rounding import kl_rounding
+from tests.support.rounding import kl_rounding
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = ("Ledger of the harbour: the Aurora came in at dawn with salt, the Bellwether at noon with rope, the "
@@ -190,7 +190,7 @@ def test_policy_run_names_a_press_and_reports_the_kept_sets(tmp_path):
 
 def test_sweep_cases_name_presses_with_kvpress_ratios(lm, eps, tmp_path):
     """A sweep over ``kvpress:NAME`` at ``--ratio R``: each row equals the policy run of the press's kvviz policy at
-    that Ratio (run here on its own: the KL to the rounding of another batch shape, tests/rounding.py), and a row
+    that Ratio (run here on its own: the KL to the rounding of another batch shape, tests/support/rounding.py), and a row
     opens again as the same case."""
     from kvviz.runs.policy_run import run_policy
     from kvviz.sweeps import SweepSpec, run_sweep
@@ -212,7 +212,7 @@ def test_sweep_cases_name_presses_with_kvpress_ratios(lm, eps, tmp_path):
 
 
 def test_the_app_offers_presses_by_name_in_both_policy_pickers():
-    from tests.test_app import assert_clean, open_view, start
+    from tests.support.app_test import assert_clean, open_view, start
 
     app = start()
     app.chat_input[0].set_value("Tom has two cats, Rex and Max. Name his cats.").run()

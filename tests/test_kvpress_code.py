@@ -18,7 +18,7 @@ from kvviz.policies.base import Candidates, Ratio
 from kvviz.policies.kvpress.presses import from_kvpress
 from kvviz.runs.compressed import CompressedSession, RunSettings
 from kvviz.session import Session
-from tests.rounding import rescored_weight_rounding
+from tests.support.rounding import rescored_weight_rounding
 
 PROMPT = "Ann keeps bees, Bob keeps goats and Cy keeps ducks. Who keeps goats? Answer with the name."
 WINDOW = 8
@@ -73,7 +73,7 @@ def test_a_press_that_scores_keys_keeps_what_key_norm_keeps(lm):
 def test_a_press_that_reads_hidden_states_scores_the_recorded_attention(lm):
     """WindowPress recomputes the window's queries from the hidden states with the module's q_proj and the rotary
     embedding kvpress passes: bit for bit the queries the model computed (the same operations on the same tensors),
-    so its scores are the recorded attention's up to the softmax's rounding (tests/rounding.py), and its kept sets
+    so its scores are the recorded attention's up to the softmax's rounding (tests/support/rounding.py), and its kept sets
     are Window's wherever no two scores are closer than that."""
     ours = from_kvpress(WindowPress()).policy
     run = CompressedSession(lm, RunSettings(ours, Ratio(0.5), "prefill"))

@@ -2,7 +2,7 @@
 reference, on the real bundled model.
 
 Batched and one-by-one runs differ only in the order of the sums of their matrix products (a matrix-matrix kernel
-for B rows where the other side ran a matrix-vector one), so logits agree to ε_z of tests/rounding.py and KLs to
+for B rows where the other side ran a matrix-vector one), so logits agree to ε_z of tests/support/rounding.py and KLs to
 its KL bound. Decisions made from them (tokens, evictions) are equal unless two candidates lie within that rounding
 of each other, which the prompts here do not have (the test would show it as an unequal timeline or token).
 """
@@ -16,7 +16,7 @@ from kvviz.policies import H2O, SnapKV, StreamingLLM
 from kvviz.runs.compressed import RunSettings
 from kvviz.runs.policy_run import run_policies
 from kvviz.whatif.metrics import kl_divergence
-from tests.rounding import kl_rounding, logit_rounding
+from tests.support.rounding import kl_rounding, logit_rounding
 
 PROMPT = "My name is Zorblax and I live in the city of Quintara. I like green tea. What is my name?"
 FOLLOW_UP = ("Remember the secret word: mango.", "What is the secret word?")
@@ -97,7 +97,7 @@ def test_a_comparison_of_policies_equals_a_what_if_each(lm, eps, back):
     """The policies' edited runs as variants of one batched pass give each what-if's numbers: KL and TV to the
     rounding of another batch shape, the top-1 flip, ρ and the bytes exactly (the same full run and masks). Only the
     edited logits move, by at most ε each, so each p_i moves by at most (e^{2ε} − 1)·p_i and TV by at most
-    ½·(e^{2ε} − 1) ≈ ε (tests/rounding.py); 2ε leaves room."""
+    ½·(e^{2ε} − 1) ≈ ε (tests/support/rounding.py); 2ε leaves room."""
     from kvviz.session import Session
     from kvviz.whatif.compare_policies import _alone, compare_policies
 

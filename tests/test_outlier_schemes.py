@@ -6,7 +6,7 @@ test's own K/V and for session files.
 Tolerances. The round trips repeat the same float32 operations (matrix products, the min/max quantizer written here)
 and are compared exactly. The error bound holds up to the rotation's float32 rounding: two products of D terms,
 each within D·u·‖x‖∞ (u = 2⁻²⁴). The what-if against the built cache differs only in summation order:
-probabilities within (e^{2ε} − 1)·p (tests/rounding.py).
+probabilities within (e^{2ε} − 1)·p (tests/support/rounding.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from kvviz.quant.catalogue import Scheme, schemes
 from kvviz.session import Session
 from kvviz.session_file import export_session, import_session
 from kvviz.whatif import what_if
-from tests.conftest import assert_what_if_is_the_stored_cache
+from tests.support.references import assert_what_if_is_the_stored_cache
 
 U = 2.0**-24
 PROMPT = "My cat is called Whiskers and my dog is called Rex. What is my cat called?"
@@ -119,10 +119,8 @@ def test_bad_outlier_settings_and_suffixes_are_refused():
 
 
 @pytest.fixture(scope="module")
-def chat(lm) -> Session:
-    session = Session(lm)
-    session.add_user_turn(PROMPT)
-    return session
+def chat(make_chat) -> Session:
+    return make_chat(PROMPT)
 
 
 @pytest.mark.parametrize("quantizer", [Quantizer("token", rotation="hadamard"), Quantizer("channel", outliers=4)])

@@ -15,7 +15,7 @@ from kvviz.runs.compressed import CompressedSession, RunSettings
 from kvviz.quant.kivi import Kivi
 from kvviz.session import Session
 from kvviz.whatif import what_if
-from tests.rounding import kl_rounding, logit_rounding, probability_rounding
+from tests.support.rounding import kl_rounding, logit_rounding, probability_rounding
 
 PROMPT = "My name is Zorblax and I live in the city of Quintara. I like green tea. What is my name?"
 

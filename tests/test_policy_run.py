@@ -21,7 +21,8 @@ from kvviz.quant.kivi import Kivi
 from kvviz.runs.policy_run import run_policy
 from kvviz.session import Session
 from kvviz.whatif import what_if
-from tests.rounding import kl_rounding, logit_rounding, probability_rounding, zero_kl_rounding
+from tests.support.rounding import kl_rounding, logit_rounding, probability_rounding, zero_kl_rounding
+from tests.support.inputs import USER_POLICY
 
 PROMPT = "My name is Zorblax and I live in the city of Quintara. I like green tea. What is my name?"
 
@@ -206,7 +207,7 @@ def test_blame_restoring_all_gives_zero_and_none_the_policy_kl(lm, h2o_run, eps)
     ranked = blame(h2o_run, step=0)
     assert len(ranked.rows) == min(32, len(units(h2o_run.last, h2o_run.last.forced.session.commits.hidden(
         ranked.slot, ranked.slot), "slot")))
-    # batched variants round differently from the run's single decode step (tests/rounding.py; measured 1.3e-5
+    # batched variants round differently from the run's single decode step (tests/support/rounding.py; measured 1.3e-5
     # nats of 4.92 with 34 variants on the lent cache, 4e-12 with every slot back)
     assert abs(ranked.kl - h2o_run.last.steps[0].kl) <= kl_rounding(eps, ranked.kl)
     assert ranked.kl_all_restored <= zero_kl_rounding(eps)
@@ -242,38 +243,6 @@ def test_eviction_log_matches_the_timeline(lm, h2o_run):
     for r in records:
         assert bool((steps[every(r["layer"]), every(r["kv_head"]), r["slot"]] == r["step"]).all())
     assert len({(r["layer"], r["kv_head"], r["slot"]) for r in records}) == len(records)
-
-
-USER_POLICY = '''
-from dataclasses import dataclass
-import torch
-from kvviz.policies import Policy
-
-
-@dataclass(frozen=True)
-class Newest(Policy):
-    name = "newest"
-    bonus: float = 1.0
-
-    def score(self, candidates):
-        return torch.arange(candidates.at, dtype=torch.float32)[None, None] * self.bonus
-
-
-@dataclass(frozen=True)
-class WrongShape(Policy):
-    name = "wrong_shape"
-
-    def score(self, candidates):
-        return torch.zeros(5)
-
-
-@dataclass(frozen=True)
-class Raises(Policy):
-    name = "raises"
-
-    def score(self, candidates):
-        raise RuntimeError("boom")
-'''
 
 
 def test_user_policies_run_and_bad_ones_are_refused_in_one_line(lm, tmp_path):

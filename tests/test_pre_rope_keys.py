@@ -6,7 +6,7 @@ the bundled model (a what-if against a cache holding the test's own K/V, a sessi
 Tolerances. The model's rotary embedding computes the same float32 angles (position × frequency, one product each),
 cosines, sines and ``x·cos + rotate_half(x)·sin`` as kvviz, so the round trips are compared exactly. The error bound
 is the pre-RoPE bound of each channel pair (a rotation keeps a pair's length) plus 8u of the pair's magnitudes for
-the two rotations' rounding. The what-if against the stored cache differs only in summation order (tests/conftest.py).
+the two rotations' rounding. The what-if against the stored cache differs only in summation order (tests/support/references.py).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from kvviz.session_file import export_session, import_session
 from kvviz.tiny_models import tiny_pair
 from kvviz.whatif import what_if
 from kvviz.whatif.compare_schemes import compare_schemes
-from tests.conftest import assert_what_if_is_the_stored_cache
+from tests.support.references import assert_what_if_is_the_stored_cache
 
 PROMPT = "My dog is called Rex and my cat is called Whiskers. The cat sleeps on the red sofa. What is my dog called?"
 
@@ -49,11 +49,8 @@ def reference(lm, keys: torch.Tensor, bits: int, plain: Quantizer) -> torch.Tens
 
 
 @pytest.fixture(scope="module")
-def chat(lm) -> Session:
-    session = Session(lm)
-    session.add_user_turn(PROMPT)
-    session.generate(3)
-    return session
+def chat(make_chat) -> Session:
+    return make_chat(PROMPT, generate=3)
 
 
 @pytest.mark.parametrize("bits, axis, outliers", [(2, "channel", 0), (4, "token", 0), (2, "channel", 4)])
@@ -131,7 +128,7 @@ def test_a_committed_pre_rope_edit_replays_from_its_session_file(lm):
 
 
 def test_the_page_rounds_keys_before_rope(lm):
-    from tests.test_app import assert_clean, metric, start
+    from tests.support.app_test import assert_clean, metric, start
 
     app = start()
     app.session_state["max_new_tokens"] = 3

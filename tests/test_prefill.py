@@ -9,9 +9,9 @@ import torch
 from kvviz.edit.edit import Edit
 from kvviz.prefill import chunks
 from kvviz.session import Session
-from tests.conftest import full_forward
+from tests.support.references import full_forward
 from kvviz.tiny_models import tiny_pair
-from tests.rounding import logit_rounding, residual_rounding, weight_rounding, worst_ratio
+from tests.support.rounding import logit_rounding, residual_rounding, weight_rounding, worst_ratio
 
 TEXT = "The quick brown fox jumps over the lazy dog, and the cache keeps every key it saw. " * 3
 
@@ -23,7 +23,7 @@ def _pair(lm, chunk: int) -> tuple[Session, Session]:
 
 
 def _same(one: Session, chunked: Session) -> None:
-    """Logits, K/V and recorded weights to the rounding of another batch shape (tests/rounding.py): the K/V of
+    """Logits, K/V and recorded weights to the rounding of another batch shape (tests/support/rounding.py): the K/V of
     layer ℓ carry ℓ + 1 layers of it, the weights their scores' own."""
     config = one.lm.config
     assert one.transcript.ids == chunked.transcript.ids

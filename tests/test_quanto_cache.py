@@ -4,7 +4,7 @@ QuantizedCache driven through the same model, step by step, teacher-forced on th
 Both sides run the same weights and attention kernel; only the cache differs, so the comparison is of the cache's
 schedule (prompt quantized at once, a residual, flushes that quantize everything again) and of quanto's rounding,
 which kvviz reproduces with the same floating-point operations (checked bit for bit below). The K/V the two caches
-receive are the same up to the float32 rounding of the forward passes (ε_z, tests/rounding.py, at the logits); a
+receive are the same up to the float32 rounding of the forward passes (ε_z, tests/support/rounding.py, at the logits); a
 value that sits within that rounding of a quantization boundary could land one step away, so the logits are
 compared at ε_z and the greedy tokens must agree.
 """
@@ -20,7 +20,7 @@ from kvviz.errors import KvvizError
 from kvviz.quant.quantizer import fake_quantize
 from kvviz.runs.compressed import RunSettings
 from kvviz.quant.quanto import QuantoCache
-from tests.conftest import assert_steps_as_transformers
+from tests.support.references import assert_steps_as_transformers
 
 quanto = pytest.importorskip("optimum.quanto", reason="optimum-quanto is not installed: QuantizedCache's quanto "
                                                        "backend cannot be compared (pip install optimum-quanto)")
@@ -54,7 +54,7 @@ def test_quantized_cache_settings_are_refused_in_one_line():
 
 
 def test_the_page_runs_a_quantized_cache_alone():
-    from tests.test_app import assert_clean, open_view, start
+    from tests.support.app_test import assert_clean, open_view, start
 
     app = start()
     app.chat_input[0].set_value(PROMPT).run()

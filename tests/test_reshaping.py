@@ -4,7 +4,7 @@ merged slots are removed and whose targets hold the merged values by the formula
 out in float64 from the recorded query.
 
 Tolerances. The what-if's edited step and a reference forward on a built cache differ only in summation order:
-their logits within ε_z (tests/rounding.py), probabilities within (e^{2ε} − 1)·p. The isolated Δo of one head is
+their logits within ε_z (tests/support/rounding.py), probabilities within (e^{2ε} − 1)·p. The isolated Δo of one head is
 computed by kvviz in float64 from float32 keys and values, so against the test's float64 formula it differs by the
 float32 scores' rounding: each weight by at most (e^{2Δs} − 1) with Δs ≤ √D·u·|s| (rescored_weight_rounding), the
 output by that times Σ α|v| ≤ max‖v‖. ThinK's channel scores are means of squares of float32 entries (≤ 1024 terms):
@@ -24,17 +24,14 @@ from kvviz.policies.reshaping import merge_evicted, merging, think
 from kvviz.session import Session
 from kvviz.session_file import export_session, import_session
 from kvviz.whatif import what_if
-from tests.rounding import U, logit_rounding, probability_rounding, rescored_weight_rounding
+from tests.support.rounding import U, logit_rounding, probability_rounding, rescored_weight_rounding
 
 PROMPT = "My cat is called Whiskers and my dog is called Rex. The cat sleeps on the red sofa. What is my cat called?"
 
 
 @pytest.fixture(scope="module")
-def chat(lm) -> Session:
-    session = Session(lm)
-    session.add_user_turn(PROMPT)
-    session.generate(3)
-    return session
+def chat(make_chat) -> Session:
+    return make_chat(PROMPT, generate=3)
 
 
 def reference_step(session: Session, at: int, tensors: list) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The rounding bounds of tests/rounding.py hold where they are derived: synthetic logits in float64, moved by
+"""The rounding bounds of tests/support/rounding.py hold where they are derived: synthetic logits in float64, moved by
 perturbations of at most ε per entry (random signs and the worst corner), against the bounds for probabilities and
 KL."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from kvviz.whatif.metrics import kl_divergence
-from tests.rounding import kl_rounding, probability_rounding, zero_kl_rounding
+from tests.support.rounding import kl_rounding, probability_rounding, zero_kl_rounding
 
 
 def test_probability_and_kl_bounds_hold_for_perturbed_logits():

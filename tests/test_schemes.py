@@ -3,7 +3,7 @@
 References: transformers' QuantizedCache's schedule as a policy run reproduces it (tests/test_quanto_cache.py checks
 that run against transformers itself), and the policy run's own step logits with that cache. Tolerances: the
 what-if and the run compute the same step on the same stored K/V with different summation orders, so their
-probabilities agree within (e^{2ε} − 1)·p, ε the logits' float32 rounding (tests/rounding.py).
+probabilities agree within (e^{2ε} − 1)·p, ε the logits' float32 rounding (tests/support/rounding.py).
 """
 
 from __future__ import annotations
@@ -21,19 +21,15 @@ from kvviz.quant.catalogue import Scheme, quanto_prefix, schemes
 from kvviz.session import Session
 from kvviz.whatif import what_if
 from kvviz.whatif.compare_schemes import compare_schemes
-from tests.rounding import kl_rounding, probability_rounding
+from tests.support.rounding import kl_rounding, probability_rounding
 
 PROMPT = "My cat is called Whiskers and my dog is called Rex. What is my cat called?"
 NAMES = ["fp16", "int4-token", "int2-channel", "kivi-2", "fp8-e4m3-head", "fp8-e5m2-tensor", "quanto-4"]
 
 
 @pytest.fixture(scope="module")
-def chat(lm) -> Session:
-    session = Session(lm)
-    session.add_user_turn(PROMPT)
-    for _ in range(4):
-        session.step()
-    return session
+def chat(make_chat) -> Session:
+    return make_chat(PROMPT, steps=4)
 
 
 def test_a_16_bit_scheme_changes_nothing_and_every_row_is_its_what_if(chat):
@@ -121,7 +117,8 @@ def test_a_scheme_the_model_cannot_take_is_refused_and_changes_nothing(lm):
     with pytest.raises(KvvizError, match="group size 64 does not divide the head dimension 16"):
         compare_schemes(session, schemes(["fp16", "quanto-4"]))
     assert (session.version, len(session)) == (version, length)
-    assert compare_schemes(session, schemes(["fp8-e4m3-head"]))[0].kl >= 0  # a scheme it can take runs
+    row = compare_schemes(session, schemes(["fp8-e4m3-head"]))[0]  # a scheme it can take runs on every slot before
+    assert row.quantized == len(session) - 1 and row.bytes < row.full_bytes and row.kl >= 0 and row.delta_o > 0
 
 
 def test_whatif_takes_a_scheme_as_its_quantization(capsys):
@@ -137,7 +134,7 @@ def test_whatif_takes_a_scheme_as_its_quantization(capsys):
 
 def test_a_sweep_takes_cache_schemes_as_an_axis(lm, eps, tmp_path):
     """Each scheme's row is the policy run with that cache done on its own (the KL to the rounding of another batch
-    shape: the sweep's full run decodes beside the fp16 row, tests/rounding.py); a row opens as its case again."""
+    shape: the sweep's full run decodes beside the fp16 row, tests/support/rounding.py); a row opens as its case again."""
     from kvviz.policies import POLICIES
     from kvviz.runs.policy_run import run_policy
     from kvviz.sweeps import SweepSpec, records, run_sweep

@@ -11,9 +11,8 @@ from kvviz.attention_math import causal_weights, kv_head_of
 from kvviz.errors import KvvizError
 from kvviz.sampling import Sampling
 from kvviz.session import Session
-from tests.conftest import full_forward
-from tests.rounding import logit_rounding, weight_rounding, worst_ratio
-
+from tests.support.references import AttentionSpy, full_forward
+from tests.support.rounding import logit_rounding, weight_rounding, worst_ratio
 
 
 class InputCounter:
@@ -59,21 +58,6 @@ def test_each_decode_step_matches_last_row_of_full_forward(lm, eager_model):
     assert [e.kind for e in session.transcript.growth] == ["prefill"] + ["decode"] * 10
 
 
-class AttentionSpy:
-    """Asks the session's own forward passes for eager ``output_attentions`` and keeps them (per pass)."""
-
-    def __init__(self, model, monkeypatch):
-        self.passes: list[tuple] = []
-        forward = model.forward
-
-        def spying_forward(*args, **kwargs):
-            out = forward(*args, output_attentions=True, **kwargs)
-            self.passes.append(out.attentions)
-            return out
-
-        monkeypatch.setattr(model, "forward", spying_forward)
-
-
 def test_recomputed_weights_equal_eager_output_attentions(lm, eager_model, monkeypatch):
     spy = AttentionSpy(lm.model, monkeypatch)
     session = Session(lm)
@@ -84,7 +68,7 @@ def test_recomputed_weights_equal_eager_output_attentions(lm, eager_model, monke
     monkeypatch.undo()
     assert len(spy.passes) == 5
     n = len(session)
-    for layer in (0, 7, 15, 29):  # each weight to its own rounding bound (tests/rounding.py)
+    for layer in (0, 7, 15, 29):  # each weight to its own rounding bound (tests/support/rounding.py)
         ours = session.weights(layer)  # (H, n, n) from recorded queries + cached keys, computed now
         rel = weight_rounding(lm.config, layer, session.queries.layer(layer), session.layer_kv(layer)[0], lm.scaling)
         prefill = spy.passes[0][layer][0]  # (H, prefill_length, prefill_length) from the prefill pass itself

@@ -14,7 +14,7 @@ from kvviz.model import LoadedModel, resolve_checkpoint
 from kvviz.view_data import strip_chips, window_start
 from kvviz.whatif import step_memory, what_if
 from kvviz.tiny_models import WINDOW, tiny_pair
-from tests.rounding import logit_rounding, probability_rounding
+from tests.support.rounding import logit_rounding, probability_rounding
 
 TURNS = ["a = 3, b = 5. What is a + b?", "And a - b?"]
 WINDOWS = {"mistral": (WINDOW, WINDOW, WINDOW), "gemma2": (WINDOW, None, WINDOW)}  # as the configs in tiny_models say

@@ -162,6 +162,16 @@ def test_tooling_never_imports_the_test_package():
     assert "kvviz.tiny_models" in imported_names(ROOT / "tests" / "test_sliding_window.py")  # the finder sees them
 
 
+def test_no_test_module_imports_another():
+    """What tests share lives in tests/support/ (references, the app under AppTest, a browser page, rounding bounds)
+    and in conftest's fixtures, never in a test module or conftest imported as a module."""
+    shared = re.compile(r"^(tests\.)?(test_\w+|conftest)$")
+    tests = [*(ROOT / "tests").glob("*.py"), *(ROOT / "tests" / "support").glob("*.py")]
+    offenders = {p.name: hits for p in tests if (hits := sorted(n for n in imported_names(p) if shared.match(n)))}
+    assert not offenders, offenders
+    assert shared.match("tests.test_app") and shared.match("conftest") and not shared.match("tests.support.app_test")
+
+
 def test_modules_are_short():
     long = [f"{p.relative_to(ROOT)} ({n})" for p in [*(ROOT / "kvviz").rglob("*.py"), *(ROOT / "app").rglob("*.py")]
             if (n := len(p.read_text().splitlines())) > MAX_LINES]

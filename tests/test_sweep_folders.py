@@ -250,7 +250,7 @@ def test_an_uploaded_table_keeps_its_good_rows_and_names_the_bad(spec):
 def test_the_app_shows_the_good_rows_and_names_each_bad_one(spec, tmp_path, monkeypatch):
     from streamlit.testing.v1 import AppTest
 
-    from tests.test_app import open_view
+    from tests.support.app_test import open_view
 
     cases = SweepSpec(spec.prompts, ("h2o", "streaming_llm"), (8, Ratio(0.5)), max_new_tokens=6).cases()
     good = [fake_row(case, 0.1 * (i + 1)) for i, case in enumerate(cases[:5])]

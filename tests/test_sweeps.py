@@ -20,7 +20,7 @@ import pytest
 from kvviz.errors import KvvizError
 from kvviz.sweeps import SweepSpec, load_prompts, read_table, records, run_cases, run_sweep
 from kvviz.sweeps.prompts import builtin
-from tests.rounding import kl_rounding
+from tests.support.rounding import kl_rounding
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = [{"id": "capital", "prompt": "The capital of France is Paris. What is the capital of France?",
@@ -120,7 +120,7 @@ def test_a_prompt_id_with_other_text_is_refused(spec, tmp_path):
 def _same(eps: float, rows: list[dict], reference: list[dict]) -> None:
     """Row by row: what is exact (texts, tokens, steps, flags, top-1 agreement) equal; the KLs to the float32 rounding
     of another summation order — another thread count in other processes, or another batch shape when a prompt's
-    cases decode as one batch (tests/rounding.py: ε_z ≈ 1.4e-3, |ΔKL| ≤ ε_z·(2·KL + 4); a mean or a max of KLs is
+    cases decode as one batch (tests/support/rounding.py: ε_z ≈ 1.4e-3, |ΔKL| ≤ ε_z·(2·KL + 4); a mean or a max of KLs is
     bounded by the same at its own value). Tokens and top-1 agreement could differ only where two logits lie within
     2·ε_z of each other; the greedy replies of these prompts have no such near-tie."""
     assert [r["key"] for r in rows] == [r["key"] for r in reference]
@@ -187,7 +187,7 @@ def test_the_damage_chart_has_one_point_per_policy_and_budget(one_by_one):
 def test_the_app_opens_a_sweep_case_as_a_policy_run(spec, one_by_one, tmp_path, monkeypatch):
     from streamlit.testing.v1 import AppTest
 
-    from tests.test_app import open_view
+    from tests.support.app_test import open_view
 
     run_sweep(spec, tmp_path, progress=False)
     monkeypatch.setenv("KVVIZ_SWEEPS", str(tmp_path))

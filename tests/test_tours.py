@@ -15,7 +15,7 @@ from app.components.scroll import PLACES
 from kvviz.tours import TOURS, check, load_tours, play, stage
 from kvviz.whatif import what_if
 from benchmarks.browser import CHROMIUM
-from tests.test_app import APP, assert_clean
+from tests.support.app_test import APP, assert_clean
 
 TOUR_NAMES = [tour.name for tour in load_tours()]
 

@@ -16,21 +16,18 @@ from kvviz.quant.quantizer import Quantizer
 from kvviz.session import Session
 from kvviz.whatif import what_if
 from kvviz.whatif.step import EditedStepProbe
-from tests.conftest import committed_eviction_gaps, removed_step
-from tests.rounding import probability_rounding, residual_rounding, weight_rounding, worst_ratio
+from tests.support.references import committed_eviction_gaps, removed_step
+from tests.support.rounding import probability_rounding, residual_rounding, weight_rounding, worst_ratio
 
 @pytest.fixture(scope="module")
-def chat(lm) -> Session:
-    session = Session(lm)
-    session.add_user_turn("Remember: a = 3 and b = 5. Answer in one word. What is a + b?")
-    session.generate(12)
-    return session
+def chat(make_chat) -> Session:
+    return make_chat("Remember: a = 3 and b = 5. Answer in one word. What is a + b?", generate=12)
 
 
 def _output_rounding(session: Session) -> float:
     """Bound on a difference of ‖Δo‖ at layer 0 computed by the closed form and by the real step: each output entry
     (a mix of layer-0 values, |o| ≤ max|v|) carries one layer's rounding, and a norm of d of them at most √d of it,
-    for each of the two outputs in Δo (tests/rounding.py)."""
+    for each of the two outputs in Δo (tests/support/rounding.py)."""
     values = session.layer_kv(0)[1]
     return 2 * 2 * math.sqrt(values.shape[-1]) * residual_rounding(session.lm.config, values, 1)
 
@@ -153,8 +150,8 @@ def test_every_policy_keeps_its_budget_and_spares_the_current_token(chat):
                 assert bool((counts == kept).all()), name
             assert not bool(mask[:, :, at].any())
             edits[name, budget] = mask
-        result = what_if(chat, edit, at=at)
-        assert result.next_token.kl >= 0
+        result = what_if(chat, edit, at=at)  # half the cache or more evicted: every head loses some attention
+        assert bool((result.heads["rho"] > 0).all()) and result.next_token.kl > 0, name
     for name in ("h2o", "snapkv", "key_norm"):
         mask = edits[name, 16]
         assert any(not torch.equal(mask[layer, 0], mask[layer, h])
@@ -171,7 +168,7 @@ def test_refused_edits_leave_the_session_untouched(chat):
     snapshot = [t.clone() for layer in range(chat.lm.layers) for t in kv_cache.layer_kv(chat.cache, layer)]
     slots = list(chat.transcript.slots)
     for edit, at in ((Edit.evict([len(chat) - 1]), None), (Edit.evict([3]), 2), (Edit.evict([3], heads=[7]), None),
-                     (Edit.quantize([1], 4, keys=__import__("kvviz.quant.quantizer").quant.Quantizer("token", 48)), None)):
+                     (Edit.quantize([1], 4, keys=Quantizer("token", 48)), None)):
         with pytest.raises(KvvizError):
             what_if(chat, edit, at=at)
     with pytest.raises(KvvizError):
@@ -184,7 +181,7 @@ def test_refused_edits_leave_the_session_untouched(chat):
 
 
 def test_commit_then_undo_restores_the_cache_exactly(lm, monkeypatch):
-    from tests.test_session import AttentionSpy
+    from tests.support.references import AttentionSpy
 
     session = Session(lm)
     session.add_user_turn("Paris is the capital of France. What is the capital of France?")

@@ -14,18 +14,15 @@ from kvviz.runs.compressed import RunSettings
 from kvviz.runs.policy_run import run_policy
 from kvviz.runs.timeline import NEVER
 from kvviz.session import Session
-from tests.test_app import assert_clean, open_view, start
-from tests.test_cli import run
+from tests.support.app_test import assert_clean, open_view, start
+from tests.support.inputs import run
 
 PROMPT = "Rex is my dog and Tom is my cat. Which of them barks?"
 
 
 @pytest.fixture(scope="module")
-def chat(lm) -> Session:
-    session = Session(lm)
-    session.add_user_turn(PROMPT)
-    session.generate(4)
-    return session
+def chat(make_chat) -> Session:
+    return make_chat(PROMPT, generate=4)
 
 
 def reference(scores: list[float], alive: list[bool], budget: int) -> tuple[set[int], float]:

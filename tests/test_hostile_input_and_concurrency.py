@@ -16,7 +16,7 @@ from kvviz.policies import POLICIES
 from kvviz.session import Session
 from kvviz.view_data import strip_chips
 from kvviz.whatif import what_if
-from tests.rounding import weight_rounding, worst_ratio
+from tests.support.rounding import weight_rounding, worst_ratio
 
 APP = str(Path(__file__).resolve().parents[1] / "app" / "main.py")
 
@@ -79,7 +79,7 @@ def test_three_concurrent_sessions_equal_sequential_ones(lm):
     prompts = ["Name a fruit.", "What is 2 + 2?", "Say something about the sea."]
 
     def converse(prompt: str) -> tuple[list[int], torch.Tensor, float]:
-        """The conversation's ids, the newest row of layer 7 and that layer's rounding bound (tests/rounding.py):
+        """The conversation's ids, the newest row of layer 7 and that layer's rounding bound (tests/support/rounding.py):
         concurrent sessions share the thread pool, so their sums may be split otherwise."""
         session = Session(lm)
         session.add_user_turn(prompt)

@@ -1,0 +1,46 @@
+"""A page of the running app in headless Chromium: its console watched, waits until it is idle, a message sent."""
+
+from __future__ import annotations
+
+
+
+def watch_console(page) -> None:
+    """Collect the page's console warnings and errors in ``page.console`` (a test asserts it stays empty)."""
+    page.console = []
+    page.on("console", lambda m: page.console.append(f"{m.type}: {m.text}") if m.type in ("warning", "error")
+            else None)
+
+
+def idle(page, seconds: float = 1.0) -> None:
+    """Until no rerun runs, and none has started ``seconds`` later (on a loaded machine a rerun can show late)."""
+    for _ in range(30):
+        page.wait_for_function("!document.querySelector('[data-testid=stStatusWidget]')", timeout=300_000)
+        page.wait_for_timeout(seconds * 1000)
+        if not page.locator("[data-testid=stStatusWidget]").count():
+            return
+
+
+def click_when_still(page, target, **options) -> None:
+    """Click ``target`` once the page has stopped moving under it. Streamlit sticks a chat page to its bottom while
+    charts still draw (late on a loaded machine), so an element scrolled into view can leave it before the click
+    lands; such a click is tried again after the page settles."""
+    from playwright.sync_api import Error
+
+    for attempt in range(4):
+        target.scroll_into_view_if_needed()
+        idle(page)
+        try:
+            target.click(**options)
+            return
+        except Error as error:
+            if "outside of the viewport" not in str(error) or attempt == 3:
+                raise
+
+
+def send(page, text: str) -> None:
+    page.fill("[data-testid=stChatInputTextArea]", text)
+    page.keyboard.press("Enter")
+    page.wait_for_selector(".kv-chip", timeout=300_000)
+    page.wait_for_function("document.querySelectorAll('[data-testid=stMetric]').length >= 5", timeout=300_000)
+    idle(page)
+    page.mouse.wheel(0, 1)  # as a person who takes over: the page stops holding the strip in view

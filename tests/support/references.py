@@ -1,0 +1,134 @@
+"""Independent references the tests compare with: a forward pass without cache, a step on a cache with the evicted
+slots removed, transformers' own decoding, the session's own passes with eager attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kvviz import kv_cache
+from kvviz.edit.edit import Edit
+from kvviz.model import LoadedModel
+from kvviz.session import Session
+from tests.support.rounding import logit_rounding
+
+
+def full_forward(model, ids: list[int], **kwargs):
+    """One forward over ``ids`` without any cache."""
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids]), use_cache=False, **kwargs)
+
+
+def removed_step(session: Session, at: int, evicted: list[int], renumber: bool = False) -> torch.Tensor:
+    """Reference: the float32 logits ``(V,)`` of slot ``at``'s step on a cache from which ``evicted`` slots were
+    physically removed, at the slot's true position (or, with ``renumber``, at the count of slots kept)."""
+    keep = [s for s in range(at) if s not in evicted]
+    tensors = [tuple(t[:, :, keep] for t in kv_cache.layer_kv(session.cache, layer)) for layer in range(session.lm.layers)]
+    slot, device = session.transcript.slots[at], session.lm.device
+    position = len(keep) if renumber else slot.position
+    with torch.no_grad():
+        out = session.lm.model(input_ids=torch.tensor([[slot.id]], device=device),
+                               position_ids=torch.tensor([[position]], device=device),
+                               cache=kv_cache.build(session.lm.config, tensors), use_cache=True)
+    return out.logits[0, -1].float()
+
+
+def assert_what_if_is_the_stored_cache(session: Session, result, tensors: list) -> None:
+    """``result`` (a what-if of slot ``result.at``'s step) against that step run on a cache holding ``tensors`` (per
+    layer ``(1, KV, at, D)`` K/V, as the test stored them): the same logits up to the summation order, so each
+    edited top-k probability within (e^{2ε} − 1)·p of the reference's (tests/support/rounding.py); and §4's two terms add up
+    to the isolated change of the detail head (float64 sums of float32 terms: rtol 1e-6)."""
+    from tests.support.rounding import probability_rounding
+
+    slot, lm = session.transcript.slots[result.at], session.lm
+    with torch.no_grad():
+        out = lm.model(input_ids=torch.tensor([[slot.id]]), position_ids=torch.tensor([[slot.position]]),
+                       cache=kv_cache.build(lm.config, tensors), use_cache=True)
+    logits = out.logits[0, -1].double()
+    probabilities = torch.softmax(logits, -1)
+    rel = probability_rounding(logit_rounding(lm.config, logits))
+    for candidate in result.next_token.edited:
+        assert candidate.prob == pytest.approx(float(probabilities[candidate.id]), rel=rel, abs=1e-12)
+    detail = result.detail
+    total = torch.tensor(detail.weight_term) + torch.tensor(detail.content_term)
+    assert torch.allclose(total, torch.tensor(detail.delta_isolated), rtol=1e-6, atol=1e-9)
+
+
+def committed_eviction_gaps(lm: LoadedModel, steps: int) -> tuple[Session, list[float]]:
+    """One turn, an eviction of slots 20..29 committed, then ``steps`` decode steps; per step, the max |Δ logit| of the
+    session against the same steps on a cache with those slots physically removed (true positions)."""
+    session = Session(lm)
+    session.add_user_turn("The secret word is mango. Repeat the secret word twice.")
+    evicted, before = list(range(20, 30)), len(session)
+    kept = [s for s in range(before) if s not in evicted]
+    reference = kv_cache.build(lm.config, [tuple(t[:, :, kept] for t in kv_cache.layer_kv(session.cache, layer))
+                                           for layer in range(lm.layers)])
+    session.commit(Edit.evict(evicted))
+    gaps = []
+    for _ in range(steps):
+        token, position = session.pending, session.transcript.next_position
+        session.step()
+        with torch.no_grad():
+            out = lm.model(input_ids=torch.tensor([[token]], device=lm.device),
+                           position_ids=torch.tensor([[position]], device=lm.device), cache=reference, use_cache=True)
+        gaps.append((out.logits[0, -1].float() - session.logits.float().to(lm.device)).abs().max().item())
+    return session, gaps
+
+
+def assert_steps_as_transformers(lm: LoadedModel, settings, prompt: str):
+    """A run with ``settings`` as its cache against transformers' ``QuantizedCache`` of the same backend and
+    settings (a :class:`kvviz.quant.quanto.QuantoCache`), teacher-forced on the reference's greedy tokens across
+    flushes: logits within ε_z (the K/V the two caches receive agree up to the forward passes' float32 rounding), the
+    same greedy tokens, the same cache state for all but 0.1 % of the elements (a value at a rounding boundary may
+    land a code away), and the timeline's rebuild of the live cache. Returns the run."""
+    from transformers import QuantizedCache
+
+    from kvviz.runs.compressed import CompressedSession, RunSettings
+    from tests.support.rounding import logit_rounding
+
+    run = CompressedSession(lm, RunSettings(quanto=settings))
+    run.add_turn(prompt)
+    ids, n = run.session.transcript.ids, len(run.session)
+    cache = QuantizedCache(backend=settings.backend, config=lm.model.config, nbits=settings.nbits,
+                           axis_key=settings.axis_key, axis_value=settings.axis_value,
+                           q_group_size=settings.q_group_size, residual_length=settings.residual_length)
+    with torch.no_grad():
+        logits = lm.model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True).logits[0, -1].float()
+    eps = logit_rounding(lm.config, logits)
+    assert float((run.session.logits - logits).abs().max()) <= eps
+    for step in range(2 * settings.residual_length + 3):  # across flushes
+        token = int(logits.argmax())
+        ours = run.step(token)
+        with torch.no_grad():
+            logits = lm.model(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[n + step]]), cache=cache,
+                              use_cache=True).logits[0, -1].float()
+        assert float((ours - logits).abs().max()) <= eps, step
+        assert int(ours.argmax()) == int(logits.argmax()), step
+    for layer in (0, 7, lm.layers - 1):  # the same cache state: transformers' quantized part and residual
+        own = cache.layers[layer]
+        rest = [own.keys, own.values] if own.keys.dim() == 4 else [own.keys.new_zeros(1, lm.kv_heads, 0, 64)] * 2
+        for theirs, quantized, live in zip(rest, (own._quantized_keys, own._quantized_values),
+                                           run.session.layer_kv(layer)):
+            state = torch.cat([own._dequantize(quantized), theirs], 2)[0]  # (KV, n, D)
+            assert state.shape == live[:, : len(run.session)].shape
+            close = (state - live[:, : state.shape[1]]).abs() <= 1e-5 * state.abs().clamp(min=1)
+            assert float(close.float().mean()) > 0.999  # a rare value at a rounding boundary may land a step away
+    timeline = run.session.commits
+    for layer in (0, lm.layers - 1):  # the timeline rebuilds the live cache from the K/V as computed
+        rebuilt = timeline.quanto_kv(layer, len(timeline.at) - 1, len(run.session))
+        assert all(torch.equal(a, b[:, : len(run.session)]) for a, b in zip(rebuilt, run.session.layer_kv(layer)))
+    return run
+
+
+class AttentionSpy:
+    """Asks the session's own forward passes for eager ``output_attentions`` and keeps them (per pass)."""
+
+    def __init__(self, model, monkeypatch):
+        self.passes: list[tuple] = []
+        forward = model.forward
+
+        def spying_forward(*args, **kwargs):
+            out = forward(*args, output_attentions=True, **kwargs)
+            self.passes.append(out.attentions)
+            return out
+
+        monkeypatch.setattr(model, "forward", spying_forward)
