@@ -38,8 +38,8 @@ def init(lm: LoadedModel, memory: ServerMemory) -> None:
             st.session_state.session, st.session_state.draft = Session(lm), EditDraft()
             restore(lm)
             if not held():
-                state.notify(f"This conversation was set aside to free the server's memory ({released}) and has been "
-                       "restored from its autosave.")
+                state.notify(f"This conversation was set aside to free the server's memory ({released}) and has "
+                             "been restored from its autosave.")
         begin_run(whole_page=True)
         return
     sid = st.query_params.get("s", "")
