@@ -16,6 +16,7 @@ from kvviz.tours import TOURS, check, load_tours, play, stage
 from kvviz.whatif import what_if
 from benchmarks.browser import CHROMIUM
 from tests.support.app_test import APP, assert_clean
+from tests.support.browser_page import holds
 
 TOUR_NAMES = [tour.name for tour in load_tours()]
 
@@ -113,11 +114,6 @@ def test_a_tour_plays_in_the_browser_at_1280x720_with_no_warning(tmp_path, index
         for number in range(1, len(tour.steps) + 1):
             page.get_by_text(f"step {number} of {len(tour.steps)}").wait_for(timeout=180_000)
             page.wait_for_function(idle, timeout=180_000)
-            page.wait_for_timeout(6500)  # each step scrolls itself to the top of the screen (app/components/scroll.py)
-            box = page.locator(".st-key-tour").bounding_box()  # the card, in the sidebar, fits one 1280×720 screen
-            assert 0 <= box["y"] and box["y"] + box["height"] <= 720 and 0 <= box["x"] and box["x"] + box["width"] <= 1280, \
-                (number, box)
-            # and what the step describes is on screen beside it, above the chat box at the bottom
             step = tour.steps[number - 1]
             subject = page.locator("[data-testid=stExpander]", has_text="Toy numbers") if step.toy else \
                 page.get_by_text({"run": "Turn 2 · full cache", "blame": "with nothing restored"}[step.scroll]) \
@@ -125,8 +121,15 @@ def test_a_tour_plays_in_the_browser_at_1280x720_with_no_warning(tmp_path, index
                 page.locator(".kv-chip").first
             if step.policy_run:  # its run and the blame of the divergence are drawn in that tab
                 expect(page.get_by_text("with nothing restored", exact=False)).to_have_count(1)
-            where = subject.bounding_box()
-            assert 0 <= where["y"] <= 720 - 200, (number, where)
+
+            def placed():  # each step scrolls itself to the top of the screen (app/components/scroll.py)
+                card, where = page.locator(".st-key-tour").bounding_box(), subject.bounding_box()
+                shown = where and card and 0 <= where["y"] <= 720 - 200 and 0 <= card["y"] and \
+                    card["y"] + card["height"] <= 720 and 0 <= card["x"] and card["x"] + card["width"] <= 1280
+                return (card, where) if shown else None
+            # the card, in the sidebar, fits one 1280×720 screen, and what the step describes is on screen beside it,
+            # above the chat box at the bottom, and stays there
+            assert holds(page, placed), (number, page.locator(".st-key-tour").bounding_box(), subject.bounding_box())
             if number < len(tour.steps):
                 page.get_by_role("button", name="Next").click()
         page.get_by_role("button", name="End", exact=True).click()

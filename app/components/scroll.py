@@ -44,7 +44,9 @@ _JS = """export default function ({ parentElement, data }) {
     const app = document.querySelector("[data-testid=stApp]");
     const running = app && app.dataset.testScriptState === "running";
     const watching = running || now - since < 2000 || now - started < 6000;  // charts draw after the run is over (late on a loaded machine)
-    if (watching && now - started < 60000) setTimeout(check, 150);  // a first run may load the model first
+    // as long as the run that draws the place runs (a first run may load the model, a tour step run a policy: a
+    // minute or more on a loaded CPU), at most 10 minutes
+    if (watching && now - started < 600000) setTimeout(check, 150);
     else if (main) main.scrollTop -= 1;  // a scroll while nothing grows: Streamlit stops sticking to the bottom
   };
   setTimeout(check, 100);

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 
 
 def watch_console(page) -> None:
@@ -44,3 +45,21 @@ def send(page, text: str) -> None:
     page.wait_for_function("document.querySelectorAll('[data-testid=stMetric]').length >= 5", timeout=300_000)
     idle(page)
     page.mouse.wheel(0, 1)  # as a person who takes over: the page stops holding the strip in view
+
+
+def holds(page, condition, seconds: float = 120, still: float = 2.0):
+    """Wait until ``condition()`` (a Python check of the page) is true and stays true for ``still`` seconds, up to
+    ``seconds``; return its last value (a test asserts on it, so a page that never settles fails with what it showed).
+    A page scrolls itself after a run (app/components/scroll.py) and charts draw late on a loaded machine: a fixed
+    pause is either too long or, under load, too short."""
+    deadline, since, value = time.monotonic() + seconds, None, None
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            since = since or time.monotonic()
+            if time.monotonic() - since >= still:
+                return value
+        else:
+            since = None
+        page.wait_for_timeout(250)
+    return value
