@@ -4,7 +4,7 @@ compression, and the next-token logits of the first decode step on the compresse
 kvpress 0.5.5 pins transformers < 5.3, so it lives in a venv of its own and this script runs in three parts:
 
     .venv/bin/python scripts/kvpress_parity.py prompts OUT.json            # kvviz: chat-templated prompt ids
-    KVPRESS_PYTHON scripts/kvpress_parity.py press OUT.json PRESS.json [PRESS_NAME]  # kvpress: kept sets, logits
+    KVPRESS_PYTHON scripts/kvpress_parity.py press OUT.json PRESS.json [PRESS_NAME | own]  # kvpress: kept sets, logits
     .venv/bin/python scripts/kvpress_parity.py compare OUT.json PRESS.json [PRESS_NAME]  # kvviz: the table
 
 and the same for DecodingPress with ``decoding-press`` (kvpress) and ``decoding-compare`` (kvviz), for the presses that
@@ -34,6 +34,13 @@ CASES = [  # (press, kvpress arguments); each at every ratio of RATIOS
     ("ChunkKVPress", {"press": "SnapKVPress"}), ("CriticalKVPress", {"press": "SnapKVPress"}),
     ("KVzipPress", {}), ("KVzipPress", {"layerwise": True}),
     ("KVzipPress", {"kvzip_plus_normalization": True, "chunk_size": 128}),
+]
+OWN_CASES = [  # presses kvviz runs through kvpress' own code (kvviz.policies.kvpress.own_code): `press … own`
+    ("CapPress", {}), ("BlockPress", {"press": "KnormPress"}), ("BlockPress", {"press": "SnapKVPress", "block_size": 64}),
+    ("ChunkPress", {"press": "KnormPress", "chunk_length": 128}), ("CompactorPress", {}), ("NonCausalAttnPress", {}),
+    ("EntropyGatedChunkKVPress", {"press": "KnormPress"}), ("CriticalAdaKVPress", {"press": "SnapKVPress"}),
+    ("LeverageScorePress", {}), ("AdaKVPress", {"press": "KnormPress"}), ("ChunkKVPress", {"press": "TOVAPress"}),
+    ("CriticalKVPress", {"press": "TOVAPress"}), ("SimLayerKVPress", {"n_recent": 64, "lazy_threshold": 0.5}),
 ]
 RATIOS = (0.5, 0.75)
 DECODING = [  # DecodingPress(base_press, compression_interval, target_size), teacher-forced on the full reply
@@ -85,8 +92,8 @@ def press(data: str, out: str, only: str = "") -> None:
     spec = json.loads(Path(data).read_text())
     models = {}
     results = []
-    for name, arguments in CASES:
-        if only and name != only:
+    for name, arguments in OWN_CASES if only == "own" else CASES:
+        if only and only != "own" and name != only:
             continue
         attention = "eager" if name == "ObservedAttentionPress" else "sdpa"
         if attention not in models:
@@ -97,7 +104,10 @@ def press(data: str, out: str, only: str = "") -> None:
             for prompt, ids in enumerate(spec["ids"]):
                 made = {k: getattr(kvpress, v)() if k == "press" else v for k, v in arguments.items()}
                 instance = getattr(kvpress, name)(**made)
-                instance.compression_ratio = ratio
+                try:
+                    instance.compression_ratio = ratio
+                except AttributeError:  # an adaptive press (SimLayerKV) decides its own ratio
+                    pass
                 results.append({"press": name, "arguments": arguments, "ratio": ratio, "prompt": prompt,
                                 **_pressed(model, instance, ids, eager=attention == "eager")})
     Path(out).write_text(json.dumps(results))
@@ -112,6 +122,7 @@ def _pressed(model, instance, ids: list[int], eager: bool) -> dict:
         full = model(input_ids=tokens, past_key_values=DynamicCache(config=model.config), use_cache=True,
                      output_attentions=eager)
         cache = DynamicCache(config=model.config)
+        torch.manual_seed(0)  # a press that draws (LeverageScorePress' sketch): kvviz seeds 0 before each decision
         with instance(model):
             out = model(input_ids=tokens, past_key_values=cache, use_cache=True, output_attentions=eager)
         kept = []

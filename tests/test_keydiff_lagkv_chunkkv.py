@@ -128,8 +128,7 @@ def test_kvpress_chunk_kv_maps_over_score_only_presses():
 
     press = from_kvpress("ChunkKVPress", press="KeyDiffPress", chunk_length="10", compression_ratio=0.5)
     assert press.policy == ChunkKV(inner="kvpress:KeyDiffPress", chunk=10) and press.ratio.ratio == 0.5
-    with pytest.raises(KvvizError, match="over KnormPress, KeyDiffPress, CURPress, SnapKVPress only: .*nearest: chunk_kv"):
-        from_kvpress("ChunkKVPress", press="TOVAPress")
+    assert type(from_kvpress("ChunkKVPress", press="TOVAPress").policy).__name__ == "ChunkKVPress"  # kvpress' code
     with pytest.raises(KvvizError, match="must be a positive integer"):
         ChunkKV(chunk=0)
     with pytest.raises(KvvizError, match="inner must be one of"):

@@ -60,19 +60,37 @@ def test_presses_map_to_policies_with_kvpress_conventions():
 
 
 @pytest.mark.parametrize("call, words", [
-    (lambda: from_kvpress("CriticalAdaKVPress"), "no exact kvviz counterpart; the nearest: critical_kv"),
+    (lambda: from_kvpress("KVgradPress"), "does not run kvpress' KVgradPress: it replays the context"),
     (lambda: from_kvpress("CriticalKVPress"), "wraps a press: give press=NAME"),
-    (lambda: from_kvpress("CriticalKVPress", press="TOVAPress"), "over KnormPress, KeyDiffPress, CURPress, SnapKVPress only"),
+    (lambda: from_kvpress("QFilterPress"), "needs query filters trained for the model .* the nearest: key_norm"),
     (lambda: from_kvpress("NoSuchPress"), "presses kvviz reproduces: StreamingLLMPress"),
     (lambda: from_kvpress("SnapKVPress", window=3), "argument 'window' has no kvviz counterpart"),
-    (lambda: from_kvpress("AdaKVPress", press="KnormPress"), "over SnapKVPress only"),
+    (lambda: from_kvpress("FinchPress"), "its window is the question"),
+    (lambda: from_kvpress("BlockPress", no_such=1), "BlockPress has no argument 'no_such'"),
     (lambda: from_kvpress("KeyRerotationPress"), "wraps a press: give press=NAME"),
     (lambda: from_kvpress("DecodingPress", base_press="KnormPress", target_size=0), "target_size must be at least 1"),
     (lambda: from_kvpress("SnapKVPress", compression_ratio=1.5), r"compression_ratio must be in \[0, 1\)"),
 ])
-def test_presses_without_a_counterpart_are_refused_in_one_line(call, words):
+def test_presses_kvviz_cannot_run_are_refused_in_one_line(call, words):
     with pytest.raises(KvvizError, match=words):
         call()
+
+
+def test_wrappers_over_other_scorers_run_kvpress_own_code():
+    from kvviz.policies.kvpress.own_code import PressCode
+
+    for name in ("CriticalKVPress", "ChunkKVPress", "AdaKVPress", "BlockPress"):
+        press = from_kvpress(name, press="TOVAPress", compression_ratio=0.5)
+        assert isinstance(press.policy, PressCode) and type(press.policy.instance).__name__ == name
+        assert type(press.policy.instance.press).__name__ == "TOVAPress" and press.policy.settings()["press"] == "TOVAPress"
+
+
+def test_every_press_of_kvpress_has_a_status_in_the_docs():
+    from kvviz.policies.kvpress.own_code import own_presses
+
+    text = (ROOT / "docs" / "kvpress.md").read_text()
+    names = [*own_presses()]
+    assert len(names) == 46 and all(f"| `{name}` |" in text for name in names)
 
 
 def test_the_docs_hold_the_mapping_table():

@@ -15,7 +15,10 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repea
 from kvviz.errors import KvvizError
 from kvviz.policies import KeyNorm, Policy
 from kvviz.policies.base import Candidates, Ratio
-from kvviz.policies.kvpress.presses import from_kvpress
+from kvviz.policies.by_name import policy_named
+from kvviz.policies.kvpress import own_code
+from kvviz.policies.kvpress.presses import from_kvpress, from_press
+from kvviz.policies.user import load
 from kvviz.runs.compressed import CompressedSession, RunSettings
 from kvviz.session import Session
 from tests.support.rounding import rescored_weight_rounding
@@ -93,7 +96,101 @@ def test_hidden_states_are_recorded_only_in_runs_of_policies_that_read_them(lm):
     assert CompressedSession(lm, RunSettings(KeyNorm(), 8, "prefill")).hidden is None
     session = Session(lm)
     session.add_user_turn(PROMPT)
-    with pytest.raises(KvvizError, match="records in policy runs only"):
-        from_kvpress(WindowPress()).policy.edit(session, 0.5)
-    with pytest.raises(KvvizError, match="no exact kvviz counterpart"):
+    # a one-shot decision (the what-if) computes them with one forward pass over the conversation
+    assert from_kvpress(NormPress()).policy.edit(session, 0.5) == KeyNorm(ties="topk").edit(session, 0.5)
+    session.commit(KeyNorm().edit(session, 0.5))  # an edited cache: the inputs it saw are not the conversation's
+    with pytest.raises(KvvizError, match="an edited cache changed"):
+        from_kvpress(NormPress()).policy.edit(session, 0.5)
+    with pytest.raises(KvvizError, match="is not a kvpress press"):
         from_kvpress(type("Thing", (), {"score": None}))  # no score method: not a press in kvpress' shape
+
+
+# kvpress itself, installed beside kvviz (requirements-kvpress.txt), its presses run unchanged
+
+
+def test_kvpress_presses_run_through_their_own_code_keep_what_the_native_policies_keep(lm):
+    """The native policies keep what kvpress keeps (docs/kvpress.md's parity table, measured against kvpress in its own
+    environment); kvpress' own classes run through its compress / forward_hook seam must keep the same sets."""
+    kvpress = own_code.kvpress()
+    for press, native in ((kvpress.KnormPress(), from_kvpress("KnormPress")),
+                          (kvpress.StreamingLLMPress(n_sink=2), from_kvpress("StreamingLLMPress", n_sink=2)),
+                          (kvpress.SnapKVPress(window_size=8, kernel_size=3),
+                           from_kvpress("SnapKVPress", window_size=8, kernel_size=3))):
+        own = from_press(press)
+        assert isinstance(own.policy, own_code.PressCode)
+        assert torch.equal(kept(lm, own.policy), kept(lm, native.policy)), type(press).__name__
+
+
+def test_importing_kvpress_leaves_transformers_attention_as_it_was():
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    before = dict(ALL_ATTENTION_FUNCTIONS.items())
+    own_code.kvpress()
+    assert dict(ALL_ATTENTION_FUNCTIONS.items()) == before
+
+
+PRESS_FILE = """from dataclasses import dataclass
+
+from kvpress import ScorerPress
+
+
+@dataclass
+class FarKeysPress(ScorerPress):
+    compression_ratio: float = 0.0
+    power: float = 1.0
+
+    def score(self, module, hidden_states, keys, values, attentions, kwargs):
+        norms = keys.norm(dim=-1)
+        return (norms - norms.mean(-1, keepdim=True)).abs() ** self.power
+"""
+
+
+def test_a_press_file_written_against_kvpress_runs_unchanged(lm, tmp_path):
+    """A ScorerPress subclass in the user's own file: named by --press-file (and KVVIZ_POLICIES) its arguments are the
+    policy's fields; what it keeps equals kvpress' ScorerPress.compress written out here (topk of its score)."""
+    path = tmp_path / "my_press.py"
+    path.write_text(PRESS_FILE)
+    classes = load(f"{path}:FarKeysPress", label="--press-file")
+    policy = policy_named(classes, "FarKeysPress", {"power": "2"})
+    assert policy.settings() == {"power": 2.0}
+    run = CompressedSession(lm, RunSettings(policy, Ratio(0.5), "prefill"))
+    run.add_turn(PROMPT)
+    at = run.prompt_end[0]
+    for layer in range(lm.layers):
+        norms = run.session.layer_kv(layer)[0][:, :at].norm(dim=-1)  # (KV, at): every slot is still in the cache
+        scores = (norms - norms.mean(-1, keepdim=True)).abs() ** 2
+        expected = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, scores.topk(int(at * 0.5)).indices, True)
+        assert torch.equal(run.alive()[layer, :, :at], expected), layer
+
+
+def test_bad_presses_are_refused_in_one_line_and_change_nothing(lm, tmp_path):
+    broken = tmp_path / "broken.py"
+    broken.write_text("import kvpress\nraise RuntimeError('half written')\n")
+    with pytest.raises(KvvizError, match="--press-file: cannot import .*half written"):
+        load(f"{broken}:X", label="--press-file")
+    plain = tmp_path / "plain.py"
+    plain.write_text("class NotAPress:\n    pass\n")
+    with pytest.raises(KvvizError, match="is not a Policy dataclass .* or a kvpress press"):
+        load(f"{plain}:NotAPress", label="--press-file")
+    kvpress = own_code.kvpress()
+
+    class Raising(kvpress.ScorerPress):
+        def score(self, *args):
+            raise ValueError("my bug")
+
+    class Doubling(kvpress.BasePress):  # changes the cache's contents
+        def compress(self, module, hidden_states, keys, values, attentions, kwargs):
+            return keys * 2, values
+
+    session = Session(lm)
+    session.add_user_turn(PROMPT)
+    length, version = len(session), session.version
+    for press, message in ((Raising(compression_ratio=0.5), "Raising failed in layer 0: ValueError: my bug"),
+                           (Doubling(), "changes the cache's contents")):
+        with pytest.raises(KvvizError, match=message):
+            from_press(press).policy.edit(session, Ratio(0.5))
+    assert len(session) == length and session.version == version and not session.commits.stack
+    with pytest.raises(KvvizError, match="KVgradPress: it replays the context"):
+        from_kvpress("KVgradPress", compression_ratio=0.5)
+    with pytest.raises(KvvizError, match="QFilterPress needs query filters"):
+        from_kvpress("QFilterPress", compression_ratio=0.5)

@@ -42,7 +42,8 @@ def parameters(column, classes: dict[str, type[Policy]], name: str, key: str) ->
     if is_press(name):
         items = [(argument, default, None) for argument, default in kvpress.defaults(name[len(PRESS):]).items()]
     else:
-        items = [(f.name, f.default, f.metadata.get("choices")) for f in fields(classes[name])]
+        items = [(f.name, f.default, f.metadata.get("choices")) for f in fields(classes[name])
+                 if not f.metadata.get("hidden")]  # a press policy's press object
     values = {}
     for parameter, default, choices in items:
         label, widget = f"{name}: {parameter}", f"{key}-{name}-{parameter}"

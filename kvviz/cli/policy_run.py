@@ -18,6 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_chat_arguments(parser)
     parser.add_argument("--policy", default=None,
                         help="eviction policy (built-in, from KVVIZ_POLICIES, or a kvpress press: kvpress:SnapKVPress)")
+    parser.add_argument("--press-file", default=None, metavar="FILE.py:NAME",
+                        help="a kvpress press class in your own file (a BasePress / ScorerPress subclass), run with "
+                             "kvpress' own code; --param takes its arguments, --ratio is its compression_ratio")
     parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                         help="a policy parameter (a press's: kvpress' argument names, e.g. window_size=64)")
     parser.add_argument("--budget", default=None, type=_budget, help="slots kept (e.g. 64) or a fraction (e.g. 0.5)")
@@ -82,6 +85,8 @@ def _policy(args: argparse.Namespace, classes: dict) -> tuple[object, object, st
     if args.ratio is not None and args.budget is not None:
         raise KvvizError("give --budget or --ratio, not both")
     budget = Ratio(args.ratio) if args.ratio is not None else args.budget
+    if args.press_file:
+        return _press_file(args, budget)
     if not _press(args):
         policy = make_policy(classes, args.policy, _params(args.param)) if args.policy else None
         return policy, budget, args.positions, args.mode or "decode", args.every
@@ -95,16 +100,42 @@ def _policy(args: argparse.Namespace, classes: dict) -> tuple[object, object, st
             press.every if press.mode == "after_steps" else args.every)
 
 
+def _press_file(args: argparse.Namespace, budget: object) -> tuple[object, object, str, str, int]:
+    """``--press-file FILE.py:NAME``: the press class there, made with ``--param`` (kvpress' argument names), as a
+    policy running its own code; ``--ratio`` (or ``--param compression_ratio=R``) is its compression ratio."""
+    from kvviz.policies.base import Ratio
+    from kvviz.policies.by_name import policy_named
+    from kvviz.policies.user import load
+
+    if args.policy:
+        raise KvvizError("give --policy or --press-file, not both")
+    if ":" not in args.press_file.removesuffix(".py") or not args.press_file.split(":")[0].endswith(".py"):
+        raise KvvizError(f"--press-file takes FILE.py:CLASS, got {args.press_file!r}")
+    params = _params(args.param)
+    if "compression_ratio" in params:
+        if budget is not None:
+            raise KvvizError("give the ratio once: --param compression_ratio or --ratio / --budget")
+        budget = Ratio(press_budgets(params, "the press")["compression_ratio"])
+        del params["compression_ratio"]
+    classes = load(args.press_file, label="--press-file")
+    policy = policy_named(classes, next(iter(classes)), params)
+    if budget is None:
+        if not policy.decides_count:
+            raise KvvizError("give --ratio R: the press's compression_ratio, the fraction it removes")
+        budget = Ratio(0.0)
+    return policy, budget, args.positions, args.mode or "prefill", args.every
+
+
 def run(args: argparse.Namespace) -> None:
     if any(not text.strip() for text in args.turn):
         raise KvvizError("a turn is empty; type some text")
-    if args.policy is None and args.kivi_bits is None and args.scheme is None:
+    if args.policy is None and args.press_file is None and args.kivi_bits is None and args.scheme is None:
         raise KvvizError("give --policy (with --budget), --kivi-bits or --scheme, or a policy with one of them")
     if args.scheme is not None:
         run_family(args.scheme)  # the flags are refused before torch loads
         if args.scheme.startswith("kivi") and args.kivi_bits is not None:
             raise KvvizError("give --scheme kivi-N or --kivi-bits, not both")
-    if args.blame_step is not None and args.policy is None:
+    if args.blame_step is not None and args.policy is None and args.press_file is None:
         raise KvvizError("--blame-step needs a policy: blame puts evicted slots back")
     if _press(args):
         press_budgets(_params(args.param), f"kvpress' {_press(args)}")

@@ -76,6 +76,12 @@ class Policy:
     accumulates: ClassVar[bool] = False  # reads ``accumulated()``: a run keeps it up to date step by step
     reads_hidden: ClassVar[bool] = False  # reads ``hidden_states()``: a run records them
 
+    @property
+    def decides_count(self) -> bool:
+        """Whether the policy decides how many slots it keeps (an adaptive kvpress press: DMS' threshold): a run
+        asks it at every decision, whatever the budget."""
+        return False
+
     def settings(self) -> dict[str, int | float]:
         """The parameters, by field name (JSON-ready: saved with a session, shown as widgets)."""
         return asdict(self)
@@ -126,7 +132,7 @@ class Policy:
     def edit(self, session: Session, budget: int | float, at: int | None = None) -> Edit:
         """One-shot: evict all but the ``budget`` best-scored slots before ``at`` (default: the newest cached slot)."""
         at = len(session) - 1 if at is None else at
-        if 0 <= at < len(session) and slots_kept(budget, at) >= at:
+        if 0 <= at < len(session) and slots_kept(budget, at) >= at and not self.decides_count:
             return Edit()
         return Edit.from_evicted(self.decision(session, budget, at).evicted)
 

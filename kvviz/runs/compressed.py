@@ -262,7 +262,7 @@ class CompressedSession:
         evicted = None
         if evict and self.settings.policy is not None:
             alive = self.alive()
-            if int(alive.sum(-1).max()) > self.keep:
+            if int(alive.sum(-1).max()) > self.keep or self.settings.policy.decides_count:
                 running = self.running.float() if self.accumulates else None
                 candidates = Candidates(self.session, at, self.keep, alive, running, kept_share(self.settings.budget),
                                         self.hidden, self.scratch)

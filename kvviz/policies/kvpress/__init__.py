@@ -1,2 +1,2 @@
-"""kvpress' presses in kvviz: presses by name and the kvviz policy and settings that reproduce each
-(``presses``), and a press's own score code run on a policy's candidates (``score_code``)."""
+"""kvpress' presses in kvviz: presses by name and the kvviz policy and settings that reproduce each (``presses``), and
+any press object run through its own code (``own_code``)."""

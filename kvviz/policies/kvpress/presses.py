@@ -6,9 +6,10 @@ kvviz follow kvpress' conventions (SnapKV's average pooling and whole window, TO
 per KV head, PyramidKV's KVCache-Factory schedule); ``compression_ratio`` becomes a :class:`~kvviz.policies.base.Ratio`
 budget, rounded as kvpress rounds. Wrappers: ``AdaKVPress(press=SnapKVPress)`` is ``ada_kv``; ``KeyRerotationPress``
 re-rotates the kept keys; ``DecodingPress(base_press=…)`` runs the base press in mode ``after_steps``;
-``ChunkKVPress(press=…)`` is ``chunk_kv`` and ``CriticalKVPress(press=…)`` ``critical_kv``. A press class (or instance) of another name with kvpress' ``score`` method
-runs its own code (:mod:`kvviz.policies.kvpress.score_code`). Anything else is refused in one line naming the nearest kvviz
-policy. Parity is prefill compression: kvpress compresses a prompt once after its forward pass, as kvviz's
+``ChunkKVPress(press=…)`` is ``chunk_kv`` and ``CriticalKVPress(press=…)`` ``critical_kv``. Every other press of
+kvpress, a press object (:func:`from_press`) and a user's press class run their own code
+(:mod:`kvviz.policies.kvpress.own_code`); presses that need downloaded weights or act outside kvpress' compress seam
+are refused in one line saying why. Parity is prefill compression: kvpress compresses a prompt once after its forward pass, as kvviz's
 ``prefill`` mode does.
 """
 
@@ -22,6 +23,7 @@ from kvviz.errors import KvvizError
 from kvviz.numbers import press_budgets
 from kvviz.policies.base import Policy, Ratio
 from kvviz.policies.by_name import policy_named
+from kvviz.policies.kvpress.own_code import NEEDS, PressCode, own_presses, press_policy
 
 SNAPKV = {"window": 64, "kernel": 5, "pooling": "avg", "window_kept": "all", "votes": "mean"}
 SNAPKV_ARGUMENTS = {"window_size": "window", "kernel_size": "kernel"}
@@ -56,9 +58,8 @@ PRESSES: dict[str, Press] = {
     "KVzipPress": Press("kv_zip", {"n_sink": "sinks", "chunk_size": "chunk", "layerwise": "layerwise",
                                    "kvzip_plus_normalization": "plus"}),
 }
-NEAREST = {  # presses kvviz does not reproduce yet → the nearest kvviz policy, for the refusal
-    "AdaKVPress": "ada_kv (with press=SnapKVPress)", "CriticalAdaKVPress": "critical_kv", "FastKVzipPress": "kv_zip",
-    "LeverageScorePress": "cur (its sketch draws from torch's global generator, unseeded)",
+NEAREST = {  # presses kvviz does not run → the nearest kvviz policy, for the refusal
+    "FastKVzipPress": "kv_zip",
     "ThinKPress": "the ThinK pruning edit (whatif --think R; kvviz.policies.reshaping.think): it prunes channels, "
                   "not slots",
     "MergingPress": "an eviction merged into the kept slots (whatif --policy … --merge; "
@@ -101,20 +102,21 @@ def from_kvpress(press: str | type, /, classes: Mapping[str, type[Policy]] | Non
     arguments.update(budgets)
     ratio = arguments.pop("compression_ratio", None)
     ratio = None if ratio is None else Ratio(ratio)
-    if not isinstance(press, str) and name not in (*PRESSES, *WRAPPERS) and callable(getattr(press, "score", None)):
-        from kvviz.policies.kvpress.score_code import KvpressScorer  # a press in kvpress' shape: its own score runs
-
+    if not isinstance(press, str) and name not in (*PRESSES, *WRAPPERS):  # a press object or class: its own code
         instance = press(**arguments) if isinstance(press, type) else press
-        return KvpressPolicy(KvpressScorer(press=instance), ratio)
+        return from_press(instance, ratio)
+    if name not in (*PRESSES, *WRAPPERS, *NEAREST, *NEEDS) and name in own_presses():
+        return KvpressPolicy(press_policy(name, arguments), ratio)
+    if name in NEEDS:
+        raise KvvizError(f"kvpress' {name} needs {NEEDS[name]}, which kvviz cannot download; the nearest: "
+                         f"{NEAREST.get(name, 'its own kvviz counterpart')}")
     if name == "DecodingPress":
         return _decoding(classes, ratio, arguments)
     if name in WRAPPED:
         policy, own = WRAPPED[name]
         inner = _inner(name, arguments)
-        if inner not in UNPROTECTED:
-            raise KvvizError(f"kvviz reproduces kvpress' {name} over {', '.join(UNPROTECTED)} only: kvpress pads a "
-                             f"protected window in {inner}'s own score scale; the nearest: {policy} with inner="
-                             f"kvpress:{inner}")
+        if inner not in UNPROTECTED:  # kvpress pads a protected window in the inner press's own score scale
+            return KvpressPolicy(press_policy(name, {**arguments, "press": inner}), ratio)
         unknown = sorted(set(arguments) - set(own))
         if unknown:
             raise KvvizError(f"kvpress' {name} argument {unknown[0]!r} has no kvviz counterpart; its arguments here: "
@@ -124,8 +126,10 @@ def from_kvpress(press: str | type, /, classes: Mapping[str, type[Policy]] | Non
     if name == "KeyRerotationPress":
         inner = from_kvpress(_inner(name, arguments), classes, **arguments)
         return KvpressPolicy(inner.policy, inner.ratio if ratio is None else ratio, "rerotated")
-    if name == "AdaKVPress" and _inner(name, arguments) != "SnapKVPress":
-        raise KvvizError("kvviz reproduces AdaKVPress over SnapKVPress only (ada_kv); give press=SnapKVPress")
+    if name == "AdaKVPress":
+        inner = _inner(name, arguments)
+        if inner != "SnapKVPress":  # kvpress' own code over any other scorer
+            return KvpressPolicy(press_policy(name, {**arguments, "press": inner}), ratio)
     mapping = _mapping(name)
     unknown = sorted(set(arguments) - set(mapping.arguments))
     if unknown:
@@ -133,6 +137,20 @@ def from_kvpress(press: str | type, /, classes: Mapping[str, type[Policy]] | Non
                          f"its arguments here: compression_ratio{''.join(', ' + a for a in mapping.arguments)}")
     params = {**mapping.conventions, **{mapping.arguments[key]: value for key, value in arguments.items()}}
     return KvpressPolicy(policy_named(classes or POLICIES, mapping.policy, params), ratio)
+
+
+def from_press(press: object, ratio: Ratio | None = None) -> KvpressPolicy:
+    """A kvpress press object — kvpress' own or a user's ``BasePress`` / ``ScorerPress`` subclass — as a kvviz
+    policy running its own code (:mod:`~kvviz.policies.kvpress.own_code`); the budget is ``ratio``, else the press's
+    ``compression_ratio``."""
+    try:
+        own = getattr(press, "compression_ratio", None)
+    except Exception:  # an adaptive press's ratio exists after a forward pass only (DMS, SimLayerKV)
+        own = None
+    if ratio is None and isinstance(own, (int, float)) and not isinstance(own, bool):
+        ratio = Ratio(press_budgets({"compression_ratio": own}, type(press).__name__)["compression_ratio"])
+    policy = PressCode(instance=press)
+    return KvpressPolicy(policy, Ratio(0.0) if ratio is None and policy.decides_count else ratio)
 
 
 def _decoding(classes: Mapping[str, type[Policy]] | None, ratio: Ratio | None, arguments: dict) -> KvpressPolicy:
