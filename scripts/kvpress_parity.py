@@ -44,7 +44,9 @@ OWN_CASES = [  # presses kvviz runs through kvpress' own code (kvviz.policies.kv
 ]
 RATIOS = (0.5, 0.75)
 DECODING = [  # DecodingPress(base_press, compression_interval, target_size), teacher-forced on the full reply
-    ("KnormPress", 4, 96), ("KnormPress", 1, 200), ("KeyDiffPress", 5, 128), ("KeyDiffPress", 2, 300)]
+    ("KnormPress", 4, 96), ("KnormPress", 1, 200), ("KeyDiffPress", 5, 128), ("KeyDiffPress", 2, 300),
+    # over other scorers kvviz runs kvpress' own DecodingPress on a mirror of its cache
+    ("TOVAPress", 3, 200), ("StreamingLLMPress", 4, 128), ("ExpectedAttentionPress", 4, 150)]
 STEPS = 14
 RESHAPING = [  # presses that change the cache: ThinK(channel ratio, window), MergingPress(press, ratio, threshold)
     ("ThinKPress", {"key_channel_compression_ratio": 0.25}), ("ThinKPress", {"key_channel_compression_ratio": 0.5,
@@ -275,9 +277,18 @@ def decoding_compare(data: str, pressed: str) -> None:
     print("| DecodingPress base_press | compression_interval | target_size | decode steps | layer 0 kept sets equal "
           "| … with the same key norms | max abs Δ logit over the steps |")
     print("|---|---|---|---|---|---|---|")
+    from kvviz.policies.kvpress.own_code import kvpress
+    from kvviz.policies.kvpress.presses import from_press
+
+    cases = []
     for case in json.loads(Path(pressed).read_text()):
-        ours = from_kvpress("DecodingPress", base_press=case["base"], compression_interval=case["interval"],
-                            target_size=case["target"])
+        cases.append((case, from_kvpress("DecodingPress", base_press=case["base"], compression_interval=case["interval"],
+                                         target_size=case["target"])))
+        if case["base"] in ("KnormPress", "KeyDiffPress"):  # native above; kvpress' own code on the mirror here
+            own = kvpress().DecodingPress(getattr(kvpress(), case["base"])(), compression_interval=case["interval"],
+                                          target_size=case["target"])
+            cases.append(({**case, "base": case["base"] + " (own code)"}, from_press(own)))
+    for case, ours in cases:
         run = CompressedSession(lm, RunSettings(ours.policy, ours.ratio, ours.mode, ours.every))
         run.add_ids(ids)
         gap = 0.0

@@ -321,3 +321,34 @@ def test_long_work_that_fails_is_one_line_and_keeps_the_page():
     assert_clean(app)
     assert any("could not finish" in w.value and "out of luck" in w.value for w in app.warning)  # (Markdown-escaped)
     assert "kept" not in app.session_state and "long_work" not in app.session_state
+
+
+def test_a_kvpress_press_file_runs_in_the_policy_run_tab(monkeypatch, tmp_path):
+    """A press written against kvpress (a ScorerPress subclass) named in KVVIZ_POLICIES: listed by its class name,
+    its argument a widget, run with kvpress' own code in prefill mode at kvpress' ratio."""
+    path = tmp_path / "far_keys.py"
+    path.write_text("from dataclasses import dataclass\n\nfrom kvpress import ScorerPress\n\n\n@dataclass\n"
+                    "class FarKeysPress(ScorerPress):\n    compression_ratio: float = 0.0\n    power: float = 1.0\n\n"
+                    "    def score(self, module, hidden_states, keys, values, attentions, kwargs):\n"
+                    "        norms = keys.norm(dim=-1)\n"
+                    "        return (norms - norms.mean(-1, keepdim=True)).abs() ** self.power\n")
+    monkeypatch.setenv("KVVIZ_POLICIES", str(path))
+    app = start()
+    app.chat_input[0].set_value("My name is Ada and I keep bees. What is my name?").run()
+    open_view(app, "Policy run")
+    app.selectbox[[s.label for s in app.selectbox].index("Policy")].set_value("FarKeysPress")
+    app.selectbox[[s.label for s in app.selectbox].index("Compress")].set_value("prefill")
+    app.number_input[[n.label for n in app.number_input].index("or kvpress ratio")].set_value(0.5)
+    app.button[[b.label for b in app.button].index("Run the policy")].click().run()  # the form: its defaults
+    assert_clean(app)
+    assert app.session_state["policy_run"].settings.policy.settings() == {"power": 1.0}
+    app.number_input(key="run-FarKeysPress-power").set_value(2.0)  # now shown under the press's own name
+    app.button[[b.label for b in app.button].index("Run the policy")].click().run()
+    assert_clean(app)
+    result = app.session_state["policy_run"]
+    policy = result.settings.policy
+    assert type(policy).__name__ == "FarKeysPress" and policy.settings() == {"power": 2.0}
+    assert type(policy.instance).__name__ == "FarKeysPress" and policy.instance.power == 2.0
+    kept = result.last.forced.visible_to(result.last.prompt_end)  # (L, KV, n): what the first decode step saw
+    n = kept.shape[-1]
+    assert bool((kept.sum(-1) == int(n * 0.5)).all())

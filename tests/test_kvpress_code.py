@@ -194,3 +194,29 @@ def test_bad_presses_are_refused_in_one_line_and_change_nothing(lm, tmp_path):
         from_kvpress("KVgradPress", compression_ratio=0.5)
     with pytest.raises(KvvizError, match="QFilterPress needs query filters"):
         from_kvpress("QFilterPress", compression_ratio=0.5)
+
+
+def test_a_decoding_press_runs_on_a_mirror_of_kvpress_cache(lm):
+    """kvpress' own DecodingPress(KnormPress, every 3 steps, to 24 slots), step by step. The reference is written out
+    here from kvpress' rule: after every 3rd step each layer and KV head keeps the 24 largest-score slots of what it
+    held (score −‖k‖), ties as torch.topk breaks them over the cache in kvpress' order — which the mirror reproduces,
+    so the reference runs topk over the same order. Between compressions the cache grows by one slot per step."""
+    kvpress = own_code.kvpress()
+    press = from_press(kvpress.DecodingPress(base_press=kvpress.KnormPress(), compression_interval=3, target_size=24))
+    assert press.mode == "decode" and press.policy.decides_count
+    run = CompressedSession(lm, RunSettings(press.policy, press.ratio, press.mode, press.every))
+    run.add_turn(PROMPT)
+    prompt = len(run)
+    order = [torch.arange(prompt).expand(lm.kv_heads, -1) for _ in range(lm.layers)]  # kvpress' rows, as slots
+    for step in range(8):
+        run.step()
+        mirror = run.scratch["kvpress_mirror"]
+        for layer in range(lm.layers):  # the step's decision saw slots up to the one this step processed
+            grown = torch.cat([order[layer], torch.full((lm.kv_heads, 1), prompt + step - 1)], -1) if step else order[layer]
+            if step and step % 3 == 0:
+                norms = run.session.layer_kv(layer)[0].gather(1, grown[..., None].expand(-1, -1, lm.head_dim)).norm(dim=-1)
+                grown = grown.gather(-1, (-norms).topk(24, dim=-1).indices)
+            order[layer] = grown
+            assert torch.equal(mirror.slots[layer], grown), (step, layer)
+        seen = run.seen.sum(-1)  # what the step attended to besides itself
+        assert bool((seen == order[0].shape[-1]).all()), step

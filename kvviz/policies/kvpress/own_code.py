@@ -24,6 +24,7 @@ import contextlib
 import copy
 import dataclasses
 import inspect
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -33,6 +34,7 @@ from kvviz.errors import KvvizError
 from kvviz.hidden_log import HiddenLog, recording
 from kvviz.policies.base import Candidates, Policy, Ratio
 from kvviz.policies.decision import Decision
+from kvviz.policies.kvpress.mirror import advance, matched, mirror_of
 
 
 def kvpress():
@@ -73,6 +75,14 @@ def with_ratio(press: object, ratio: float) -> object:
     return press
 
 
+def acts_while_decoding(press: object) -> bool:
+    """Whether ``press`` has a ``forward_hook`` of its own (kvpress' decoding presses, ComposedPress …): it keeps
+    state between the model's passes and runs on a mirror of kvpress' cache (:mod:`~kvviz.policies.kvpress.mirror`)."""
+    hook = getattr(type(press), "forward_hook", None)
+    base = sys.modules.get("kvpress.presses.base_press")
+    return hook is not None and (base is None or hook is not base.BasePress.forward_hook)
+
+
 def adaptive(press: object) -> bool:
     """Whether ``press`` decides how many slots it keeps (its ``compression_ratio`` cannot be set)."""
     try:
@@ -106,7 +116,7 @@ class PressCode(Policy):
 
     @property
     def decides_count(self) -> bool:
-        return adaptive(self.instance)
+        return adaptive(self.instance) or acts_while_decoding(self.instance)
 
     def settings(self) -> dict[str, object]:
         own = {name: getattr(self.instance, name, None) for name in arguments_of(type(self.instance))
@@ -119,24 +129,28 @@ class PressCode(Policy):
 
     def decide(self, candidates: Candidates) -> Decision:
         lm, at = candidates.session.lm, candidates.at
-        press = self._press_for(candidates)
         kept = torch.zeros(lm.layers, lm.kv_heads, at, dtype=torch.bool)
         scores = torch.zeros(lm.layers, lm.kv_heads, at)
-        hidden = _hidden(candidates)
-        cos_sin = _rotary(candidates, hidden.layer(0)[:at])
-        name, layer = press_name(press), None
-        cache = DynamicCache()
-        for index in range(lm.layers):  # kvpress' hooks read the layer's keys and values from the model's cache
-            cache.update(candidates.keys(index)[None], candidates.values(index)[None], index)
+        name, layer = press_name(self.instance), None
         try:
             with torch.random.fork_rng(devices=[]) if self.seed is not None else contextlib.nullcontext():
                 if self.seed is not None:
                     torch.manual_seed(self.seed)
-                if callable(getattr(press, "post_init_from_model", None)):
-                    press.post_init_from_model(lm.model)
-                for layer in range(lm.layers):
-                    kept[layer], scores[layer] = self._layer(press, candidates, layer, hidden.layer(layer)[:at],
-                                                             cos_sin, cache)
+                if acts_while_decoding(self.instance):  # kvpress' cache mirrored step by step (mirror.py)
+                    kept, scores = advance(mirror_of(candidates, self.instance), candidates, _hidden(candidates),
+                                           lm.model.model.rotary_emb)
+                else:
+                    press = self._press_for(candidates)
+                    hidden = _hidden(candidates)
+                    cos_sin = _rotary(candidates, hidden.layer(0)[:at])
+                    cache = DynamicCache()
+                    for index in range(lm.layers):  # kvpress' hooks read the layer's keys and values from the cache
+                        cache.update(candidates.keys(index)[None], candidates.values(index)[None], index)
+                    if callable(getattr(press, "post_init_from_model", None)):
+                        press.post_init_from_model(lm.model)
+                    for layer in range(lm.layers):
+                        kept[layer], scores[layer] = self._layer(press, candidates, layer, hidden.layer(layer)[:at],
+                                                                 cos_sin, cache)
         except KvvizError:
             raise
         except Exception as exc:
@@ -224,10 +238,6 @@ REFUSED = {  # presses whose work is not at kvpress' compress / forward_hook sea
                   "and it re-rotates the kept keys; the nearest: snapkv with the question's length as its window",
     "CAMPress": "it merges evicted values into kept ones while decoding; not run yet (kvviz's merging is an edit: "
                 "whatif --merge)",
-    "PrefillDecodingPress": "it compresses while decoding through kvpress' generation; not run yet (the nearest: a "
-                            "policy run in mode both)",
-    "CompressionRatioDecodingPress": "it compresses while decoding through kvpress' generation; not run yet (the "
-                                     "nearest: a policy run in mode decode with --ratio)",
 }
 SIMPLE = (bool, int, float, str)
 
@@ -340,23 +350,9 @@ def _scorer_compress(press, module, hidden, keys, values, attentions, kwargs):
 def _found(name: str, keys: torch.Tensor, values: torch.Tensor, out_keys: torch.Tensor,
            out_values: torch.Tensor) -> torch.Tensor:
     """Which of the slots ``keys`` / ``values`` ``(KV, at, D)`` the press kept, from what it returned
-    ``(KV, n, D)``: ``(KV, at)`` bool. Each returned row must be one input slot's key and value."""
-    if not isinstance(out_keys, torch.Tensor) or out_keys.shape[:1] != keys.shape[:1] \
-            or out_keys.shape[2:] != keys.shape[2:] or out_values.shape != out_keys.shape:
-        raise KvvizError(f"kvpress' {name} returned keys of shape {tuple(getattr(out_keys, 'shape', ()))} for "
-                         f"{tuple(keys.shape)}: kvviz reads a press that changes the cache's shape this way no further")
-    kept = torch.zeros(keys.shape[:2], dtype=torch.bool)
-    for head in range(keys.shape[0]):
-        same = (out_keys[head][:, None] == keys[head][None]).all(-1) \
-            & (out_values[head][:, None] == values[head][None]).all(-1)  # (n, at)
-        found = same.any(-1)
-        if not bool(found.all()):
-            raise KvvizError(
-                f"kvpress' {name} changes the cache's contents ({int((~found).sum())} of {len(found)} returned slots "
-                "are no cached slot's key and value): kvviz runs presses that choose slots; ThinK's pruned channels "
-                "and MergingPress' merged values are kvviz edits (whatif --think R, whatif --policy … --merge)")
-        kept[head] = same.any(0).cpu()
-    return kept
+    ``(KV, n, D)``: ``(KV, at)`` bool."""
+    rows = matched(name, keys, values, out_keys, out_values)
+    return torch.zeros(keys.shape[:2], dtype=torch.bool, device=rows.device).scatter_(-1, rows, True).cpu()
 
 
 def _hidden(candidates: Candidates) -> HiddenLog:

@@ -23,7 +23,7 @@ from kvviz.errors import KvvizError
 from kvviz.numbers import press_budgets
 from kvviz.policies.base import Policy, Ratio
 from kvviz.policies.by_name import policy_named
-from kvviz.policies.kvpress.own_code import NEEDS, PressCode, own_presses, press_policy
+from kvviz.policies.kvpress.own_code import NEEDS, PressCode, acts_while_decoding, own_presses, press_policy
 
 SNAPKV = {"window": 64, "kernel": 5, "pooling": "avg", "window_kept": "all", "votes": "mean"}
 SNAPKV_ARGUMENTS = {"window_size": "window", "kernel_size": "kernel"}
@@ -106,7 +106,7 @@ def from_kvpress(press: str | type, /, classes: Mapping[str, type[Policy]] | Non
         instance = press(**arguments) if isinstance(press, type) else press
         return from_press(instance, ratio)
     if name not in (*PRESSES, *WRAPPERS, *NEAREST, *NEEDS) and name in own_presses():
-        return KvpressPolicy(press_policy(name, arguments), ratio)
+        return _own(press_policy(name, arguments), ratio)
     if name in NEEDS:
         raise KvvizError(f"kvpress' {name} needs {NEEDS[name]}, which kvviz cannot download; the nearest: "
                          f"{NEAREST.get(name, 'its own kvviz counterpart')}")
@@ -116,7 +116,7 @@ def from_kvpress(press: str | type, /, classes: Mapping[str, type[Policy]] | Non
         policy, own = WRAPPED[name]
         inner = _inner(name, arguments)
         if inner not in UNPROTECTED:  # kvpress pads a protected window in the inner press's own score scale
-            return KvpressPolicy(press_policy(name, {**arguments, "press": inner}), ratio)
+            return _own(press_policy(name, {**arguments, "press": inner}), ratio)
         unknown = sorted(set(arguments) - set(own))
         if unknown:
             raise KvvizError(f"kvpress' {name} argument {unknown[0]!r} has no kvviz counterpart; its arguments here: "
@@ -129,7 +129,7 @@ def from_kvpress(press: str | type, /, classes: Mapping[str, type[Policy]] | Non
     if name == "AdaKVPress":
         inner = _inner(name, arguments)
         if inner != "SnapKVPress":  # kvpress' own code over any other scorer
-            return KvpressPolicy(press_policy(name, {**arguments, "press": inner}), ratio)
+            return _own(press_policy(name, {**arguments, "press": inner}), ratio)
     mapping = _mapping(name)
     unknown = sorted(set(arguments) - set(mapping.arguments))
     if unknown:
@@ -149,8 +149,15 @@ def from_press(press: object, ratio: Ratio | None = None) -> KvpressPolicy:
         own = None
     if ratio is None and isinstance(own, (int, float)) and not isinstance(own, bool):
         ratio = Ratio(press_budgets({"compression_ratio": own}, type(press).__name__)["compression_ratio"])
-    policy = PressCode(instance=press)
-    return KvpressPolicy(policy, Ratio(0.0) if ratio is None and policy.decides_count else ratio)
+    return _own(PressCode(instance=press), ratio)
+
+
+def _own(policy: PressCode, ratio: Ratio | None) -> KvpressPolicy:
+    """A press running its own code: an adaptive or decoding press decides its own count (the budget holds all);
+    a press that acts while decoding runs in mode decode, asked before every step as kvpress' hook is after it."""
+    if ratio is None and policy.decides_count:
+        ratio = Ratio(0.0)
+    return KvpressPolicy(policy, ratio, mode="decode" if acts_while_decoding(policy.instance) else "prefill")
 
 
 def _decoding(classes: Mapping[str, type[Policy]] | None, ratio: Ratio | None, arguments: dict) -> KvpressPolicy:
@@ -164,10 +171,8 @@ def _decoding(classes: Mapping[str, type[Policy]] | None, ratio: Ratio | None, a
         raise KvvizError("kvpress' DecodingPress compresses to target_size, not by a compression ratio")
     every, target = (settings[k] for k in ("compression_interval", "target_size"))  # checked by press_budgets
     inner = inner if isinstance(inner, str) else type(inner).__name__
-    if inner not in SCORE_ONLY:
-        raise KvvizError(f"kvviz reproduces kvpress' DecodingPress over {' and '.join(SCORE_ONLY)} only: after a "
-                         f"compression kvpress keeps its cache in score order and rescores with the buffered steps' "
-                         f"queries, which {inner} depends on; the nearest: its kvviz policy with --mode after_steps")
+    if inner not in SCORE_ONLY:  # kvpress' own DecodingPress over a mirror of its cache (kvviz.policies.kvpress.mirror)
+        return _own(press_policy("DecodingPress", {**arguments, **settings, "base_press": inner}), ratio)
     base = from_kvpress(inner, classes, **arguments)
     if base.positions != "original":
         raise KvvizError("kvviz's DecodingPress runs keep the original positions; leave KeyRerotationPress out")
