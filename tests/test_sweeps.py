@@ -169,7 +169,7 @@ def test_the_builtin_sets_hold_their_answers_and_are_reproducible():
     depths = [p.turns[0].index("secret code is") / len(p.turns[0]) for p in needle if p.id.startswith("needle-120")]
     assert depths == sorted(depths) and depths[0] < 0.2 < 0.8 < depths[-1]
     with pytest.raises(KvvizError, match="no built-in prompt set"):
-        load_prompts("builtin:ruler")
+        load_prompts("builtin:nothing")
 
 
 def test_the_damage_chart_has_one_point_per_policy_and_budget(one_by_one):

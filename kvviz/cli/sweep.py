@@ -14,8 +14,10 @@ from kvviz.errors import KvvizError
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", required=True, metavar="FILE|builtin:NAME",
-                        help="a JSONL file ({\"prompt\" or \"turns\", \"expected\", \"id\"} per line) or builtin:needle, "
-                             "builtin:kv, builtin:vars, builtin:all")
+                        help="a JSONL file ({\"prompt\" or \"turns\", \"expected\", \"id\"} per line), a kvpress-format "
+                             "dataset (.parquet or JSONL with context, question, answer, task, max_new_tokens: scored "
+                             "with RULER's string match) or builtin:needle / kv / vars / all, builtin:niah_multikey / "
+                             "cwe / vt / multiturn / ruler")
     parser.add_argument("--policy", action="append", required=True, help="a policy (repeatable): a built-in, one from KVVIZ_POLICIES, or a kvpress press as kvpress:NAME")
     parser.add_argument("--budget", action="append", default=[], type=_budget,
                         help="slots kept or a fraction of the prompt (repeatable)")

@@ -6,7 +6,8 @@
 """
 
 from kvviz.sweeps.cases import Case, cases_for, run_case, run_cases
-from kvviz.sweeps.prompts import Prompt, load_prompts
+from kvviz.sweeps.prompts import Prompt
+from kvviz.sweeps.sources import load_prompts
 from kvviz.sweeps.sweep import SweepSpec, read_table, records, run_sweep
 
 __all__ = ["Case", "Prompt", "SweepSpec", "cases_for", "load_prompts", "read_table", "records", "run_case", "run_cases",

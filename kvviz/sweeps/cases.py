@@ -10,6 +10,7 @@ from itertools import product
 from kvviz.model import LoadedModel
 from kvviz.policies.base import Ratio
 from kvviz.sweeps.prompts import Prompt
+from kvviz.sweeps.ruler import string_match
 
 Row = dict[str, object]
 
@@ -37,7 +38,7 @@ class Case:
 def cases_for(prompts: list[Prompt], policies: list[str], budgets: list[int | float], mode: str = "decode",
               every: int = 1, max_new_tokens: int = 32, schemes: list[str | None] | None = None) -> list[Case]:
     """Every prompt × policy × budget × scheme (default: the model's own cache only), prompt by prompt."""
-    return [Case(prompt, policy, budget, mode, every, max_new_tokens, scheme)
+    return [Case(prompt, policy, budget, mode, every, prompt.max_new_tokens or max_new_tokens, scheme)
             for prompt, policy, budget, scheme in product(prompts, policies, budgets, schemes or [None])]
 
 
@@ -99,7 +100,17 @@ def _row(case: Case, last) -> Row:
         "expected": case.prompt.expected, "full_match": matches(last.full_text, case.prompt.expected),
         "policy_match": matches(last.policy_text, case.prompt.expected),
         "full_text": last.full_text, "policy_text": last.policy_text, "turns": json.dumps(list(case.prompt.turns)),
+        **_scores(case.prompt, last.full_text, last.policy_text),
     }
+
+
+def _scores(prompt: Prompt, full: str, policy: str) -> Row:
+    """A task's RULER metric for both replies (:mod:`kvviz.sweeps.ruler`), with its answers; nothing without them."""
+    if not prompt.answers:
+        return {}
+    return {"metric": prompt.metric, "answers": json.dumps(list(prompt.answers)),
+            "full_score": string_match(full, prompt.answers, prompt.metric),
+            "policy_score": string_match(policy, prompt.answers, prompt.metric)}
 
 
 def run_settings(case: Case, classes: dict):
@@ -120,7 +131,10 @@ def case_of(row: Row) -> Case:
         budget = Ratio(float(ratio))
     else:
         budget = float(row["budget"]) if row["fraction"] else int(row["budget"])
-    prompt = Prompt(str(row["prompt_id"]), tuple(json.loads(row["turns"])), row.get("expected"), str(row["family"]))
+    answers, metric = row.get("answers"), row.get("metric")
+    prompt = Prompt(str(row["prompt_id"]), tuple(json.loads(row["turns"])), row.get("expected"), str(row["family"]),
+                    tuple(json.loads(answers)) if isinstance(answers, str) else (),
+                    metric if isinstance(metric, str) else None)
     scheme = row.get("scheme")
     return Case(prompt, str(row["policy"]), budget, str(row["mode"]), int(row["every"]), int(row["max_new_tokens"]),
                 scheme if isinstance(scheme, str) and scheme != "fp16" else None)

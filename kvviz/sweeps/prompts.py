@@ -1,4 +1,5 @@
-"""Prompts for a sweep: a JSONL file (one case per line) or a built-in set generated on the fly (nothing downloaded).
+"""Sweep prompts: the Prompt, kvviz's JSONL file (one case per line) and the first built-in sets, generated on the
+fly (nothing downloaded); :mod:`kvviz.sweeps.sources` reads any source, kvpress' datasets and RULER-style sets too.
 
 A line is a JSON object with ``prompt`` (one user turn) or ``turns`` (a list of them), and optionally ``id`` and
 ``expected`` (the answer the reply should contain). Blank lines are skipped; anything else is refused with its line
@@ -19,30 +20,20 @@ MAX_PROMPT_CHARS = 200_000
 
 @dataclass(frozen=True)
 class Prompt:
-    """One sweep prompt: its user turns, the answer its last reply should contain (or None) and its family."""
+    """One sweep prompt: its user turns, the answer its last reply should contain (or None) and its family; for a
+    task scored as RULER scores it, the reference ``answers`` and the ``metric`` (:mod:`kvviz.sweeps.ruler`), and the
+    reply length its data asks for."""
 
     id: str
     turns: tuple[str, ...]
     expected: str | None = None
     family: str = "file"
+    answers: tuple[str, ...] = ()
+    metric: str | None = None
+    max_new_tokens: int | None = None
 
 
-def load_prompts(source: str, limit: int | None = None) -> list[Prompt]:
-    """The prompts of ``source`` (a JSONL path or ``builtin:NAME``), the first ``limit`` of them if given."""
-    if source.startswith("builtin:"):
-        prompts = builtin(source.removeprefix("builtin:"))
-    else:
-        prompts = _read_jsonl(Path(source))
-    if not prompts:
-        raise KvvizError(f"{source} holds no prompts")
-    ids = [p.id for p in prompts]
-    if len(set(ids)) != len(ids):
-        twice = next(i for i in ids if ids.count(i) > 1)
-        raise KvvizError(f"{source}: the id {twice!r} is used twice; ids name the rows of the table")
-    return prompts[:limit] if limit else prompts
-
-
-def _read_jsonl(path: Path) -> list[Prompt]:
+def read_jsonl(path: Path) -> list[Prompt]:
     if not path.is_file():
         raise KvvizError(f"prompt file {path} does not exist; pass a JSONL file or builtin:needle / kv / vars / all")
     prompts = []
@@ -87,7 +78,8 @@ _FILLER = ["The grass is green and the sky is blue.", "The river flows past the 
            "The baker sells fresh bread before sunrise.", "Clouds gather over the hills in the afternoon."]
 
 
-def _haystack(rng: random.Random, sentences: int) -> list[str]:
+def filler(rng: random.Random, sentences: int) -> list[str]:
+    """``sentences`` filler sentences drawn by ``rng`` (a haystack)."""
     return [rng.choice(_FILLER) for _ in range(sentences)]
 
 
@@ -98,7 +90,7 @@ def needle(lengths: tuple[int, ...] = (40, 120), depths: tuple[float, ...] = (0.
         for depth in depths:
             rng = random.Random(f"needle-{length}-{depth}")
             code = str(rng.randint(1000, 9999))
-            text = _haystack(rng, length)
+            text = filler(rng, length)
             text.insert(round(depth * length), f"The secret code is {code}.")
             question = " ".join(text) + "\n\nWhat is the secret code? Answer with the number only."
             prompts.append(Prompt(f"needle-{length}-d{depth:g}", (question,), code, "needle"))
@@ -142,9 +134,7 @@ SETS = {"needle": needle, "kv": key_value, "vars": variables}
 
 
 def builtin(name: str) -> list[Prompt]:
-    """A built-in set by name (``all``: every set)."""
+    """A built-in set of these by name (``all``: the three)."""
     if name == "all":
         return [prompt for make in SETS.values() for prompt in make()]
-    if name not in SETS:
-        raise KvvizError(f"no built-in prompt set {name!r}; choose builtin:{', builtin:'.join([*SETS, 'all'])}")
     return SETS[name]()

@@ -24,7 +24,7 @@ from kvviz.errors import KvvizError
 from kvviz.sweeps.cases import Case, Row, by_prompt, cases_for, parts, run_cases
 from kvviz.sweeps.folder import CSV, MANIFEST, PARQUET, ROWS, appending, locked, make_folder, read_bytes, read_rows, \
     replace
-from kvviz.sweeps.prompts import load_prompts
+from kvviz.sweeps.sources import load_prompts
 from kvviz.sweeps.table import frame, read_table, records  # noqa: F401 (read_table, records: kvviz.sweeps' names)
 
 FORMAT = "kvviz-sweep/2"  # 2: rows count the prefill's last row (step -1) among the steps

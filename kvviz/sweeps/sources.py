@@ -1,0 +1,32 @@
+"""Where a sweep's prompts come from: ``builtin:NAME`` (generated, seeded), a kvpress-format dataset (``.parquet``
+or JSONL with kvpress' columns) or kvviz's own JSONL (``prompt`` / ``turns``, ``expected``, ``id``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvviz.errors import KvvizError
+from kvviz.sweeps import prompts, ruler
+from kvviz.sweeps.kvpress_data import is_kvpress_file, read_kvpress
+from kvviz.sweeps.prompts import Prompt
+
+BUILTIN = (*prompts.SETS, "all", *ruler.SETS, "ruler")
+
+
+def load_prompts(source: str, limit: int | None = None) -> list[Prompt]:
+    """The prompts of ``source`` (a file or ``builtin:NAME``), the first ``limit`` of them if given."""
+    if source.startswith("builtin:"):
+        name = source.removeprefix("builtin:")
+        if name not in BUILTIN:
+            raise KvvizError(f"no built-in prompt set {name!r}; choose builtin:{', builtin:'.join(BUILTIN)}")
+        found = prompts.builtin(name) if name in (*prompts.SETS, "all") else ruler.ruler_set(name)
+    else:
+        path = Path(source)
+        found = read_kvpress(path) if path.is_file() and is_kvpress_file(path) else prompts.read_jsonl(path)
+    if not found:
+        raise KvvizError(f"{source} holds no prompts")
+    ids = [p.id for p in found]
+    if len(set(ids)) != len(ids):
+        twice = next(i for i in ids if ids.count(i) > 1)
+        raise KvvizError(f"{source}: the id {twice!r} is used twice; ids name the rows of the table")
+    return found[:limit] if limit else found
