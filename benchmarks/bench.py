@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 
 from benchmarks.harness import Row, machine, table
-from benchmarks import policy_rows
+from benchmarks import kvpress_rows, policy_rows
 from benchmarks.architecture_rows import architecture_rows
 from benchmarks.launch_rows import launch_rows
 from benchmarks.model_rows import Bench
@@ -46,6 +46,10 @@ def planned(quick: bool = False, browser: bool = True) -> dict[str, Callable[[Be
                               "policy run decode 64, cur, 1k": policy_rows.cur_run,
                               "policy run decode 64, critical_kv, 1k": policy_rows.critical_kv_run,
                               "policy run prefill 64, kv_zip, 1k": policy_rows.kv_zip_run}
+    rows |= {} if quick else {"policy run prefill 64, CapPress (kvpress' code), 1k": kvpress_rows.cap_press_run,
+                              "policy run decode 64, DecodingPress over TOVA (kvpress' code), 1k":
+                                  kvpress_rows.decoding_press_run,
+                              "sweep beside kvpress' pipeline": kvpress_rows.pipeline_row}
     rows |= {"launches of two what-ifs at 1024": launch_rows}
     rows |= {"sweep throughput, batch 4": sweep_row}
     rows |= {"whatif evict 512 on tiny llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3": architecture_rows}

@@ -30,8 +30,8 @@ from kvviz.runs.policy_run import run_policy
 from kvviz.session import Session
 
 
-def policy_run(bench, context: int = 1024, tokens: int = 64, budget: int = 256, policy: Policy = H2O(),
-               mode: str = "decode") -> Row:
+def policy_run(bench, context: int = 1024, tokens: int = 64, budget: int | float = 256, policy: Policy = H2O(),
+               mode: str = "decode", name: str | None = None) -> Row:
     ids = token_ids(bench.lm, context)
     tensor = torch.tensor([ids], device=bench.lm.device)
 
@@ -44,8 +44,8 @@ def policy_run(bench, context: int = 1024, tokens: int = 64, budget: int = 256, 
     def plain(_) -> None:
         bench.plain.generate(tensor, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=2)
 
-    return row(f"policy run {mode} {tokens}, {policy.name}, {context // 1024}k", *paired_times(ours, plain, bench.repeats),
-               1.5)
+    return row(name or f"policy run {mode} {tokens}, {policy.name}, {context // 1024}k",
+               *paired_times(ours, plain, bench.repeats), 1.5)
 
 
 def key_diff_run(bench) -> Row:

@@ -7,7 +7,8 @@ transformers ``DynamicCache`` holding exactly what kvpress' cache would hold, an
 decision the slots processed since the last one are appended to the mirror (as the model's forward appends them), the
 press's hook runs once per layer with what kvpress' hook receives — the new slots' attention inputs ``(1, q, hidden)``,
 their rotary ``position_embeddings``, ``cache_position`` counted from the mirror's length as the model counts it, the
-mirror as ``past_key_values`` — and the rows left in the mirror, less ``masked_key_indices``, are the slots kept.
+mirror as ``past_key_values`` — and the rows left in the mirror, less ``masked_key_indices``, are the slots kept (a layer whose tensors the hook left
+as they were — the same storage and shape — is taken as unchanged; a hook that writes into them in place is not seen).
 Attention is the same over a cache in any order, so the run's next tokens are kvpress' (up to float32 summation order).
 """
 
@@ -76,9 +77,11 @@ def advance(mirror: Mirror, candidates: Candidates, hidden, rotary) -> tuple[tor
         finally:
             del module.rotary_emb
             module.masked_key_indices = None
-        rows = matched(type(press).__name__, old_keys, old_values, mirror.cache.layers[layer].keys[0],
-                       mirror.cache.layers[layer].values[0])
-        slots = slots.gather(-1, rows)
+        left = mirror.cache.layers[layer]
+        if left.keys.data_ptr() != old_keys.data_ptr() or left.values.data_ptr() != old_values.data_ptr() \
+                or left.keys.shape != old_keys[None].shape or left.values.shape != old_values[None].shape:
+            rows = matched(type(press).__name__, old_keys, old_values, left.keys[0], left.values[0])
+            slots = slots.gather(-1, rows)  # the press rewrote the layer's cache: which rows are left, in its order
         if len(mirror.slots) <= layer:
             mirror.slots.append(slots)
         mirror.slots[layer] = slots
