@@ -42,6 +42,9 @@ OWN_CASES = [  # presses kvviz runs through kvpress' own code (kvviz.policies.kv
     ("LeverageScorePress", {}), ("AdaKVPress", {"press": "KnormPress"}), ("ChunkKVPress", {"press": "TOVAPress"}),
     ("CriticalKVPress", {"press": "TOVAPress"}), ("SimLayerKVPress", {"n_recent": 64, "lazy_threshold": 0.5}),
 ]
+FILE_CASES = [  # a press in a file of its own, as kvpress' users write one: `press … file`
+    ("file:assets/presses/far_keys_press.py:FarKeysPress", {"power": 2.0}),
+]
 RATIOS = (0.5, 0.75)
 DECODING = [  # DecodingPress(base_press, compression_interval, target_size), teacher-forced on the full reply
     ("KnormPress", 4, 96), ("KnormPress", 1, 200), ("KeyDiffPress", 5, 128), ("KeyDiffPress", 2, 300),
@@ -94,8 +97,8 @@ def press(data: str, out: str, only: str = "") -> None:
     spec = json.loads(Path(data).read_text())
     models = {}
     results = []
-    for name, arguments in OWN_CASES if only == "own" else CASES:
-        if only and only != "own" and name != only:
+    for name, arguments in {"own": OWN_CASES, "file": FILE_CASES}.get(only, CASES):
+        if only and only not in ("own", "file") and name != only:
             continue
         attention = "eager" if name == "ObservedAttentionPress" else "sdpa"
         if attention not in models:
@@ -105,7 +108,7 @@ def press(data: str, out: str, only: str = "") -> None:
         for ratio in RATIOS:
             for prompt, ids in enumerate(spec["ids"]):
                 made = {k: getattr(kvpress, v)() if k == "press" else v for k, v in arguments.items()}
-                instance = getattr(kvpress, name)(**made)
+                instance = _press_class(kvpress, name)(**made)
                 try:
                     instance.compression_ratio = ratio
                 except AttributeError:  # an adaptive press (SimLayerKV) decides its own ratio
@@ -113,6 +116,20 @@ def press(data: str, out: str, only: str = "") -> None:
                 results.append({"press": name, "arguments": arguments, "ratio": ratio, "prompt": prompt,
                                 **_pressed(model, instance, ids, eager=attention == "eager")})
     Path(out).write_text(json.dumps(results))
+
+
+def _press_class(kvpress, name: str) -> type:
+    """kvpress' press ``name``, or ``file:PATH:CLASS``: a class in a file of its own."""
+    if not name.startswith("file:"):
+        return getattr(kvpress, name)
+    import importlib.util
+
+    path, _, cls = name.removeprefix("file:").rpartition(":")
+    spec = importlib.util.spec_from_file_location("user_press", Path(__file__).resolve().parents[1] / path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["user_press"] = module
+    spec.loader.exec_module(module)
+    return getattr(module, cls)
 
 
 def _pressed(model, instance, ids: list[int], eager: bool) -> dict:
@@ -325,7 +342,16 @@ def compare(data: str, pressed: str, only: str = "") -> None:
         if only and case["press"] != only:
             continue
         ids = spec["ids"][case["prompt"]]
-        ours = from_kvpress(case["press"], **case["arguments"])
+        if case["press"].startswith("file:"):  # the file's class as --press-file runs it
+            from kvviz.policies.by_name import policy_named
+            from kvviz.policies.kvpress.presses import KvpressPolicy
+            from kvviz.policies.user import load
+
+            path, _, cls = case["press"].removeprefix("file:").rpartition(":")
+            root = Path(__file__).resolve().parents[1]
+            ours = KvpressPolicy(policy_named(load(f"{root / path}:{cls}"), cls, case["arguments"]), None)
+        else:
+            ours = from_kvpress(case["press"], **case["arguments"])
         run = CompressedSession(lm, RunSettings(ours.policy, Ratio(case["ratio"]), "prefill", positions=ours.positions))
         run.add_ids(ids)
         alive = run.alive()
