@@ -50,6 +50,14 @@ DECODING = [  # DecodingPress(base_press, compression_interval, target_size), te
     ("KnormPress", 4, 96), ("KnormPress", 1, 200), ("KeyDiffPress", 5, 128), ("KeyDiffPress", 2, 300),
     # over other scorers kvviz runs kvpress' own DecodingPress on a mirror of its cache
     ("TOVAPress", 3, 200), ("StreamingLLMPress", 4, 128), ("ExpectedAttentionPress", 4, 150)]
+BUILT = [  # presses that act while decoding, built the same way on both sides from kvpress' names: `decoding-press … built`
+    "PrefillDecodingPress(prefilling_press=KnormPress(compression_ratio=0.5), decoding_press=DecodingPress("
+    "KeyDiffPress(), compression_interval=4, target_size=150))",
+    "CompressionRatioDecodingPress(base_press=TOVAPress(), compression_interval=4, target_compression_ratio=0.5)",
+    "DMSPress(press=KnormPress(), threshold=-4.0, sliding_window_size=32, decoding=True)",
+    "ComposedPress([KnormPress(compression_ratio=0.3), SnapKVPress(compression_ratio=0.3)])",
+    "PerLayerCompressionPress(press=KnormPress(), compression_ratios=[0.25, 0.75] * 15)",
+]
 STEPS = 14
 RESHAPING = [  # presses that change the cache: ThinK(channel ratio, window), MergingPress(press, ratio, threshold)
     ("ThinKPress", {"key_channel_compression_ratio": 0.25}), ("ThinKPress", {"key_channel_compression_ratio": 0.5,
@@ -242,7 +250,7 @@ def reshape_compare(data: str, pressed: str) -> None:
               f"{gap:.1e} |")
 
 
-def decoding_press(data: str, target: str) -> None:
+def decoding_press(data: str, target: str, only: str = "") -> None:
     """kvpress' venv: each DECODING case teacher-forced for STEPS decode steps on the full model's greedy reply:
     every step's logits, and layer 0's kept slots at the end (layer 0's keys depend on the token and position only,
     so they name their slots; deeper layers' keys depend on what the compressed cache let them see)."""
@@ -261,9 +269,10 @@ def decoding_press(data: str, target: str) -> None:
             tokens = torch.tensor([[forced[-1]]])
         whole = model(input_ids=torch.tensor([ids + forced]), use_cache=True).past_key_values.layers[0].keys[0]
         results = []
-        for base, interval, size in DECODING:
-            instance = kvpress.DecodingPress(getattr(kvpress, base)(), compression_interval=interval,
-                                             target_size=size)
+        cases = [(expression, eval(expression, vars(kvpress)), None) for expression in BUILT] if only == "built" \
+            else [(base, kvpress.DecodingPress(getattr(kvpress, base)(), compression_interval=interval,
+                                               target_size=size), (interval, size)) for base, interval, size in DECODING]
+        for base, instance, settings in cases:
             cache, logits = DynamicCache(config=model.config), []
             with instance(model):
                 out = model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
@@ -273,8 +282,13 @@ def decoding_press(data: str, target: str) -> None:
                     logits.append(out.logits[0, -1].tolist())
             # each kept key's slot: the nearest key of the full forward (computed in another batch shape, so equal
             # only to rounding; keys of other tokens or positions are far apart)
-            kept = [sorted(torch.cdist(cache.layers[0].keys[0, h], whole[h]).argmin(-1).tolist())
-                    for h in range(whole.shape[0])]
+            rows = [torch.cdist(cache.layers[0].keys[0, h], whole[h]).argmin(-1) for h in range(whole.shape[0])]
+            masked = getattr(model.model.layers[0].self_attn, "masked_key_indices", None)  # DMS, AdaKV: masked rows
+            gone = [set() for _ in rows] if masked is None else [
+                {int(r) for m, r in zip(masked[1].tolist(), masked[2].tolist()) if m == h} for h in range(len(rows))]
+            kept = [sorted(int(slot) for row, slot in enumerate(rows[h].tolist()) if row not in gone[h])
+                    for h in range(len(rows))]
+            interval, size = settings or (None, None)
             results.append({"base": base, "interval": interval, "target": size, "forced": forced,
                             "logits": logits, "kept_layer0": kept})
     Path(target).write_text(json.dumps(results))
@@ -299,6 +313,9 @@ def decoding_compare(data: str, pressed: str) -> None:
 
     cases = []
     for case in json.loads(Path(pressed).read_text()):
+        if case["interval"] is None:  # a BUILT case: the same expression over kvpress' names
+            cases.append((case, from_press(eval(case["base"], vars(kvpress())))))
+            continue
         cases.append((case, from_kvpress("DecodingPress", base_press=case["base"], compression_interval=case["interval"],
                                          target_size=case["target"])))
         if case["base"] in ("KnormPress", "KeyDiffPress"):  # native above; kvpress' own code on the mirror here

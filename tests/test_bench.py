@@ -58,7 +58,8 @@ def test_rows_are_chosen_by_name_and_a_pattern_that_names_no_row_is_refused():
     assert chosen(names, ["quant 1024"]) == ["whatif quant 1024"]
     assert chosen(names, ["memory", "prefill"]) == ["prefill 256", "prefill 1024", "prefill 4096", "prefill 8000",
                                                    "click during prefill 8000", "memory 4096",
-                                                   "policy run prefill 64, kv_zip, 1k"]
+                                                   "policy run prefill 64, kv_zip, 1k",
+                                                   "policy run prefill 64, CapPress (kvpress' code), 1k"]
     quick = list(planned(quick=True))
     assert "whatif evict 4096" not in quick and "memory 1024" in quick and not any("browser" in n for n in quick)
     assert not any("browser" in name for name in planned(browser=False))
