@@ -42,9 +42,8 @@ OWN_CASES = [  # presses kvviz runs through kvpress' own code (kvviz.policies.kv
     ("LeverageScorePress", {}), ("AdaKVPress", {"press": "KnormPress"}), ("ChunkKVPress", {"press": "TOVAPress"}),
     ("CriticalKVPress", {"press": "TOVAPress"}), ("SimLayerKVPress", {"n_recent": 64, "lazy_threshold": 0.5}),
 ]
-FILE_CASES = [  # a press in a file of its own, as kvpress' users write one: `press … file`
-    ("file:assets/presses/far_keys_press.py:FarKeysPress", {"power": 2.0}),
-]
+ROTATED_CASES = [("KeyRerotationPress", {"press": "StreamingLLMPress"})]  # kept keys re-rotated: `press … rotated`
+FILE_CASES = [("file:assets/presses/far_keys_press.py:FarKeysPress", {"power": 2.0})]  # a user's file: `press … file`
 RATIOS = (0.5, 0.75)
 DECODING = [  # DecodingPress(base_press, compression_interval, target_size), teacher-forced on the full reply
     ("KnormPress", 4, 96), ("KnormPress", 1, 200), ("KeyDiffPress", 5, 128), ("KeyDiffPress", 2, 300),
@@ -105,8 +104,8 @@ def press(data: str, out: str, only: str = "") -> None:
     spec = json.loads(Path(data).read_text())
     models = {}
     results = []
-    for name, arguments in {"own": OWN_CASES, "file": FILE_CASES}.get(only, CASES):
-        if only and only not in ("own", "file") and name != only:
+    for name, arguments in {"own": OWN_CASES, "file": FILE_CASES, "rotated": ROTATED_CASES}.get(only, CASES):
+        if only and only not in ("own", "file", "rotated") and name != only:
             continue
         attention = "eager" if name == "ObservedAttentionPress" else "sdpa"
         if attention not in models:
@@ -121,8 +120,9 @@ def press(data: str, out: str, only: str = "") -> None:
                     instance.compression_ratio = ratio
                 except AttributeError:  # an adaptive press (SimLayerKV) decides its own ratio
                     pass
+                pressed = _rerotated if name == "KeyRerotationPress" else _pressed
                 results.append({"press": name, "arguments": arguments, "ratio": ratio, "prompt": prompt,
-                                **_pressed(model, instance, ids, eager=attention == "eager")})
+                                **pressed(model, instance, ids, eager=attention == "eager")})
     Path(out).write_text(json.dumps(results))
 
 
@@ -134,10 +134,37 @@ def _press_class(kvpress, name: str) -> type:
 
     path, _, cls = name.removeprefix("file:").rpartition(":")
     spec = importlib.util.spec_from_file_location("user_press", Path(__file__).resolve().parents[1] / path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["user_press"] = module
+    sys.modules["user_press"] = module = importlib.util.module_from_spec(spec)  # dataclasses look their module up
     spec.loader.exec_module(module)
     return getattr(module, cls)
+
+
+def _rerotated(model, instance, ids: list[int], eager: bool) -> dict:
+    """KeyRerotationPress' kept sets (the positions it re-rotates from, recorded layer by layer: its keys are no
+    longer the full forward's) and the first decode step's logits."""
+    import torch
+    from transformers import DynamicCache
+
+    recorded, rerotate = [], type(instance)._rerotate_cos_sin
+
+    def recording(x, inv_freq, selected_positions):
+        recorded.append(selected_positions[0].tolist())
+        return rerotate(x, inv_freq, selected_positions)
+
+    type(instance)._rerotate_cos_sin = staticmethod(recording)
+    try:
+        with torch.no_grad():
+            cache = DynamicCache(config=model.config)
+            with instance(model):
+                out = model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
+            first = int(out.logits[0, -1].argmax())
+            kept_count = cache.layers[0].keys.shape[2]
+            step = model(input_ids=torch.tensor([[first]]), position_ids=torch.tensor([[kept_count]]),
+                         past_key_values=cache, use_cache=True)
+    finally:
+        type(instance)._rerotate_cos_sin = staticmethod(rerotate)
+    return {"kept": [[sorted(head) for head in layer] for layer in recorded], "first": first,
+            "logits": step.logits[0, -1].tolist()}
 
 
 def _pressed(model, instance, ids: list[int], eager: bool) -> dict:
