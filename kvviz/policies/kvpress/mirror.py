@@ -69,13 +69,17 @@ def advance(mirror: Mirror, candidates: Candidates, hidden, rotary) -> tuple[tor
                   "past_key_values": mirror.cache, "position_ids": positions,
                   "cache_position": torch.arange(before, before + inputs.shape[1], device=lm.device)}
         module.masked_key_indices = mirror.masked.get(layer)
+        previous = getattr(module, "rotary_emb", None)  # kvpress' __call__ attaches the model's; put back after
         module.rotary_emb = lm.model.model.rotary_emb
         try:
             with torch.no_grad():
                 press.forward_hook(module, [], kwargs, (None, None))
             mirror.masked[layer] = module.masked_key_indices
         finally:
-            del module.rotary_emb
+            if previous is None:
+                del module.rotary_emb
+            else:
+                module.rotary_emb = previous
             module.masked_key_indices = None
         left = mirror.cache.layers[layer]
         if left.keys.data_ptr() != old_keys.data_ptr() or left.values.data_ptr() != old_values.data_ptr() \

@@ -195,6 +195,7 @@ class PressCode(Policy):
                 return result
             object.__setattr__(press, "score", score)
         module.masked_key_indices = None
+        previous = getattr(module, "rotary_emb", None)  # kvpress' __call__ attaches the model's; put back after
         module.rotary_emb = lm.model.model.rotary_emb
         try:
             with torch.no_grad():
@@ -208,7 +209,10 @@ class PressCode(Policy):
                                                             kwargs)
             masked = module.masked_key_indices
         finally:
-            del module.rotary_emb
+            if previous is None:
+                del module.rotary_emb
+            else:
+                module.rotary_emb = previous
             module.masked_key_indices = None
             if callable(own_score):
                 object.__delattr__(press, "score")
