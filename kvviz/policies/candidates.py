@@ -58,11 +58,15 @@ class Candidates:
         """``layer``'s attention module (its ``q_proj``, ``head_dim``, config: what kvpress' scorers use)."""
         return self.session.lm.model.model.layers[layer].self_attn
 
+    def positions(self) -> torch.Tensor:
+        """The candidates' positions ``(1, at)`` (kvpress' ``position_ids``), on the model's device."""
+        return torch.tensor([[s.position for s in self.session.transcript.slots[: self.at]]],
+                            device=self.session.lm.device)
+
     def position_embeddings(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rotary ``(cos, sin)`` of the candidates' positions, ``(1, at, D)`` each, as the model computed them."""
-        lm = self.session.lm
-        positions = torch.tensor([[s.position for s in self.session.transcript.slots[: self.at]]], device=lm.device)
-        return lm.model.model.rotary_emb(self.hidden_states(0)[None], positions)
+        """The rotary ``(cos, sin)`` of the candidates' positions, ``(1, at, D)`` each, as the model computed them
+        (the rotary module reads only the device and dtype of its first argument: the cached keys')."""
+        return self.session.lm.model.model.rotary_emb(self.keys(0)[None], self.positions())
 
     def accumulated(self) -> torch.Tensor:
         """Attention each candidate received from every query so far: ``(L, KV, at)`` (H2O's heavy hitters)."""

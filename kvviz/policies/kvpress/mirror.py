@@ -15,6 +15,8 @@ Attention is the same over a cache in any order, so the run's next tokens are kv
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -68,19 +70,9 @@ def advance(mirror: Mirror, candidates: Candidates, hidden, rotary) -> tuple[tor
         kwargs = {"hidden_states": inputs, "position_embeddings": rotary(inputs, positions), "attention_mask": None,
                   "past_key_values": mirror.cache, "position_ids": positions,
                   "cache_position": torch.arange(before, before + inputs.shape[1], device=lm.device)}
-        module.masked_key_indices = mirror.masked.get(layer)
-        previous = getattr(module, "rotary_emb", None)  # kvpress' __call__ attaches the model's; put back after
-        module.rotary_emb = lm.model.model.rotary_emb
-        try:
-            with torch.no_grad():
-                press.forward_hook(module, [], kwargs, (None, None))
+        with hook_ready(module, lm.model.model.rotary_emb, mirror.masked.get(layer)), torch.no_grad():
+            press.forward_hook(module, [], kwargs, (None, None))
             mirror.masked[layer] = module.masked_key_indices
-        finally:
-            if previous is None:
-                del module.rotary_emb
-            else:
-                module.rotary_emb = previous
-            module.masked_key_indices = None
         left = mirror.cache.layers[layer]
         if left.keys.data_ptr() != old_keys.data_ptr() or left.values.data_ptr() != old_values.data_ptr() \
                 or left.keys.shape != old_keys[None].shape or left.values.shape != old_values[None].shape:
@@ -96,6 +88,24 @@ def advance(mirror: Mirror, candidates: Candidates, hidden, rotary) -> tuple[tor
             kept[layer][heads.cpu(), slots.cpu()[heads.cpu(), rows_masked.cpu()]] = False
     mirror.seen = at
     return kept, kept.float()
+
+
+@contextmanager
+def hook_ready(module: torch.nn.Module, rotary_emb: torch.nn.Module, masked: object = None) -> Iterator[None]:
+    """``module`` as kvpress' hook finds it for one call: the model's ``rotary_emb`` attached (kvpress' ``__call__``
+    attaches it) and ``masked_key_indices`` set to ``masked``; afterwards the module's own ``rotary_emb`` is back and
+    the masked indices are cleared (kvviz evicts with masks of its own, never through them)."""
+    previous = getattr(module, "rotary_emb", None)
+    module.masked_key_indices = masked
+    module.rotary_emb = rotary_emb
+    try:
+        yield
+    finally:
+        if previous is None:
+            del module.rotary_emb
+        else:
+            module.rotary_emb = previous
+        module.masked_key_indices = None
 
 
 def matched(name: str, keys: torch.Tensor, values: torch.Tensor, out_keys: torch.Tensor,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import inspect
 import sys
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ from kvviz.errors import KvvizError
 from kvviz.hidden_log import HiddenLog, recording
 from kvviz.policies.base import Candidates, Policy, Ratio
 from kvviz.policies.decision import Decision
-from kvviz.policies.kvpress.mirror import advance, matched, mirror_of
+from kvviz.policies.kvpress.mirror import advance, hook_ready, matched, mirror_of
 
 
 def kvpress():
@@ -114,8 +115,8 @@ class PressCode(Policy):
         if refused:
             raise KvvizError(f"kvviz does not run kvpress' {press_name(self.instance)}: {refused}")
 
-    @property
-    def decides_count(self) -> bool:
+    @functools.cached_property
+    def decides_count(self) -> bool:  # once per policy: adaptive() copies the press, and runs ask before every step
         return adaptive(self.instance) or acts_while_decoding(self.instance)
 
     def settings(self) -> dict[str, object]:
@@ -142,7 +143,8 @@ class PressCode(Policy):
                 else:
                     press = self._press_for(candidates)
                     hidden = _hidden(candidates)
-                    cos_sin = _rotary(candidates, hidden.layer(0)[:at])
+                    positions = candidates.positions()
+                    cos_sin = candidates.position_embeddings()
                     cache = DynamicCache()
                     for index in range(lm.layers):  # kvpress' hooks read the layer's keys and values from the cache
                         cache.update(candidates.keys(index)[None], candidates.values(index)[None], index)
@@ -150,7 +152,7 @@ class PressCode(Policy):
                         press.post_init_from_model(lm.model)
                     for layer in range(lm.layers):
                         kept[layer], scores[layer] = self._layer(press, candidates, layer, hidden.layer(layer)[:at],
-                                                                 cos_sin, cache)
+                                                                 positions, cos_sin, cache)
         except KvvizError:
             raise
         except Exception as exc:
@@ -173,7 +175,7 @@ class PressCode(Policy):
             return with_ratio(self.instance, share.ratio)
         return with_ratio(self.instance, 1 - (candidates.keep + 0.5) / candidates.at)
 
-    def _layer(self, press: object, candidates: Candidates, layer: int, hidden: torch.Tensor,
+    def _layer(self, press: object, candidates: Candidates, layer: int, hidden: torch.Tensor, positions: torch.Tensor,
                cos_sin: tuple[torch.Tensor, torch.Tensor], cache: DynamicCache) -> tuple[torch.Tensor, torch.Tensor]:
         """The kept slots ``(KV, at)`` bool and the press's scores ``(KV, at)`` (kept 1, evicted 0 where it has no
         ``score`` of its own) in ``layer``."""
@@ -183,9 +185,7 @@ class PressCode(Policy):
         attentions = _eager(candidates, layer) if self.eager else None
         kwargs = {"hidden_states": hidden[None], "position_embeddings": cos_sin, "attention_mask": None,
                   "past_key_values": cache,
-                  "cache_position": torch.arange(at, device=keys.device),
-                  "position_ids": torch.tensor([[s.position for s in candidates.session.transcript.slots[:at]]],
-                                               device=keys.device)}
+                  "cache_position": torch.arange(at, device=keys.device), "position_ids": positions}
         seen: list[torch.Tensor] = []
         own_score = getattr(press, "score", None)
         if callable(own_score):  # the scores the outer press ranked by, kept for "why did this slot go?"
@@ -194,11 +194,8 @@ class PressCode(Policy):
                 seen.append(result)
                 return result
             object.__setattr__(press, "score", score)
-        module.masked_key_indices = None
-        previous = getattr(module, "rotary_emb", None)  # kvpress' __call__ attaches the model's; put back after
-        module.rotary_emb = lm.model.model.rotary_emb
         try:
-            with torch.no_grad():
+            with hook_ready(module, lm.model.model.rotary_emb), torch.no_grad():
                 if callable(getattr(press, "forward_hook", None)):  # kvpress' hook, as after a prompt's forward
                     press.forward_hook(module, [], kwargs, (None, attentions))
                     out_keys, out_values = cache.layers[layer].keys, cache.layers[layer].values
@@ -207,13 +204,8 @@ class PressCode(Policy):
                 else:
                     out_keys, out_values = _scorer_compress(press, module, hidden[None], keys, values, attentions,
                                                             kwargs)
-            masked = module.masked_key_indices
+                masked = module.masked_key_indices
         finally:
-            if previous is None:
-                del module.rotary_emb
-            else:
-                module.rotary_emb = previous
-            module.masked_key_indices = None
             if callable(own_score):
                 object.__delattr__(press, "score")
         kept = _found(press_name(press), keys[0], values[0], out_keys[0], out_values[0])
@@ -376,13 +368,6 @@ def _hidden(candidates: Candidates) -> HiddenLog:
     with torch.no_grad(), recording(lm, log):
         lm.model(input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=1)
     return log
-
-
-def _rotary(candidates: Candidates, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    lm = candidates.session.lm
-    positions = torch.tensor([[s.position for s in candidates.session.transcript.slots[: candidates.at]]],
-                             device=lm.device)
-    return lm.model.model.rotary_emb(hidden[None], positions)
 
 
 def _eager(candidates: Candidates, layer: int) -> torch.Tensor:
