@@ -20,8 +20,8 @@ _JS = """export default function ({ parentElement, data }) {
   if (mark.dataset.token === token) return;
   mark.dataset.token = token;
   // A chat page's main area sticks to its bottom while its content grows, also when charts draw after the run: keep
-  // the mark at the top for 6 s and until the run is over and the page stopped growing, unless the person scrolls,
-  // clicks or types meanwhile
+  // the mark at the top for 6 s and until the run is over and the page stopped growing, unless the person scrolls
+  // meanwhile
   const host = parentElement.host || parentElement;
   const main = host.closest && host.closest("[data-testid=stAppScrollToBottomContainer]");
   const started = Date.now();
@@ -29,25 +29,54 @@ _JS = """export default function ({ parentElement, data }) {
   // next run draws the strip) stops instead of pulling the page back to its own mark
   const area = main || host;
   const turn = (area.kvScrollTurn = (area.kvScrollTurn || 0) + 1);
-  let stopped = false, height = -1, since = started;
-  const stop = () => { stopped = true; };
+  let stopped = false, height = -1, since = started, nudged = 0, held = null;
+  // A person who scrolls (wheel, touch, keys) takes over. A click or a key elsewhere (a chip, a button, typing) holds
+  // the page where it is instead of letting go: let go while the area still sticks to its bottom, the page would
+  // fall there as the click's rerun redraws
+  const scrolls = new Set(["ArrowUp", "ArrowDown", "PageUp", "PageDown", "Home", "End", " "]);
+  const hold = (event) => {
+    const editing = event.target && event.target.closest && event.target.closest("input, textarea, [contenteditable]");
+    const scrolling = event.type === "wheel" || event.type === "touchstart" || event.target === main
+      || (event.type === "keydown" && scrolls.has(event.key) && !editing);
+    if (scrolling) { stopped = true; return; }
+    held = mark.getBoundingClientRect().top;
+  };
   for (const kind of ["wheel", "touchstart", "keydown", "pointerdown"]) {
-    window.addEventListener(kind, stop, { once: true, capture: true });
+    window.addEventListener(kind, hold, { capture: true, passive: true });
   }
+  const done = () => {
+    for (const kind of ["wheel", "touchstart", "keydown", "pointerdown"]) {
+      window.removeEventListener(kind, hold, { capture: true });
+    }
+  };
   const check = () => {
-    if (stopped || mark.dataset.token !== token || area.kvScrollTurn !== turn) return;
-    const top = mark.getBoundingClientRect().top;
+    if (stopped || mark.dataset.token !== token || area.kvScrollTurn !== turn) return done();
     const now = Date.now(), grown = main ? main.scrollHeight : 0;
-    if (grown !== height) { height = grown; since = now; }
-    if (data.top) { if (main && main.scrollTop > 0) main.scrollTop = 0; }  // the page's very top (its padding too)
-    else if (Math.abs(top - 72) > 40) mark.scrollIntoView({ block: "start" });
+    if (grown !== height) { height = grown; since = now; nudged = 0; }
+    const top = mark.getBoundingClientRect().top;
+    const away = held !== null ? Math.abs(top - held) > 2
+      : data.top ? main && main.scrollTop > 0 : Math.abs(top - 72) > 40;
+    if (away) {
+      nudged = 0;
+      if (held !== null) { if (main) main.scrollTop += top - held; }  // where the person clicked
+      else if (data.top) main.scrollTop = 0;  // the page's very top (its padding too)
+      else mark.scrollIntoView({ block: "start" });
+    }
     const app = document.querySelector("[data-testid=stApp]");
     const running = app && app.dataset.testScriptState === "running";
-    const watching = running || now - since < 2000 || now - started < 6000;  // charts draw after the run is over (late on a loaded machine)
     // as long as the run that draws the place runs (a first run may load the model, a tour step run a policy: a
-    // minute or more on a loaded CPU), at most 10 minutes
-    if (watching && now - started < 600000) setTimeout(check, 150);
-    else if (main) main.scrollTop -= 1;  // a scroll while nothing grows: Streamlit stops sticking to the bottom
+    // minute or more on a loaded CPU), and 2 s after the page last grew (charts draw after the run, late on a loaded
+    // machine); at most 10 minutes
+    const busy = running || now - since < 2000 || now - started < 6000;
+    if (now - started > 600000) return done();
+    if (!busy && main) {
+      // Streamlit's container stops sticking to its bottom on a scroll that finds its size as the last scroll found
+      // it; a scroll that is the first since the page grew keeps it stuck and it pulls the page down again. So:
+      // nudge, and stop only once the place held for a second after the nudge (else bring it back, nudge again)
+      if (!nudged) { main.scrollTop -= 1; nudged = now; }
+      else if (now - nudged > 1000) return done();
+    }
+    setTimeout(check, 150);
   };
   setTimeout(check, 100);
 }"""
