@@ -36,13 +36,23 @@ def rerun(session: Session, at: int, visible: torch.Tensor, cache: Cache | None 
     """The step of slot ``at`` once per variant, ``visible`` bool ``(B, L, KV, at)`` the slots before it each sees
     (within the model's sliding windows: the variants' masks replace the model's own), in one pass on ``cache``
     (default: the session's own, lent and cut back afterwards). Returns the logits ``(B, V)`` float32."""
-    lm, slot, batch, length = session.lm, session.transcript.slots[at], len(visible), len(session)
-    visible = visible & ~lm.attention.outside(at, at, visible.device)[:, None]  # (L, 1, at): outside each window
+    return rerun_rows(session, [at] * len(visible), visible, cache)
+
+
+def rerun_rows(session: Session, slots: list[int], visible: torch.Tensor, cache: Cache | None = None) -> torch.Tensor:
+    """The steps of ``slots`` (B of them, repeats allowed) in one pass: row ``i`` feeds slot ``slots[i]``'s token at
+    its position and sees the cached slots ``visible[i]`` (bool ``(B, L, KV, m)`` over the cache's first ``m``,
+    within the model's sliding windows as that step had them) and its own new slot. Returns the logits ``(B, V)``
+    float32."""
+    lm, batch, length, at = session.lm, len(visible), len(session), visible.shape[-1]
+    picked = [session.transcript.slots[slot] for slot in slots]
+    outside = torch.stack([lm.attention.outside(slot, at, visible.device) for slot in slots])  # (B, L, m)
+    visible = visible & ~outside[:, :, None]
     cache = session.cache if cache is None else cache
     try:
         with torch.no_grad(), probing(Variants(visible)):
-            out = lm.model(input_ids=torch.full((1, batch), slot.id, device=lm.device),
-                           position_ids=torch.full((1, batch), slot.position, device=lm.device),
+            out = lm.model(input_ids=torch.tensor([[s.id for s in picked]], device=lm.device),
+                           position_ids=torch.tensor([[s.position for s in picked]], device=lm.device),
                            cache=cache, use_cache=True, logits_to_keep=batch)
     finally:
         if cache is session.cache:

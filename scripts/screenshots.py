@@ -4,6 +4,7 @@ Usage: .venv/bin/python scripts/screenshots.py   (writes assets/screenshot-*.png
        .venv/bin/python scripts/screenshots.py --model PATH.gguf   (a sliding-window model: screenshot-window-*.png)
        .venv/bin/python scripts/screenshots.py --sweep DIR   (a sweep's folder: screenshot-sweeps.png)
        .venv/bin/python scripts/screenshots.py --schemes   (the quantizer settings and the schemes compared)
+       .venv/bin/python scripts/screenshots.py --where   (an eviction and the step where it matters most)
 """
 
 from __future__ import annotations
@@ -105,6 +106,22 @@ def sweep_shot(folder: str) -> None:
         shoot(page, "sweeps", top="text=Sweep on this server", bottom="text=Open as a policy run", height=0)
 
 
+def where_shot() -> None:
+    """The dog's name evicted at the newest step: the what-if's numbers and, below them, the step it matters at."""
+    with running_app() as url, browser_page(url, width=1440, height=2400) as page:
+        page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=120_000)
+        page.fill("[data-testid=stChatInputTextArea]",
+                  "My cat is called Whiskers and my dog is called Rex. What is my dog called?")
+        page.keyboard.press("Enter")
+        page.wait_for_selector(".kv-chip", timeout=300_000)
+        wait_idle(page, 3)
+        page.locator(".kv-chip.kv-query", has_text="Rex").first.click()
+        page.get_by_text("Matters most at step").wait_for(timeout=300_000)
+        page.mouse.move(1400, 20)
+        wait_idle(page, 3)
+        shoot(page, "where", top="[data-testid=stMetric]", bottom=None, height=150)
+
+
 def schemes_shot() -> None:
     """The quantizer settings (FP8 scales, keys before RoPE) and the quantization schemes compared at the step."""
     with running_app() as url, browser_page(url, width=1440, height=4200) as page:
@@ -132,8 +149,11 @@ if __name__ == "__main__":
     parser.add_argument("--model", help="a sliding-window model (e.g. the Gemma 3 270M GGUF): its window shots")
     parser.add_argument("--sweep", help="a sweep's folder: the Sweeps tab")
     parser.add_argument("--schemes", action="store_true", help="the quantizer settings and the schemes compared")
+    parser.add_argument("--where", action="store_true", help="an eviction and the step where it matters most")
     arguments = parser.parse_args()
-    if arguments.schemes:
+    if arguments.where:
+        where_shot()
+    elif arguments.schemes:
         schemes_shot()
     elif arguments.sweep:
         sweep_shot(arguments.sweep)

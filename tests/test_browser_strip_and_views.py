@@ -187,3 +187,24 @@ def test_a_commit_while_looking_back_says_where_it_applies(page):
     expect(listed).to_have_count(1)
     assert listed.inner_text().startswith(f"#1 · from slot {newest} ") and "evicted 1 slot (" in listed.inner_text()
     assert page.locator("[data-testid=stChatMessage]").last.inner_text() == reply
+
+
+@pytest.mark.parametrize("width,height", [(1500, 1000), (1280, 720)])
+def test_an_eviction_points_at_the_step_that_mattered_and_goes_there(server, width, height):
+    """Evicting the dog's name looks harmless at the newest step (it chose the end of the turn); the what-if names the
+    step that chose the name, and its button travels there, where the top-1 flips."""
+    from benchmarks.browser import browser_page
+
+    with browser_page(server, width=width, height=height) as page:
+        watch_console(page)
+        page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=120_000)
+        send(page, "My cat is called Whiskers and my dog is called Rex. What is my dog called?")
+        click_when_still(page, page.locator(".kv-chip.kv-query", has_text="Rex").first)
+        pointer = page.get_by_text("Matters most at step")
+        pointer.wait_for(timeout=300_000)
+        step = int(pointer.inner_text().split("Matters most at step ")[1].split(",")[0])
+        click_when_still(page, page.get_by_role("button", name=f"Look at step {step}"))
+        page.get_by_text("this one is where the edit matters most").wait_for(timeout=300_000)
+        expect(page.get_by_test_id("stMetricValue").filter(has_text="FLIPS")).to_have_count(1)
+        assert page.locator("input[aria-label='Jump to']").input_value() == str(step)
+        assert page.console == []

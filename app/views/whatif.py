@@ -5,15 +5,16 @@ from __future__ import annotations
 import streamlit as st
 
 from app import state
-from app.plain import warn
+from app.plain import code, warn
 from app.views.slide_download import FORMATS, download
 from app.views.token_strip import apply_quantizers
 from kvviz import figures
 from kvviz.errors import KvvizError
 from kvviz.figures.slides import whatif_slides
 from kvviz.figures.standalone_page import MAX_PREPARED, MAX_SLOTS, Prepared, page_data, standalone_html
+from kvviz.figures.whatif_charts import visible
 from kvviz.view_data import strip_chips
-from kvviz.whatif import WhatIf, what_if
+from kvviz.whatif import StepEffects, WhatIf, step_effects, turn_steps, what_if
 
 PROB = st.column_config.ProgressColumn("p", format="%.4f", min_value=0.0, max_value=1.0)
 PRESENTED = 5  # top-k rows in presentation mode
@@ -95,6 +96,8 @@ def tables() -> None:
                              column_config={"p": PROB, "Δlogit": st.column_config.NumberColumn(format="%+.4f")})
     if large and st.session_state.topk > PRESENTED:
         st.caption(f"Presentation mode shows the top {PRESENTED} of {st.session_state.topk}.")
+    if large:
+        _where(result)
 
 
 CHARTS = {"heads": "ρ and ‖Δo‖ per head", "alpha": "Weights α, α′ of one head", "hidden": "Hidden-state change"}
@@ -193,6 +196,48 @@ def _summary(result: WhatIf) -> None:
                delta_color="off", help="K and V of the slots this step reads (before its own is added), packed as the "
                "edit stores them, against the full cache at the model's dtype; sliding-window layers count only "
                "what they hold")
+    if not large:  # presentation mode: below the tables (the numbers, the strip and the tables fill one screen)
+        _where(result)
+
+
+def effects() -> StepEffects | None:
+    """The draft's effect at every step of the newest turn (kept for the edit and the cache's version), None for an
+    empty draft or a turn without a reply yet."""
+    session, draft = state.session(), state.draft()
+    edit = draft.edit(len(session))
+    if edit.is_empty or not turn_steps(session):
+        return None
+    return session.memoized("step_effects_of", edit.key, lambda: step_effects(session, edit), keep=1)
+
+
+def _where(result: WhatIf) -> None:
+    """Where the edit matters most among the newest turn's steps, beside this step's numbers, and a way there: the
+    newest step often chose the end of the turn whichever cache it had, while the step that chose the answer flips."""
+    try:
+        found = effects()
+    except KvvizError:
+        return  # the edit does not fit every step; the what-if of this one said what it could
+    if found is None:
+        return
+    piece = state.session().piece
+    worst = found.worst
+    if worst is None:
+        st.caption(f"This edit changes none of the {len(found.steps)} steps of the newest reply.")
+        return
+    here = next((step for step in found.steps if step.slot == result.at), None)
+    if worst.slot == result.at:
+        st.caption(f"Of the {len(found.steps)} steps of the newest reply, this one is where the edit matters most.")
+        return
+    token = lambda id_: code(visible(piece(id_)))  # noqa: E731  (model text: a code span renders it as it is)
+    flip = f"top-1 {token(worst.top1_full)} → {token(worst.top1_edited)}" if worst.flips else "top-1 unchanged"
+    at_here = "" if here is None else f" · here (step {result.at}): KL {here.kl:.3g}"
+    text, button = st.columns([4, 1], vertical_alignment="center")
+    text.markdown(f"**Matters most at step {worst.slot}**, which chose {token(worst.chose)}: KL {worst.kl:.3g} nats, "
+                  f"{flip}{at_here}")
+    if button.button(f"Look at step {worst.slot}", key="look-at-worst",
+                     help="Time travel to that step: the what-if re-runs it with this edit (the edit stays as it is)"):
+        state.travel(None if worst.slot == len(state.session()) - 1 else worst.slot)
+        st.rerun()  # the whole page: every view shows that step
 
 
 def _continuation(result: WhatIf) -> None:

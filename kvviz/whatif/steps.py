@@ -1,0 +1,142 @@
+"""Where an edit matters: the what-if of every step of the newest turn at once (docs/math.md §6 at each step).
+
+The what-if re-runs one step, usually the newest — often the reply's last token, whose next token is the end of the
+turn whatever the cache holds. The step that chose the answer can flip under the same edit. This re-runs the steps of
+the newest turn that chose a token (the query's last slot, then every generated slot) with the full and with the
+edited cache, and gives each step's KL and top-1 on both sides, so the page can point at the step that mattered.
+
+Each step sees what it saw then: the slots before it as the model computed them, hidden per (layer, KV head) as the
+committed edit hid them at that step (the full side) and with the edit on top (the edited side) — the what-if's
+definition, step by step. An edit that only evicts is done in batched passes of the session's own cache (one row per
+step, each with its own mask: :func:`~kvviz.step_variants.rerun_rows`), the full side once per cache version and the
+edited side only for the steps it hides something from; one that rewrites K/V (quantized, pruned, merged), or a step
+with such a committed edit in force, is re-run step by step by :func:`what_if`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from kvviz.edit.edit import Edit
+from kvviz.errors import KvvizError
+from kvviz.session import Session
+from kvviz.step_variants import rerun_rows
+from kvviz.whatif.metrics import Reference
+from kvviz.whatif.step import what_if
+
+ROWS = 64  # rows per batched pass: activations of ~64 tokens, whatever the turn's length
+
+
+@dataclass(frozen=True)
+class StepEffect:
+    """One step: slot ``slot``'s decode step (it chose the token ``chose``: the next slot's, or the pending one)."""
+
+    slot: int
+    chose: int
+    kl: float  # KL(p_full ‖ p_edited) of the step's next-token distribution, nats
+    top1_full: int
+    top1_edited: int
+
+    @property
+    def flips(self) -> bool:
+        return self.top1_full != self.top1_edited
+
+
+@dataclass(frozen=True)
+class StepEffects:
+    """The edit's effect at each step of the newest turn that chose a token, in slot order."""
+
+    steps: list[StepEffect]
+
+    @property
+    def worst(self) -> StepEffect | None:
+        """The step with the largest KL (the earliest among equals), None without steps or when no step changed."""
+        if not self.steps:
+            return None
+        worst = max(self.steps, key=lambda step: (step.kl, -step.slot))
+        return worst if worst.kl > 0 or worst.flips else None
+
+    def to_dict(self) -> dict:
+        return {"steps": [asdict(step) for step in self.steps]}
+
+
+def turn_steps(session: Session) -> list[int]:
+    """The slots whose steps chose the newest turn's tokens: its query's last slot and each generated slot (the
+    newest one chose the pending token). Empty before a reply starts."""
+    transcript = session.transcript
+    turn = [slot for slot in transcript.slots if slot.turn == transcript.turn]
+    query = [slot.slot for slot in turn if slot.kind == "prefill"]
+    generated = [slot.slot for slot in turn if slot.kind == "decode"]
+    if not query or (not generated and session.pending is None):
+        return []
+    return [query[-1], *generated]
+
+
+def step_effects(session: Session, edit: Edit, steps: list[int] | None = None) -> StepEffects:
+    """The effect of ``edit`` (as the draft gives it for the newest step) at each step of ``steps`` (default:
+    :func:`turn_steps`); see the module doc. The session is not changed. Raises :class:`KvvizError` for an edit that
+    does not fit a step (as :func:`what_if` would)."""
+    steps = turn_steps(session) if steps is None else list(steps)
+    if any(not 0 <= slot < len(session) for slot in steps):
+        raise KvvizError(f"the steps must be cached slots (0..{len(session) - 1})")
+    pairs = {slot: session.commits.step_edits(slot, edit) for slot in steps}
+    rewrites = [slot for slot, (full, edited) in pairs.items() if full.rewrites or edited.rewrites]
+    effects = {slot: _one(session, edit, slot) for slot in rewrites}
+    effects |= _batched(session, [slot for slot in steps if slot not in effects], pairs)
+    return StepEffects([effects[slot] for slot in steps])
+
+
+def _chose(session: Session, slot: int) -> int:
+    after = slot + 1
+    return session.transcript.slots[after].id if after < len(session) else session.pending
+
+
+def _one(session: Session, edit: Edit, slot: int) -> StepEffect:
+    """A step whose cache an edit rewrites: the what-if itself."""
+    nt = what_if(session, edit, at=slot, topk=1).next_token
+    return StepEffect(slot, _chose(session, slot), nt.kl, nt.full[0].id, nt.edited[0].id)
+
+
+def _batched(session: Session, slots: list[int], pairs: dict) -> dict[int, StepEffect]:
+    """Steps whose caches differ only in what they hide: the full side of every step (kept for the cache's version,
+    so the next edit re-runs only its own side), and the edited side of the steps where the edit hides something
+    more; ``ROWS`` rows per pass."""
+    lm = session.lm
+    shape = (lm.layers, lm.kv_heads, lm.device)
+    n = max(slots, default=0)
+
+    def visible(slot: int, hidden: torch.Tensor) -> torch.Tensor:  # (L, KV, n): the slots before ``slot`` not hidden
+        seen = torch.zeros(lm.layers, lm.kv_heads, n, dtype=torch.bool, device=lm.device)
+        seen[..., :slot] = ~hidden
+        return seen
+
+    def full() -> dict[int, torch.Tensor]:
+        return _rows(session, [(slot, visible(slot, pairs[slot][0].evicted_mask(slot, *shape))) for slot in slots])
+
+    fulls = session.memoized("step_effects", tuple(slots), full, keep=1)
+    edited_rows = []
+    for slot in slots:
+        hidden, more = (edit.evicted_mask(slot, *shape) for edit in pairs[slot])
+        if bool((more & ~hidden).any()):
+            edited_rows.append((slot, visible(slot, more)))
+    edited = _rows(session, edited_rows)
+    effects = {}
+    for slot in slots:
+        logits = edited.get(slot)
+        kl = 0.0 if logits is None else float(Reference(fulls[slot]).kl(logits))
+        top1 = int(fulls[slot].argmax())
+        top1_edited = top1 if logits is None else int(logits.argmax())
+        effects[slot] = StepEffect(slot, _chose(session, slot), kl, top1, top1_edited)
+    return effects
+
+
+def _rows(session: Session, rows: list[tuple[int, torch.Tensor]]) -> dict[int, torch.Tensor]:
+    """The logits ``(V,)`` float32 of each ``(slot, visible (L, KV, n))`` row's step, ``ROWS`` rows per pass."""
+    logits = {}
+    for start in range(0, len(rows), ROWS):
+        chunk = rows[start:start + ROWS]
+        out = rerun_rows(session, [slot for slot, _ in chunk], torch.stack([seen for _, seen in chunk])).cpu()
+        logits |= {slot: row for (slot, _), row in zip(chunk, out)}
+    return logits

@@ -1,0 +1,37 @@
+"""The what-if points at the step where an edit matters most, through AppTest on the bundled model: evicting the
+dog's name looks harmless at the newest step, the page names the step that chose the name, and one click goes there,
+where the what-if's own numbers are the ones the pointer gave."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from kvviz.scenarios import find_slots
+from tests.support.app_test import assert_clean, metric, start
+
+
+def test_an_eviction_points_at_the_step_that_chose_the_answer():
+    app = start()
+    app.chat_input[0].set_value("My cat is called Whiskers and my dog is called Rex. What is my dog called?").run()
+    session = app.session_state["session"]
+    assert " Rex" in session.reply
+    app.session_state["draft"].evict_many(find_slots(session, " Rex"))
+    app.run()
+    assert_clean(app)
+    newest_kl = float(metric(app, "KL"))
+    pointer = next(m.value for m in app.markdown if m.value.startswith("**Matters most at step "))
+    step, kl = re.match(r"\*\*Matters most at step (\d+)\*\*.*: KL ([\d.e+-]+) nats", pointer).groups()
+    assert "top-1 `␣Rex` →" in pointer  # the name was chosen there, and without it something else is
+    assert float(kl) > 10 * newest_kl
+    assert f"here (step {len(session) - 1}): KL {newest_kl:.3g}" in pointer  # this step's, beside it
+
+    app.button(key="look-at-worst").click().run()
+    assert_clean(app)
+    assert app.session_state["at"] == int(step)
+    assert metric(app, "Top-1") == "FLIPS"
+    # the what-if of that step, run alone, says what the batched pass said (both shown to 3 significant digits)
+    assert float(metric(app, "KL")) == pytest.approx(float(kl), rel=1e-2)
+    assert any("this one is where the edit matters most" in c.value for c in app.caption)
+    assert app.session_state["draft"].evicted  # the edit stays as it was
