@@ -54,7 +54,9 @@ _JS = """export default function ({ parentElement, data }) {
     const now = Date.now(), grown = main ? main.scrollHeight : 0;
     if (grown !== height) { height = grown; since = now; nudged = 0; }
     const top = mark.getBoundingClientRect().top;
-    const away = held !== null ? Math.abs(top - held) > 2
+    // held: only a pull to the bottom is undone (the container's stickiness); a scroll elsewhere was asked for
+    const bottom = main && main.scrollHeight - main.scrollTop - main.clientHeight < 2;
+    const away = held !== null ? bottom && Math.abs(top - held) > 2
       : data.top ? main && main.scrollTop > 0 : Math.abs(top - 72) > 40;
     if (away) {
       nudged = 0;
