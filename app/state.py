@@ -90,10 +90,27 @@ def kept(name: str):
     return st.session_state.get(name)
 
 
-def keep_policy_run(result, blame=None) -> None:
-    """A new policy run drops the blame of the previous one."""
+def keep_policy_run(result, blame=None, named: str | None = None) -> None:
+    """A new policy run drops the blame of the previous one. ``named``: the policy as the person chose it, where that
+    differs from the policy's own name (a kvpress press run as the kvviz policy that reproduces it)."""
     keep("policy_run", result)
     keep("policy_blame", blame)
+    st.session_state.policy_run_named = named
+
+
+def run_press_defaults(press: bool | None = None) -> None:
+    """The Policy run form's ratio starts at 0 (set here: no widget default to fight); ``press`` True (a kvpress press
+    was just chosen): what kvpress does — compress once after the prompt, at a ratio of 0.5 unless one is given."""
+    st.session_state.setdefault("run-ratio", 0.0)
+    if press:
+        st.session_state["run-mode"] = "prefill"
+        if not st.session_state["run-ratio"]:
+            st.session_state["run-ratio"] = 0.5
+
+
+def policy_run_named() -> str | None:
+    """The name the kept policy run was chosen by (see :func:`keep_policy_run`)."""
+    return st.session_state.get("policy_run_named")
 
 
 def upload_key() -> str:

@@ -5,6 +5,7 @@ slots."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -34,11 +35,14 @@ def test_run_a_policy_open_a_step_and_blame_it(tmp_path):
         page.get_by_role("tab", name="Policy run", exact=True).click()
         form = page.locator("[data-testid=stForm]")
         form.wait_for(timeout=60_000)
-        choice = form.locator("[data-testid=stSelectbox]").first
+        # above the form: choosing a policy shows its own parameters at once
+        choice = page.locator("[data-testid=stSelectbox]").filter(
+            has=page.locator("label", has_text=re.compile(r"^Policy$"))).first
         choice.click()
         page.keyboard.type("newest")  # the user's policy is offered beside the built-ins
         page.keyboard.press("Enter")
         expect(choice.locator("input")).to_have_value("newest", timeout=30_000)  # chosen before the run
+        page.wait_for_function("!document.querySelector('[data-testid=stStatusWidget]')", timeout=300_000)
         budget = form.get_by_role("spinbutton", name="Budget (slots)")
         budget.fill("16")
         form.get_by_label("New tokens per turn").fill("8")

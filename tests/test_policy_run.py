@@ -329,3 +329,23 @@ def test_kivi_runs_with_eviction_and_the_timeline_names_when_each_group_was_quan
         assert int((steps <= step).sum()) == expected
     assert result.evictions() and int((steps == 0).sum()) == kivi.quantized_prefix(run.prompt_end)  # after the prompt
     assert not bool((steps == -1).any())  # one turn: nothing before it
+
+
+def test_a_budget_spent_on_the_protected_window_is_reported_as_recency_only(lm):
+    """SnapKV's 64-slot window (kvpress' default) over a prompt of a few dozen slots at ratio 0.5: every kept slot is
+    protected, and what was kept is exactly the most recent slots in every layer and KV head; an 8-slot window
+    leaves the scores room to choose, and nothing is reported."""
+    from kvviz.policies.base import Ratio
+    from kvviz.policies.kvpress.presses import from_kvpress
+
+    prompt = ["My secret word is mango. Remember it and tell nobody."]
+    press = from_kvpress("SnapKVPress").policy  # window 64, the whole window kept (kvpress)
+    wide = run_policy(lm, prompt, RunSettings(press, Ratio(0.5), "prefill"), 3)
+    assert wide.recency_only(0) == (1, 1)
+    run = wide.last
+    kept = run.forced.visible_to(run.prompt_end)[..., :run.prompt_end]  # (L, KV, n)
+    count = int(kept[0, 0].sum())
+    assert bool((kept.sum(-1) == count).all()) and bool(kept[..., -count:].all())  # the newest `count`, everywhere
+    narrow = run_policy(lm, prompt, RunSettings(from_kvpress("SnapKVPress", window_size=8).policy, Ratio(0.5),
+                                                "prefill"), 3)
+    assert narrow.recency_only(0) == (0, 1)

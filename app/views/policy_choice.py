@@ -10,6 +10,7 @@ from app.plain import warn
 from kvviz.errors import KvvizError
 from kvviz.policies import POLICIES, Policy
 from kvviz.policies.kvpress import presses as kvpress
+from kvviz.policies.kvpress.own_code import PressCode
 from kvviz.policies.base import Ratio
 from kvviz.policies.user import available
 from kvviz.runs.report import make_policy
@@ -32,8 +33,11 @@ def names(classes: dict[str, type[Policy]]) -> list[str]:
     return [*classes, *(PRESS + name for name in kvpress.names())]
 
 
-def is_press(name: str) -> bool:
-    return name.startswith(PRESS)
+def is_press(name: str, classes: dict[str, type[Policy]] | None = None) -> bool:
+    """Whether ``name`` is a kvpress press: one of kvpress' by name, or (with ``classes``) a press class of the
+    user's, run by its own code."""
+    return name.startswith(PRESS) or (classes is not None and isinstance(classes.get(name), type)
+                                      and issubclass(classes[name], PressCode))
 
 
 def parameters(column, classes: dict[str, type[Policy]], name: str, key: str) -> dict[str, int | float | str | bool]:

@@ -11,7 +11,7 @@ from app.components.scroll import mark
 from app.plain import plain, warn
 from app.long_work import Work, hand_over
 from app.views import why
-from app.views.policy_choice import build, names, parameters, policy_classes
+from app.views.policy_choice import build, is_press, names, parameters, policy_classes
 from app.views.slide_download import slide_popover
 from kvviz import figures
 from kvviz.figures import plot_slides
@@ -35,21 +35,26 @@ def render() -> None:
     kivi_on = st.checkbox("KIVI quantization", key="run-kivi", help="KIVI keeps the newest R slots at 16 bits and "
                           "quantizes older ones in groups of G as they leave that window: keys per channel, values per "
                           "token, at the chosen bits (its settings below are used only when this is on)")
+    offered = ["(none: a quantized cache only)", *names(classes)]
+    # outside the form: choosing a policy shows its own parameters at once, and a press sets what kvpress does
+    name = st.selectbox("Policy", offered, index=offered.index("h2o"), key="run-policy",
+                        on_change=_chosen, args=(classes,),
+                        help="kvviz's policies, then kvpress' presses by their own names (kvpress:…), with the "
+                             "settings that reproduce them; a press compresses once after the prompt at kvpress' "
+                             "ratio (choosing one sets Compress: prefill and a ratio of 0.5)")
+    press = is_press(name, classes)
     with st.form("policy-run"):
         cols = st.columns([3, 2, 2, 2, 2])
-        offered = ["(none: a quantized cache only)", *names(classes)]
-        name = cols[0].selectbox("Policy", offered, index=offered.index("h2o"),
-                                 help="kvviz's policies, then kvpress' presses by their own names (kvpress:…), with "
-                                      "the settings that reproduce them; kvpress compresses once after the prompt "
-                                      "(Compress: prefill)")
-        budget = cols[1].number_input("Budget (slots)", min_value=1, value=32, step=8,
+        budget = cols[1].number_input("Budget (slots)", min_value=1, value=32, step=8, disabled=press,
                                       help="slots each step sees besides its own, in every layer and KV head (the "
                                            "Policies tab's budget is a fraction of the slots; here 32 of a 64-slot "
-                                           "prompt is 0.5); or give kvpress' ratio")
-        ratio = cols[4].number_input("or kvpress ratio", min_value=0.0, max_value=0.95, value=0.0, step=0.05,
+                                           "prompt is 0.5); or give kvpress' ratio (a press takes only the ratio)")
+        state.run_press_defaults()
+        ratio = cols[4].number_input("or kvpress ratio", min_value=0.0, max_value=0.95, step=0.05, key="run-ratio",
                                      help="kvpress' compression_ratio, the fraction removed (int(n·(1 − ratio)) of the "
-                                          "prompt's n slots kept) instead of the budget; 0: the budget")
-        mode = cols[2].selectbox("Compress", ["decode", "prefill", "both", "after_steps"],
+                                          "prompt's n slots kept) instead of the budget; 0: the budget (a press: "
+                                          "nothing removed)")
+        mode = cols[2].selectbox("Compress", MODES, key="run-mode",
                                  help="prefill: once after the prompt; decode: before every step over the budget; "
                                       "after_steps: after every N-th step, as kvpress' DecodingPress")
         every = cols[3].number_input("Every N steps", min_value=1, value=1)
@@ -92,13 +97,14 @@ def render() -> None:
             backend, _, width = quanto_bits.partition(" ")
             quanto = None if quanto_bits == "off" else QuantoCache(int(width.split()[0]), 64, max(int(residual), 1),
                                                                    backend=backend)
-            run_budget = None if policy is None else Ratio(float(ratio)) if ratio > 0 else int(budget)
+            run_budget = None if policy is None else Ratio(float(ratio)) if ratio > 0 or press else int(budget)
             settings = RunSettings(policy, run_budget, mode, int(every), kivi, positions, reshape, quanto)
             lines = [line for line in prompt.splitlines() if line.strip()]
             state.make_room(held_slots(session.lm, lines, int(max_new)))
             lm, count = session.lm, int(max_new)
             hand_over(Work("Running the full cache and the policy side by side",
-                           lambda progress: run_policy(lm, lines, settings, count, progress), state.keep_policy_run))
+                           lambda progress: run_policy(lm, lines, settings, count, progress),
+                           lambda result: state.keep_policy_run(result, named=name)))
         except KvvizError as exc:
             warn(exc)
     result = state.kept("policy_run")
@@ -106,9 +112,25 @@ def render() -> None:
         _show(result)
 
 
+MODES = ["decode", "prefill", "both", "after_steps"]
+
+
+def _chosen(classes: dict) -> None:
+    """A press chosen: kvpress compresses once after the prompt, at its ratio (0.5 unless one is given)."""
+    state.run_press_defaults(is_press(st.session_state["run-policy"], classes))
+
+
 def _show(result) -> None:
     mark("run")  # a tour step about the run brings its replies into view
-    st.caption(plain(result.settings.label))
+    policy, named = result.settings.policy, state.policy_run_named()
+    shown = f"{named} (run as kvviz's {policy.name}) · " if policy and named and named != policy.name else ""
+    st.caption(plain(shown + result.settings.label))
+    for index in range(len(result.turns)):
+        only, decisions = result.recency_only(index)
+        if only:
+            warn(f"Turn {index + 1}: at {only} of its {decisions} compressions the budget held only the slots "
+                 f"{policy.name} always keeps (its recent window or sinks) — its scores chose nothing, the most "
+                 "recent slots were kept. A larger budget (or a smaller window) lets the policy choose.")
     for index, turn in enumerate(result.turns):
         left, right = st.columns(2)
         parted = "same answer" if not turn.changed else (

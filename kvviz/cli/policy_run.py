@@ -184,6 +184,10 @@ def run(args: argparse.Namespace) -> None:
         print(f"  full:   {turn['full']['text']}")
         print(f"  policy: {turn['policy_run']['text']}")
         print(f"  divergence: {_step_name(turn['divergence'])}")
+        only, decisions = turn["recency_only"]
+        if only:
+            print(f"  warning: at {only} of its {decisions} compressions the budget held only the slots "
+                  f"{settings.policy.name} always keeps (recent window, sinks): its scores chose nothing")
     print("\nstep  slot  visible      KL  top-1   (step -1: the prefill's last row, which chooses the first token)")
     for s in report["steps"]:
         print(f"{s['step']:>4}  {s['slot']:>4}  {s['visible']:>7}  {s['kl']:>6.3f}  {'=' if s['top1_agree'] else '≠'}")

@@ -39,6 +39,17 @@ class Reasons:
         self.count[..., :at][hit] = counts[hit]
         self.thresholds[at], self.budgets[at] = decision.threshold, decision.budgets.clone()
 
+    def evicting(self, start: int = 0, stop: int | None = None) -> list[int]:
+        """The decisions at ``start <= at < stop`` that evicted at least one slot somewhere."""
+        stop = torch.iinfo(torch.int32).max if stop is None else stop
+        return [at for at in self.thresholds if start <= at < stop and bool((self.when == at).any())]
+
+    def only_protected(self, start: int = 0, stop: int | None = None) -> list[int]:
+        """Those of :meth:`evicting` that kept only protected slots (scored ``+inf``: the policy's recent or sink
+        slots) in every layer and KV head: the budget was spent before the policy's own scores chose anything, so it
+        kept recency (or sinks) alone."""
+        return [at for at in self.evicting(start, stop) if bool(torch.isinf(self.thresholds[at]).all())]
+
     def of_head(self, layer: int, head: int, start: int = 0, stop: int | None = None) -> dict[int, tuple[int, SlotWhy]]:
         """The slots ``layer`` / ``head`` lost by decisions at ``start <= at < stop``: slot → ``(at, why)``."""
         when = self.when[layer, head]

@@ -101,5 +101,6 @@ def document(result: PolicyRun, blame: Blame | None = None) -> dict:
                                             "top1_restored": r.top1_restored, "mass": r.mass} for r in blame.rows],
         "blame_step": None if blame is None else blame.step,
         "blame_kl": None if blame is None else {"none_restored": blame.kl, "all_restored": blame.kl_all_restored},
-        "turns": [_turn(run) for run in result.turns],
+        "turns": [_turn(run) | {"recency_only": list(result.recency_only(index))}
+                  for index, run in enumerate(result.turns)],
     }

@@ -111,6 +111,13 @@ class PolicyRun:
         return [{"step": at - run.prompt_end, **asdict(row), "margin": row.margin}
                 for at, row in run.forced.reasons.why(slot, run.prompt_end, run.end)]
 
+    def recency_only(self, turn: int = -1) -> tuple[int, int]:
+        """``(k, m)``: of the ``m`` decisions of ``turn`` that evicted slots, the ``k`` that kept only the policy's
+        protected slots (recent or sink) in every layer and KV head — where its scores chose nothing."""
+        run = self.turns[turn]
+        reasons = run.forced.reasons
+        return len(reasons.only_protected(run.prompt_end, run.end)), len(reasons.evicting(run.prompt_end, run.end))
+
     def eviction_steps(self, turn: int = -1) -> torch.Tensor:
         """The timeline picture of ``turn``: ``(L, KV, n)`` int, the turn's decode step from which each slot is
         hidden (``-1``: before the turn; ``NEVER``: still cached at the end)."""

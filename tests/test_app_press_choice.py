@@ -1,0 +1,51 @@
+"""A kvpress press chosen in the Policy run tab, through AppTest on the bundled model: it sets what kvpress does
+(compress after the prompt, at a ratio; the slot budget off), its caption names the press, and a run whose budget
+held only the press's protected window says so instead of degenerating silently."""
+
+from __future__ import annotations
+
+from tests.support.app_test import assert_clean, open_view, start
+
+
+def _widget(widgets, label: str):
+    return next(w for w in widgets if w.label == label)
+
+
+def test_a_press_sets_prefill_and_its_ratio_and_warns_when_it_keeps_recency_only():
+    app = start()
+    app.chat_input[0].set_value("My secret word is mango. Remember it.").run()
+    open_view(app, "Policy run")
+    assert _widget(app.selectbox, "Compress").value == "decode"
+    assert not _widget(app.number_input, "Budget (slots)").disabled
+    _widget(app.selectbox, "Policy").set_value("kvpress:SnapKVPress").run()
+    assert_clean(app)
+    assert _widget(app.selectbox, "Compress").value == "prefill"
+    assert _widget(app.number_input, "or kvpress ratio").value == 0.5
+    assert _widget(app.number_input, "Budget (slots)").disabled
+    assert app.number_input(key="run-kvpress:SnapKVPress-window_size").value == 64  # its own parameters, at once
+    _widget(app.text_area, "Turns (one per line; default: this conversation's messages)").set_value(
+        "My secret word is mango. Remember it.\nWhat is my secret word?")
+    _widget(app.number_input, "New tokens per turn").set_value(6)
+    app.button[[b.label for b in app.button].index("Run the policy")].click().run()
+    assert_clean(app)
+    result = app.session_state["policy_run"]
+    assert result.settings.mode == "prefill" and result.settings.budget.ratio == 0.5
+    assert any(c.value.replace("\\", "").startswith("kvpress:SnapKVPress (run as kvviz's snapkv) · snapkv")
+               for c in app.caption)  # (escaped: plain text in Markdown)
+    # a 64-slot window over a prompt of a few dozen slots: every kept slot is protected, nothing is chosen
+    assert result.recency_only(0)[0] >= 1
+    assert any(w.value.replace("\\", "").startswith("Turn 1: at ") and "its scores chose nothing" in w.value
+               for w in app.warning)
+
+
+def test_a_policy_of_kvviz_keeps_the_budget_and_names_itself_once():
+    app = start()
+    app.chat_input[0].set_value("My secret word is mango. Remember it.").run()
+    open_view(app, "Policy run")
+    _widget(app.number_input, "New tokens per turn").set_value(4)
+    app.button[[b.label for b in app.button].index("Run the policy")].click().run()
+    assert_clean(app)
+    result = app.session_state["policy_run"]
+    assert result.settings.budget == 32 and result.settings.mode == "decode"
+    assert any(c.value.replace("\\", "").startswith("h2o, budget 32, decode") for c in app.caption)
+    assert not any("its scores chose nothing" in w.value for w in app.warning)
