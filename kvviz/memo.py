@@ -38,6 +38,10 @@ class Memo:
             del entries[next(iter(entries))]
         return value
 
+    def peek(self, version: int, kind: str, key: Hashable) -> Any | None:
+        """The value of ``(kind, key)`` if it is kept for cache ``version``, else None (nothing is computed)."""
+        return self._kinds.get(kind, {}).get(key) if version == self.version else None
+
     def entries(self, kind: str) -> dict[Hashable, Any]:
         """The entries of ``kind`` kept now (for inspection), oldest first."""
         return dict(self._kinds.get(kind, {}))

@@ -116,6 +116,8 @@ def where_shot() -> None:
         page.wait_for_selector(".kv-chip", timeout=300_000)
         wait_idle(page, 3)
         page.locator(".kv-chip.kv-query", has_text="Rex").first.click()
+        wait_idle(page, 2)
+        page.get_by_role("button", name="Where does this edit matter most?").click()
         page.get_by_text("Matters most at step").wait_for(timeout=300_000)
         page.mouse.move(1400, 20)
         wait_idle(page, 3)

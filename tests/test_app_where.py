@@ -1,5 +1,5 @@
 """The what-if points at the step where an edit matters most, through AppTest on the bundled model: evicting the
-dog's name looks harmless at the newest step, the page names the step that chose the name, and one click goes there,
+dog's name looks harmless at the newest step, one button finds the step that chose the name, and one more goes there,
 where the what-if's own numbers are the ones the pointer gave."""
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ def test_an_eviction_points_at_the_step_that_chose_the_answer():
     app.run()
     assert_clean(app)
     newest_kl = float(metric(app, "KL"))
+    assert not any(m.value.startswith("**Matters most") for m in app.markdown)  # asked for, not run on every click
+    app.button(key="find-worst").click().run()
+    assert_clean(app)
     pointer = next(m.value for m in app.markdown if m.value.startswith("**Matters most at step "))
     step, kl = re.match(r"\*\*Matters most at step (\d+)\*\*.*: KL ([\d.e+-]+) nats", pointer).groups()
     assert "top-1 `␣Rex` →" in pointer  # the name was chosen there, and without it something else is

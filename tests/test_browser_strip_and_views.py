@@ -6,6 +6,7 @@ console warning or error."""
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -191,8 +192,8 @@ def test_a_commit_while_looking_back_says_where_it_applies(page):
 
 @pytest.mark.parametrize("width,height", [(1500, 1000), (1280, 720)])
 def test_an_eviction_points_at_the_step_that_mattered_and_goes_there(server, width, height):
-    """Evicting the dog's name looks harmless at the newest step (it chose the end of the turn); the what-if names the
-    step that chose the name, and its button travels there, where the top-1 flips."""
+    """Evicting the dog's name looks harmless at the newest step (it chose the end of the turn); a button finds the
+    step that chose the name, and the next travels there, where the top-1 flips."""
     from benchmarks.browser import browser_page
 
     with browser_page(server, width=width, height=height) as page:
@@ -200,6 +201,7 @@ def test_an_eviction_points_at_the_step_that_mattered_and_goes_there(server, wid
         page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=120_000)
         send(page, "My cat is called Whiskers and my dog is called Rex. What is my dog called?")
         click_when_still(page, page.locator(".kv-chip.kv-query", has_text="Rex").first)
+        click_when_still(page, page.get_by_role("button", name=re.compile("^Where does this edit matter most")))
         pointer = page.get_by_text("Matters most at step")
         pointer.wait_for(timeout=300_000)
         step = int(pointer.inner_text().split("Matters most at step ")[1].split(",")[0])

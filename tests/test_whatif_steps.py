@@ -11,7 +11,7 @@ from kvviz.scenarios import find_slots
 from kvviz.session import Session
 from kvviz.whatif import what_if
 from kvviz.whatif.metrics import kl_divergence
-from kvviz.whatif.steps import step_effects, turn_steps
+from kvviz.whatif.steps import kept_effects, step_effects, turn_steps
 from tests.support.references import removed_step
 from tests.support.rounding import kl_rounding
 
@@ -89,3 +89,13 @@ def test_rewrites_take_the_what_if_and_bad_steps_are_refused(chat):
         assert (step.kl, step.top1_edited) == (alone.kl, alone.edited[0].id)
     with pytest.raises(KvvizError, match="cached slots"):
         step_effects(chat, edit, [len(chat)])
+
+
+def test_the_turn_s_effects_are_kept_until_the_cache_changes(make_chat):
+    chat = make_chat(PROMPT, generate=10)  # a copy of its own: this one is committed to
+    edit = Edit.evict(find_slots(chat, " Rex"))
+    assert kept_effects(chat, edit) is None  # nothing is run to peek
+    found = step_effects(chat, edit)
+    assert kept_effects(chat, edit) is found and kept_effects(chat, Edit.evict([1])) is None
+    chat.commit(Edit.evict([2]))  # the cache changes: what was kept is for another cache
+    assert kept_effects(chat, edit) is None

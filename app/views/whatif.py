@@ -14,7 +14,7 @@ from kvviz.figures.slides import whatif_slides
 from kvviz.figures.standalone_page import MAX_PREPARED, MAX_SLOTS, Prepared, page_data, standalone_html
 from kvviz.figures.whatif_charts import visible
 from kvviz.view_data import strip_chips
-from kvviz.whatif import StepEffects, WhatIf, step_effects, turn_steps, what_if
+from kvviz.whatif import WhatIf, kept_effects, step_effects, turn_steps, what_if
 
 PROB = st.column_config.ProgressColumn("p", format="%.4f", min_value=0.0, max_value=1.0)
 PRESENTED = 5  # top-k rows in presentation mode
@@ -200,25 +200,26 @@ def _summary(result: WhatIf) -> None:
         _where(result)
 
 
-def effects() -> StepEffects | None:
-    """The draft's effect at every step of the newest turn (kept for the edit and the cache's version), None for an
-    empty draft or a turn without a reply yet."""
-    session, draft = state.session(), state.draft()
-    edit = draft.edit(len(session))
-    if edit.is_empty or not turn_steps(session):
-        return None
-    return session.memoized("step_effects_of", edit.key, lambda: step_effects(session, edit), keep=1)
-
-
 def _where(result: WhatIf) -> None:
     """Where the edit matters most among the newest turn's steps, beside this step's numbers, and a way there: the
-    newest step often chose the end of the turn whichever cache it had, while the step that chose the answer flips."""
-    try:
-        found = effects()
-    except KvvizError:
-        return  # the edit does not fit every step; the what-if of this one said what it could
-    if found is None:
+    newest step often chose the end of the turn whichever cache it had, while the step that chose the answer flips.
+    Asked for with a button (a pass over the reply costs about a forward of its length; a click stays one step)."""
+    session = state.session()
+    edit = state.draft().edit(len(session))
+    steps = turn_steps(session)
+    if edit.is_empty or not steps:
         return
+    found = kept_effects(session, edit)
+    if found is None:
+        if not st.button(f"Where does this edit matter most? (re-runs the reply's {len(steps)} steps)",
+                         key="find-worst", help="Each step of the reply with the full and the edited cache, as the "
+                                                "what-if runs one: its KL and top-1, and the step where KL is largest"):
+            return
+        try:
+            found = step_effects(session, edit)
+        except KvvizError as exc:
+            warn(exc)
+            return
     piece = state.session().piece
     worst = found.worst
     if worst is None:

@@ -27,6 +27,7 @@ from kvviz.whatif.metrics import Reference
 from kvviz.whatif.step import what_if
 
 ROWS = 64  # rows per batched pass: activations of ~64 tokens, whatever the turn's length
+KEPT = "step_effects_of"  # the session memo's kind for the newest turn's effects of the last edit asked about
 
 
 @dataclass(frozen=True)
@@ -76,9 +77,21 @@ def turn_steps(session: Session) -> list[int]:
 
 def step_effects(session: Session, edit: Edit, steps: list[int] | None = None) -> StepEffects:
     """The effect of ``edit`` (as the draft gives it for the newest step) at each step of ``steps`` (default:
-    :func:`turn_steps`); see the module doc. The session is not changed. Raises :class:`KvvizError` for an edit that
-    does not fit a step (as :func:`what_if` would)."""
-    steps = turn_steps(session) if steps is None else list(steps)
+    :func:`turn_steps`, and the result is kept for the cache's version: :func:`kept_effects`); see the module doc.
+    The session is not changed. Raises :class:`KvvizError` for an edit that does not fit a step (as :func:`what_if`
+    would)."""
+    if steps is None:
+        return session.memoized(KEPT, edit.key, lambda: _effects(session, edit, turn_steps(session)), keep=1)
+    return _effects(session, edit, list(steps))
+
+
+def kept_effects(session: Session, edit: Edit) -> StepEffects | None:
+    """:func:`step_effects` of ``edit`` over the newest turn if it was computed for the cache as it is, else None
+    (nothing is run: a pass over a long reply costs about a forward of that many tokens)."""
+    return session.memo.peek(session.version, KEPT, edit.key)
+
+
+def _effects(session: Session, edit: Edit, steps: list[int]) -> StepEffects:
     if any(not 0 <= slot < len(session) for slot in steps):
         raise KvvizError(f"the steps must be cached slots (0..{len(session) - 1})")
     pairs = {slot: session.commits.step_edits(slot, edit) for slot in steps}
