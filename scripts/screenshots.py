@@ -121,7 +121,7 @@ def where_shot() -> None:
         page.get_by_text("Matters most at step").wait_for(timeout=300_000)
         page.mouse.move(1400, 20)
         wait_idle(page, 3)
-        shoot(page, "where", top="[data-testid=stMetric]", bottom=None, height=150)
+        shoot(page, "where", top="[data-testid=stMetric]", bottom=None, height=210)
 
 
 def schemes_shot() -> None:

@@ -211,10 +211,12 @@ def _where(result: WhatIf) -> None:
         return
     found = kept_effects(session, edit)
     if found is None:
-        if not st.button(f"Where does this edit matter most? (re-runs the reply's {len(steps)} steps)",
-                         key="find-worst", help="Each step of the reply with the full and the edited cache, as the "
-                                                "what-if runs one: its KL and top-1, and the step where KL is largest"):
+        asked = st.empty()  # the button gives way to its answer in the same run
+        if not asked.button(f"Where does this edit matter most? (re-runs the reply's {len(steps)} steps)",
+                            key="find-worst", help="Each step of the reply with the full and the edited cache, as "
+                                                   "the what-if runs one: its KL and top-1, and where KL is largest"):
             return
+        asked.empty()
         try:
             found = step_effects(session, edit)
         except KvvizError as exc:
