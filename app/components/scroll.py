@@ -34,6 +34,7 @@ _JS = """export default function ({ parentElement, data }) {
   // the page where it is instead of letting go: let go while the area still sticks to its bottom, the page would
   // fall there as the click's rerun redraws
   const scrolls = new Set(["ArrowUp", "ArrowDown", "PageUp", "PageDown", "Home", "End", " "]);
+  const kinds = ["wheel", "touchstart", "keydown", "pointerdown"];
   const hold = (event) => {
     const editing = event.target && event.target.closest && event.target.closest("input, textarea, [contenteditable]");
     const scrolling = event.type === "wheel" || event.type === "touchstart" || event.target === main
@@ -41,14 +42,8 @@ _JS = """export default function ({ parentElement, data }) {
     if (scrolling) { stopped = true; return; }
     held = mark.getBoundingClientRect().top;
   };
-  for (const kind of ["wheel", "touchstart", "keydown", "pointerdown"]) {
-    window.addEventListener(kind, hold, { capture: true, passive: true });
-  }
-  const done = () => {
-    for (const kind of ["wheel", "touchstart", "keydown", "pointerdown"]) {
-      window.removeEventListener(kind, hold, { capture: true });
-    }
-  };
+  for (const kind of kinds) window.addEventListener(kind, hold, { capture: true, passive: true });
+  const done = () => { for (const kind of kinds) window.removeEventListener(kind, hold, { capture: true }); };
   const check = () => {
     if (stopped || mark.dataset.token !== token || area.kvScrollTurn !== turn) return done();
     const now = Date.now(), grown = main ? main.scrollHeight : 0;

@@ -222,7 +222,7 @@ def _where(result: WhatIf) -> None:
         except KvvizError as exc:
             warn(exc)
             return
-    piece = state.session().piece
+    piece = session.piece
     worst = found.worst
     if worst is None:
         st.caption(f"This edit changes none of the {len(found.steps)} steps of the newest reply.")
@@ -239,7 +239,7 @@ def _where(result: WhatIf) -> None:
                   f"{flip}{at_here}")
     if button.button(f"Look at step {worst.slot}", key="look-at-worst",
                      help="Time travel to that step: the what-if re-runs it with this edit (the edit stays as it is)"):
-        state.travel(None if worst.slot == len(state.session()) - 1 else worst.slot)
+        state.travel(None if worst.slot == len(session) - 1 else worst.slot)
         st.rerun()  # the whole page: every view shows that step
 
 

@@ -40,15 +40,17 @@ class Reasons:
         self.thresholds[at], self.budgets[at] = decision.threshold, decision.budgets.clone()
 
     def evicting(self, start: int = 0, stop: int | None = None) -> list[int]:
-        """The decisions at ``start <= at < stop`` that evicted at least one slot somewhere."""
+        """The decisions at ``start <= at < stop`` that evicted at least one slot somewhere (one pass over
+        :attr:`when`, whatever the number of decisions)."""
         stop = torch.iinfo(torch.int32).max if stop is None else stop
-        return [at for at in self.thresholds if start <= at < stop and bool((self.when == at).any())]
+        evicted = set(torch.unique(self.when).tolist())
+        return [at for at in self.thresholds if start <= at < stop and at in evicted]
 
-    def only_protected(self, start: int = 0, stop: int | None = None) -> list[int]:
-        """Those of :meth:`evicting` that kept only protected slots (scored ``+inf``: the policy's recent or sink
-        slots) in every layer and KV head: the budget was spent before the policy's own scores chose anything, so it
-        kept recency (or sinks) alone."""
-        return [at for at in self.evicting(start, stop) if bool(torch.isinf(self.thresholds[at]).all())]
+    def only_protected(self, decisions: list[int]) -> list[int]:
+        """Those of ``decisions`` (see :meth:`evicting`) that kept only protected slots (scored ``+inf``: the
+        policy's recent or sink slots) in every layer and KV head: the budget was spent before the policy's own scores
+        chose anything, so it kept recency (or sinks) alone."""
+        return [at for at in decisions if bool(torch.isinf(self.thresholds[at]).all())]
 
     def of_head(self, layer: int, head: int, start: int = 0, stop: int | None = None) -> dict[int, tuple[int, SlotWhy]]:
         """The slots ``layer`` / ``head`` lost by decisions at ``start <= at < stop``: slot → ``(at, why)``."""

@@ -116,7 +116,8 @@ class PolicyRun:
         protected slots (recent or sink) in every layer and KV head — where its scores chose nothing."""
         run = self.turns[turn]
         reasons = run.forced.reasons
-        return len(reasons.only_protected(run.prompt_end, run.end)), len(reasons.evicting(run.prompt_end, run.end))
+        evicting = reasons.evicting(run.prompt_end, run.end)
+        return len(reasons.only_protected(evicting)), len(evicting)
 
     def eviction_steps(self, turn: int = -1) -> torch.Tensor:
         """The timeline picture of ``turn``: ``(L, KV, n)`` int, the turn's decode step from which each slot is
