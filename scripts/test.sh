@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# Set up (if needed) and run the whole test suite on the real bundled model. Without arguments it then runs the
-# numeric tier (pytest -m numeric) again under every other ATen CPU capability this CPU has, alternating one and two
-# threads, so a tolerance that holds only for this CPU's summation order fails here. With arguments: pytest alone.
+# Set up (if needed) and run the whole test suite on the real bundled model, in three parts:
+#   1. every test but the browser's, as two processes of one thread each (pytest-xdist, a test file per process at a
+#      time: a file's fixtures are built once), on this CPU's own ATen capability;
+#   2. the browser tests, one at a time (each drives a live app: two at once would time each other out);
+#   3. the numeric tier (pytest -m numeric) again under every other ATen CPU capability this CPU has, at two threads
+#      and then one, alternating, so a tolerance that holds only for this CPU's summation order (or one thread count)
+#      fails here, not on the next machine.
+# With arguments: pytest alone, with them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -13,12 +18,14 @@ fi
 if [ $# -gt 0 ]; then
   exec .venv/bin/python -m pytest "$@"
 fi
-.venv/bin/python -m pytest
+workers=$(( $(nproc) < 2 ? 1 : 2 ))
+OMP_NUM_THREADS=1 .venv/bin/python -m pytest -m "not browser" -n "$workers" --dist loadfile
+.venv/bin/python -m pytest -m browser
 native=$(.venv/bin/python -c "import torch; print(torch.backends.cpu.get_cpu_capability().lower())")
 case "$native" in avx2|avx512) ladder="default avx2 avx512";; *) ladder="default";; esac  # x86 has the ladder
-threads=1
+threads=2
 for capability in $ladder; do
-  [ "$capability" = "$native" ] && break  # the whole suite ran under it; the ladder stops at what the CPU has
+  [ "$capability" = "$native" ] && break  # the suite ran under it; the ladder stops at what the CPU has
   echo "== numeric tier under ATEN_CPU_CAPABILITY=$capability, $threads thread(s) (this CPU: $native)"
   ATEN_CPU_CAPABILITY=$capability OMP_NUM_THREADS=$threads .venv/bin/python -m pytest -m numeric -q
   threads=$((3 - threads))
