@@ -40,3 +40,14 @@ def warn(text: object) -> None:
 def plural(count: int, noun: str) -> str:
     """``1 slot``, ``2 slots``: a count with its noun (regular plurals only)."""
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def spans(numbers: list[int]) -> str:
+    """Sorted numbers as runs: ``[3, 4, 5, 9]`` → ``3–5, 9``."""
+    runs: list[list[int]] = []
+    for n in sorted(numbers):
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ", ".join(str(a) if a == b else f"{a}–{b}" for a, b in runs)

@@ -13,6 +13,7 @@ from kvviz.edit.draft import EditDraft
 from kvviz.errors import KvvizError
 from kvviz.edit.edit import Edit
 from kvviz.session import Session
+from kvviz.spelling import spell
 from kvviz.transcript import SEGMENTS
 
 SEGMENT_CODE = {name: i for i, name in enumerate(SEGMENTS)}
@@ -72,7 +73,7 @@ def shade(row: torch.Tensor, shading: str = "linear") -> list[float]:
 
 def strip_chips(session: Session, draft: EditDraft, at: int, layer: int, head: int | None,
                 shading: str = "linear", reasons: dict[int, str] | None = None) -> list[list]:
-    """One row per slot up to ``at``: ``[slot, text, segment code, turn, attention shade ∈ [0, 1] (see :func:`shade`),
+    """One row per slot up to ``at``: ``[slot, text (spelled: :func:`kvviz.spelling.spell`), segment code, turn, attention shade ∈ [0, 1] (see :func:`shade`),
     evicted 0/1/2 (no / everywhere / some layers or heads), key bits, value bits, selected 0/1, a control token the user
     typed 0/1, outside ``layer``'s sliding window at this step 0/1, committed eviction 0/1/2, committed key bits,
     committed value bits, (layer, KV head) pairs that evict the slot in the draft, the same committed, cached late
@@ -100,7 +101,7 @@ def strip_chips(session: Session, draft: EditDraft, at: int, layer: int, head: i
     chips = []
     for slot in slots[: at + 1]:
         evicted = 1 if slot.slot in everywhere else 2 if slot.slot in partial else 0
-        chips.append([slot.slot, slot.text, SEGMENT_CODE[segments[slot.slot]], slot.turn, round(relative[slot.slot], 4),
+        chips.append([slot.slot, spell(slot.text), SEGMENT_CODE[segments[slot.slot]], slot.turn, round(relative[slot.slot], 4),
                       evicted, draft.key_bits.get(slot.slot, 16), draft.value_bits.get(slot.slot, 16),
                       int(slot.slot in draft.selected), int(slot.slot in typed), int(slot.slot < start),
                       gone.get(slot.slot, 0), committed.key_bits.get(slot.slot, 16),

@@ -10,6 +10,7 @@ import vl_convert
 from kvviz import figures
 from kvviz.edit.draft import EditDraft
 from kvviz.edit.edit import Edit
+from kvviz.spelling import spell, spell_slot
 from kvviz.session import Session
 from kvviz.view_data import attention_row, head_map, overview, pool, strip_chips
 from kvviz.whatif import Detail, what_if
@@ -58,7 +59,7 @@ def test_the_head_map_names_tokens_stops_at_the_step_looked_at_and_the_overview_
     assert np.array_equal(weights, full[: back + 1, : back + 1])  # no row (or key) of a later step
     texts = [s.text for s in session.transcript.slots[: back + 1]]
     heatmap = figures.head_map_figure(weights, block, [], "t", texts).data[0]
-    assert list(heatmap.y) == [f"{i} {t!r}" for i, t in enumerate(texts)] == list(heatmap.x)  # tokens on hover
+    assert list(heatmap.y) == [spell_slot(i, t) for i, t in enumerate(texts)] == list(heatmap.x)  # tokens on hover
     assert "query %{y}" in heatmap.hovertemplate and "key %{x}" in heatmap.hovertemplate
     rows = overview(session, back, bins=16)
     frame = figures.overview_figure(rows, 3, back, chosen=(7, 4)).layout.shapes
@@ -107,7 +108,7 @@ def test_whatif_charts_and_html(session):
     assert spec["layer"][0]["mark"] == "bar"  # short: grouped bars, each slot named by its token on the axis
     svg = vl_convert.vegalite_to_svg(spec)
     named = max(range(len(texts)), key=lambda s: (texts[s].strip().isalpha(), len(texts[s].strip()) <= 8, len(texts[s])))
-    assert f">{named} {figures.whatif_charts.visible(texts[named])}<" in svg, texts[named]  # e.g. "12 ␣Whiskers"
+    assert f">{named} {spell(texts[named])}<" in svg, texts[named]  # e.g. "12 ␣Whiskers"
     long = Detail(0, 0, list(range(300)), [1 / 300] * 300, [None] * 10 + [1 / 290] * 290, [None] * 10 + [1 / 290] * 290)
     marks = [layer["mark"]["type"] for layer in valid(figures.alpha_chart(long, ["t"] * 300))["layer"]]
     assert marks == ["line", "point", "point"]  # long: step lines, hover targets, crosses

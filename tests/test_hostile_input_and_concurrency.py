@@ -14,6 +14,7 @@ from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
 from kvviz.policies import POLICIES
 from kvviz.session import Session
+from kvviz.spelling import spell
 from kvviz.view_data import strip_chips
 from kvviz.whatif import what_if
 from tests.support.rounding import weight_rounding, worst_ratio
@@ -34,7 +35,7 @@ def test_unusual_text_works_and_chips_stay_aligned(lm, text):
     session.generate(3)
     chips = strip_chips(session, EditDraft(), len(session) - 1, 0, None)
     assert [c[0] for c in chips] == list(range(len(session)))
-    assert [c[1] for c in chips] == [s.text for s in session.transcript.slots]
+    assert [c[1] for c in chips] == [spell(s.text) for s in session.transcript.slots]
     visible = "".join(c[1] for c in chips)
     for word in text.split():
         if word.isascii():

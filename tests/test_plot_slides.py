@@ -45,10 +45,14 @@ def _png_size(png: bytes) -> tuple[int, int]:
 
 def _check_renders(spec: dict, caption: str) -> None:
     width, height = _png_size(slides.to_png(spec))
-    assert 600 <= width <= slides.WIDTH and height <= 1080
-    assert _png_size(slides.to_png(spec, scale=2)) == (2 * width, 2 * height)
+    # "PNG, 1920 px" fills a 1920×1080 slide, legends included: as wide as it, or as high (a tall figure)
+    assert width <= slides.WIDTH and height <= slides.HEIGHT and (width == slides.WIDTH or height == slides.HEIGHT)
+    double = _png_size(slides.to_png(spec, scale=2))
+    assert abs(double[0] - 2 * width) <= 1 and abs(double[1] - 2 * height) <= 1  # each side floored on its own
     svg = ET.fromstring(slides.to_svg(spec))
-    assert svg.tag.endswith("svg") and float(svg.get("width")) == width
+    natural = float(svg.get("width")), float(svg.get("height"))  # the SVG at Vega's own size, same proportions
+    assert svg.tag.endswith("svg") and 600 <= natural[0] and height == pytest.approx(natural[1] * width / natural[0],
+                                                                                      abs=1)
     text = " ".join(svg.itertext())
     assert all(part in text for part in caption.split(" · ")), caption
 
@@ -121,10 +125,15 @@ def test_policy_run_slides_show_the_apps_numbers(lm, run):
 
     for layer, kv_head in ((None, None), (2, 1)):
         spec = plot_slides.timeline_slide(run, pieces, 0, caption, layer, kv_head)
-        z = figures.timeline(run, pieces, 0, layer, kv_head).data[0].z
+        figure = figures.timeline(run, pieces, 0, layer, kv_head)
+        z = figure.data[0].z
         assert {(v["slot"], v["step"]): v["seen"] for v in _values(spec)} == {
             (s, t): float(z[s, t]) for s in range(z.shape[0]) for t in range(z.shape[1]) if not math.isnan(z[s, t])}
-    assert "of layer 2, KV head 1" in spec["title"]["text"]
+        assert figure.layout.title.text == spec["title"]["text"]  # the app's title names what it shows, as the slide
+        # no overprinted slot labels: at most one per 14 px of the plot's height
+        assert len(figure.layout.yaxis.tickvals) <= (figure.layout.height - 70) // 14 < z.shape[0]
+    assert spec["title"]["text"].startswith("Eviction timeline of layer 2, KV head 1: ")
+    assert spec["title"]["text"].endswith(" evicted from layer 2, KV head 1")
 
     bits = plot_slides.bit_widths_slide(run, pieces, 0, caption)
     z = figures.bit_widths(run, pieces, 0).data[0].z

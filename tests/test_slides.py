@@ -33,6 +33,11 @@ def _size(png: bytes) -> tuple[int, int]:
     return struct.unpack(">II", png[16:24])
 
 
+def _fills_a_slide(width: int, height: int) -> bool:
+    """"PNG, 1920 px" fills a 1920×1080 slide, legends included: as wide as it, or as high (a tall figure)."""
+    return width <= slides.WIDTH and height <= slides.HEIGHT and (width == slides.WIDTH or height == slides.HEIGHT)
+
+
 def test_every_slide_is_a_valid_png_and_svg_that_fits_a_slide(prepared):
     session, result, chips = prepared
     specs = slides.whatif_slides(result, chips, session.lm.name)
@@ -40,12 +45,27 @@ def test_every_slide_is_a_valid_png_and_svg_that_fits_a_slide(prepared):
                           "hidden-state change"}
     for name, spec in specs.items():
         width, height = _size(slides.to_png(spec))
-        assert 600 <= width <= slides.WIDTH and height <= 1080, name
-        assert _size(slides.to_png(spec, scale=2)) == (2 * width, 2 * height), name
+        assert _fills_a_slide(width, height), name
+        double = _size(slides.to_png(spec, scale=2))
+        assert abs(double[0] - 2 * width) <= 1 and abs(double[1] - 2 * height) <= 1, name  # each side floored
         svg = ET.fromstring(slides.to_svg(spec))
-        assert svg.tag.endswith("svg") and float(svg.get("width")) == width, name
+        natural = float(svg.get("width")), float(svg.get("height"))  # the SVG at Vega's own size, same proportions
+        assert svg.tag.endswith("svg") and 600 <= natural[0] and height == pytest.approx(
+            natural[1] * width / natural[0], abs=1), name
         text = " ".join(t for t in svg.itertext())
         assert f"step of slot {result.at}" in text and "evict 3 slots (10, 11, 12)" in text, name
+
+
+def test_the_strip_slide_draws_each_box_as_wide_as_its_text(prepared):
+    """A box spans its text and one character; a character of the monospaced font is 0.602 em wide (DejaVu Sans
+    Mono), so the x scale may give it at most 10 % more than that (it gave 2.3× when the lines held 96 characters)."""
+    session, result, chips = prepared
+    spec = slides.strip_slide(chips, "caption")
+    per_char = spec["width"] / spec["layer"][0]["encoding"]["x"]["scale"]["domain"][1]
+    assert 0.602 * slides.STRIP_FONT <= per_char <= 1.1 * 0.602 * slides.STRIP_FONT
+    rows = spec["data"]["values"]
+    assert [r["text"] for r in rows] == [c[1][:24] for c in chips]  # spelled once, by the strip's own rows
+    assert all(r["x2"] - r["x"] == pytest.approx(len(r["text"]) + 0.7) for r in rows)
 
 
 def test_slides_hold_the_what_ifs_numbers(prepared):

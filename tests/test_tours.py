@@ -70,6 +70,9 @@ def test_a_tour_plays_start_to_end_in_the_app(index):
             assert ranked.turn == 1 and result.turns[ranked.turn].divergence == ranked.step
             table = next(d.value for d in app.dataframe if "top-1 back" in d.value.columns)  # the blame, shown
             assert "mango" in table["text"].iloc[0] and bool(table["top-1 back"].iloc[0])
+            rows = {r.kl_after_restore: r for r in ranked.rows}  # the table's numbers are the blame's, with units
+            assert all(rows[kl].kl_after_restore - ranked.kl == pytest.approx(delta) and 0 <= share <= 1
+                       for kl, delta, share in zip(table["KL after restore"], table["ΔKL"], table["attention share"]))
         if step.view:  # the step opens the view it talks about, on the layer and KV head it names
             assert app.session_state["view"] == step.view
             if step.channels:

@@ -4,6 +4,7 @@
 // (only those whose row changed, compared field by field), so a long strip is not rebuilt (and laid out again) on
 // every click.
 const SEGMENTS = ["history", "query", "generated"];
+const MARKS = /(␣+|↵+|⇥+|∅|(?:<0x[0-9A-F]{2}>)+)/;  // kvviz.spelling's marks (a capture: split keeps them)
 
 function describe(chip, row, at) {
   const [slot, text, segment, turn, attention, evicted, keyBits, valueBits, selected, typed, outside,
@@ -26,7 +27,15 @@ function describe(chip, row, at) {
     (late ? " · ends turn " + turn + "'s reply: chosen then, cached by turn " + (turn + 1) + "'s prefill" : "") +
     (outside ? " · outside this layer's sliding window: the layer no longer holds it" : "") +
     (why ? "\n" + why : "");
-  chip.textContent = text.replace(/\n/g, "↵").replace(/\t/g, "⇥") || "∅";
+  chip.textContent = "";  // the text comes spelled (kvviz.spelling): its marks for spaces, breaks and bytes drawn faint
+  text.split(MARKS).forEach((part, i) => {
+    if (!part) return;
+    if (i % 2 === 0) { chip.appendChild(document.createTextNode(part)); return; }
+    const mark = document.createElement("span");
+    mark.className = "kv-mark";
+    mark.textContent = part;
+    chip.appendChild(mark);
+  });
   const badge = (className, k, v) => {
     const sup = document.createElement("sup");
     sup.className = className;

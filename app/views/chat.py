@@ -6,8 +6,9 @@ import streamlit as st
 
 from app import persistence, state
 from app.components.scroll import look_at, scroll_here
-from app.plain import plain, warn
+from app.plain import code, warn
 from kvviz.errors import KvvizError
+from kvviz.spelling import spell
 from kvviz.view_data import reply_as_cached
 
 SAVE_SECONDS = 1.0  # a reply being written is autosaved this often (a kill or reload loses at most this much)
@@ -39,7 +40,7 @@ def render() -> None:
             message = st.chat_message("assistant")
             message.text(cached)
             if next_piece is not None:
-                message.caption(plain(f"next token (chosen, not cached yet): {next_piece!r} · id {session.pending}"))
+                message.caption(f"next token (chosen, not cached yet): {code(spell(next_piece))} · id {session.pending}")
     pending = session.pending_token()
     st.toggle("Read control tokens I type (e.g. <|im_end|>) as real ones", key="raw_special_tokens",
               help="Off: what you type is text, so a message cannot end its turn or open a system turn. On: typed "

@@ -8,7 +8,7 @@ import streamlit as st
 
 from app import state
 from app.components.scroll import mark
-from app.plain import plain, warn
+from app.plain import code, plain, spans, warn
 from app.long_work import Work, hand_over
 from app.views import why
 from app.views.policy_choice import build, is_press, names, parameters, policy_classes
@@ -16,13 +16,13 @@ from app.views.slide_download import slide_popover
 from kvviz import figures
 from kvviz.figures import plot_slides
 from kvviz.figures.slides import PLOTLY_CONFIG
-from kvviz.figures.whatif_charts import visible
 from kvviz.errors import KvvizError
 from kvviz.policies.base import Ratio
 from kvviz.runs.blame import blame, restore, variants
 from kvviz.runs.compressed import RunSettings
 from kvviz.quant.kivi import Kivi
 from kvviz.runs.policy_run import held_slots, run_policy
+from kvviz.spelling import spell
 from kvviz.quant.quanto import QuantoCache
 from kvviz.edit.reshape import Reshape
 from kvviz.whatif.metrics import compare
@@ -182,14 +182,14 @@ def _step(result, turn: int, step: int) -> None:
     session = run.forced.session
     token = session.transcript.slots[record.slot]
     what = " (the prompt's last token: its prefill row chose the first reply token)" if step == -1 else ""
-    st.markdown(f"**Step {step}**{what} processes slot {record.slot} {plain(repr(token.text))} and sees "
+    st.markdown(f"**Step {step}**{what} processes slot {record.slot} {code(spell(token.text))} and sees "
                 f"{record.visible:.0f} of {record.slot} cached slots · KL {record.kl:.4f} · "
                 f"top-1 {'agrees' if record.top1_agree else 'differs'}")
     # a forward pass: kept in the run's session memo (its cache never changes) rather than redone on every rerun
     table = session.memoized("run_step_table", step, lambda: compare(
         run.full_logits[step + 1], variants(run, step, [set()])[0][1], 8, session.piece), keep=4)
-    st.dataframe(pd.DataFrame({"full run": [c.text for c in table.full], "p full": [c.prob for c in table.full],
-                               "policy cache": [c.text for c in table.edited],
+    st.dataframe(pd.DataFrame({"full run": [spell(c.text) for c in table.full], "p full": [c.prob for c in table.full],
+                               "policy cache": [spell(c.text) for c in table.edited],
                                "p policy": [c.prob for c in table.edited]}), hide_index=True)
     if result.settings.policy is None:
         return
@@ -212,16 +212,27 @@ def _step(result, turn: int, step: int) -> None:
                    "a later turn's prompt) hold keys and values computed on its compressed cache, which eviction at "
                    "this step cannot explain.")
     rows = sorted(ranked.rows, key=lambda r: not r.top1_restored)  # those that bring the full run's token back first
-    st.dataframe(pd.DataFrame([{"top-1 back": r.top1_restored, "text": visible(session.transcript.text_of(r.slots)),
-                                "KL after restore": r.kl_after_restore, "slots": ", ".join(map(str, r.slots)),
-                                "attention paid, nothing hidden": r.mass} for r in rows]), hide_index=True,
-                 column_config={"attention paid, nothing hidden": st.column_config.NumberColumn(
-                     format="%.3f", help="the weight this step's query gives these slots with nothing hidden, summed "
-                                         "over layers and query heads (the ranking of the candidates)")})
+    heads = session.lm.layers * session.lm.heads  # the mass is summed over layers and query heads: as a share, their mean
+    st.dataframe(pd.DataFrame([{"top-1 back": r.top1_restored, "text": spell(session.transcript.text_of(r.slots)),
+                                "KL after restore": r.kl_after_restore, "ΔKL": r.kl_after_restore - ranked.kl,
+                                "attention share": r.mass / heads, "slots": spans(r.slots)} for r in rows]),
+                 hide_index=True, column_config={
+                     "KL after restore": st.column_config.NumberColumn(
+                         format="%.4f", help="KL(full ‖ policy) in nats at this step with these slots back"),
+                     "ΔKL": st.column_config.NumberColumn(
+                         format="%+.4f", help="KL after restore minus KL with nothing restored (nats): negative helps"),
+                     "attention share": st.column_config.NumberColumn(
+                         format="percent", help="The share of this step's attention that goes to these slots with "
+                                                "nothing hidden, averaged over layers and query heads (the ranking "
+                                                "of the candidates)"),
+                     "slots": st.column_config.TextColumn(width="medium")})
+    if any(r.top1_restored and r.kl_after_restore > ranked.kl for r in rows):
+        st.caption("A row can bring the full run's top-1 back and still raise KL: restoring moves the whole "
+                   "distribution, its most likely token can come back while the rest moves further away.")
     if cols[2].button("Restore the top 3", key="run-top3") and ranked.rows:
         slots = sorted({s for r in ranked.rows[:3] for s in r.slots})
         row = restore(result, slots, turn=turn, step=step)
-        words = " · ".join(visible(session.transcript.text_of(r.slots)) for r in ranked.rows[:3])
+        words = " · ".join(spell(session.transcript.text_of(r.slots)) for r in ranked.rows[:3])
         st.success(f"{plain(words)} (slots {slots}) restored together: KL {row.kl_after_restore:.4f}, "
                    f"top-1 {'back' if row.top1_restored else 'still different'}")
 

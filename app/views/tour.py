@@ -12,7 +12,7 @@ import streamlit as st
 from app import state
 from app.components.scroll import look_at, scroll_here
 from app.plain import code, plain
-from kvviz.figures.whatif_charts import visible
+from kvviz.spelling import spell
 from kvviz.model import LoadedModel
 from kvviz.scenarios import Scenario, toy_example
 from kvviz.tours import Tour, load_tours, play, stage
@@ -52,7 +52,7 @@ def go(tour: Tour, index: int, session) -> None:
         state.open_view(step.view or "Policy run")
     if step.channels:
         state.show_in_views(channels=step.channels)
-    state.keep("tour", {"tour": tour, "index": index, "caption": shown.caption(step, lambda t: code(visible(t))),
+    state.keep("tour", {"tour": tour, "index": index, "caption": shown.caption(step, lambda t: code(spell(t))),
                         "look": step.look, "session": session})
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from kvviz.cli.common import add_chat_arguments, chat_document, replay_chat
 from kvviz.errors import KvvizError
+from kvviz.spelling import spell
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,9 +21,9 @@ def print_transcript(document: dict) -> None:
     print(f"model: {document['model']} on {document['device']}; cache length {document['cache_length']}")
     for row in document["tokens"]:
         print(f"{row['slot']:>5} pos {row['position']:>5}  turn {row['turn']:>2}  {row['segment']:<9}  "
-              f"{row['id']:>6}  {row['text']!r}")
+              f"{row['id']:>6}  {spell(row['text'])}")
     if document["pending"]:
-        print(f"pending (not cached): {document['pending']['id']} {document['pending']['text']!r}")
+        print(f"pending (not cached): {document['pending']['id']} {spell(document['pending']['text'])}")
 
 
 def run(args: argparse.Namespace) -> None:

@@ -12,6 +12,7 @@ from kvviz.cli.whatif import _budget
 from kvviz.errors import KvvizError
 from kvviz.numbers import press_budgets
 from kvviz.quant.names import run_family
+from kvviz.spelling import spell
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -200,7 +201,7 @@ def run(args: argparse.Namespace) -> None:
               f"{ranked.kl_all_restored:.3f} with every evicted slot back): restoring one candidate at a time")
         for row in ranked.rows[:10]:
             words = transcript.text_of(row.slots)
-            print(f"  {words!r} (slots {row.slots}): KL {row.kl_after_restore:.3f}, "
+            print(f"  {spell(words)} (slots {row.slots}): KL {row.kl_after_restore:.3f}, "
                   f"top-1 {'back' if row.top1_restored else 'not back'}")
 
 
@@ -218,7 +219,7 @@ def _finite(rows: list[dict]) -> list[dict]:
 def _print_why(slot: int, rows: list[dict], result) -> None:
     session = result.last.forced.session
     lm = session.lm
-    print(f"\nwhy slot {slot} {session.transcript.slots[slot].text!r} went: evicted in {len(rows)} of "
+    print(f"\nwhy slot {slot} {spell(session.transcript.slots[slot].text)} went: evicted in {len(rows)} of "
           f"{lm.layers * lm.kv_heads} (layer, KV head) pairs this turn")
     if rows:
         print("  layer  kv  step      score  threshold     margin  rank/cands  budget")

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from kvviz.cli.common import add_chat_arguments, replay_chat, some_text
 from kvviz.errors import KvvizError
+from kvviz.spelling import spell
 from kvviz.quant.names import scheme_family
 
 if TYPE_CHECKING:  # imported when the command runs (see kvviz/cli/common.py)
@@ -180,8 +181,8 @@ def _print_summary(doc: dict) -> None:
           f"top-1 {'FLIPS' if nt['top1_changed'] else 'unchanged'}")
     print(f"{'full':<32} {'edited':<32}")
     for full, edited in zip(nt["full"], nt["edited"]):
-        left = f"{full['text']!r} {full['prob']:.4f} (#{full['rank_other'] + 1})"
-        right = f"{edited['text']!r} {edited['prob']:.4f} (#{edited['rank_other'] + 1})"
+        left = f"{spell(full['text'])} {full['prob']:.4f} (#{full['rank_other'] + 1})"
+        right = f"{spell(edited['text'])} {edited['prob']:.4f} (#{edited['rank_other'] + 1})"
         print(f"{left:<32} {right:<32}")
     memory = doc["memory"]
     print(f"cache bytes: full {memory['full_bytes']:,} · fp16 {memory['fp16_bytes']:,} · edited {memory['edited_bytes']:,}")

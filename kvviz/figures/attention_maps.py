@@ -7,6 +7,7 @@ import plotly.graph_objects as go
 
 from kvviz.figures.growth import SEGMENT_COLOURS
 from kvviz.figures.whatif_charts import POINT_LIMIT
+from kvviz.spelling import spell_slot
 
 # No template: the app draws with its own theme (and a template costs ~15 ms a figure); exports add one. Figures are
 # one spec given to ``go.Figure`` at once (validated in one pass; see figures/whatif.py).
@@ -60,7 +61,7 @@ def head_map_figure(weights: np.ndarray, block: int, boundaries: list[tuple[int,
                    hovertemplate="query %{y}<br>key %{x}<br>α %{z:.4f}<extra></extra>", colorbar=dict(title="α", thickness=10))
     axes = dict(xaxis=dict(title="key slot", range=[0, n * block]), yaxis=dict(title="query slot", range=[n * block, 0]))
     if texts is not None and block == 1:  # one slot a cell: its token on hover, categories that keep slot order
-        names = [f"{slot} {texts[slot]!r}" for slot in range(n)]
+        names = [spell_slot(slot, texts[slot]) for slot in range(n)]
         heatmap |= dict(x=names, y=names)
         every = max(1, n // 12)
         ticks = dict(type="category", tickvals=names[::every], ticktext=[str(s) for s in axis[::every]])
@@ -87,7 +88,7 @@ def row_figure(row: list[float], texts: list[str], segments: list[str], title: s
         starts = np.arange(0, n, block)
         slots = starts + np.pad(values, (0, -n % block), constant_values=-np.inf).reshape(-1, block).argmax(1)
         x = starts + (block - 1) / 2  # the middle of the block
-        labels = np.array([f"slots {a}–{min(a + block, n) - 1}, the most at slot {s} {texts[s]}"
+        labels = np.array([f"slots {a}–{min(a + block, n) - 1}, the most at slot {spell_slot(s, texts[s])}"
                            for a, s in zip(starts, slots)], dtype=object)
         values, colours = values[slots], colours[slots]
         title += f" (the maximum over each block of {block} slots)"

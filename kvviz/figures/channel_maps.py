@@ -7,6 +7,7 @@ import plotly.graph_objects as go
 import torch
 
 from kvviz.channels import Channels
+from kvviz.spelling import spell_slot
 
 LAYOUT = dict(margin=dict(l=10, r=10, t=40, b=10))
 
@@ -15,7 +16,7 @@ def channel_map(magnitudes: torch.Tensor, texts: list[str], title: str, outliers
     """``magnitudes`` ``(n, D)``: slots top to bottom (their tokens on hover), channels left to right; the outlier
     channels are marked above the map."""
     n, dim = magnitudes.shape
-    rows = [f"{slot} {text!r}" for slot, text in enumerate(texts[:n])]
+    rows = [spell_slot(slot, text) for slot, text in enumerate(texts[:n])]
     heatmap = dict(type="heatmap", z=magnitudes.tolist(), x=list(range(dim)), y=rows, colorscale="Viridis",
                    colorbar=dict(title="|x|", thickness=10),
                    hovertemplate="slot %{y}<br>channel %{x}<br>|x| %{z:.3f}<extra></extra>")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvviz.edit.edit import Edit
-from kvviz.figures.policy_run_charts import STEP_TITLE, bits_grid, evicted_title, seen_grid
+from kvviz.figures.policy_run_charts import STEP_TITLE, bits_grid, seen_grid, timeline_title
 from kvviz.figures.slides import SEGMENT_SCALE, THEME, TOKEN_AXIS, WIDTH, describe, heading, token_labels
 from kvviz.runs.policy_run import PolicyRun
 from kvviz.transcript import SEGMENTS, Transcript
@@ -192,10 +192,7 @@ def timeline_slide(result: PolicyRun, pieces: list[str], turn: int, caption_text
     see each slot at each decode step."""
     seen, gone = seen_grid(result, turn, layer, kv_head)
     colour = {"title": "seen", "scale": {"domain": [0, 1], "range": ["#f4f4f4", "#2f80ed"]}}
-    chosen = (("layer", layer), ("KV head", kv_head))
-    where = ", ".join(f"{name} {value}" for name, value in chosen if value is not None)
-    title = f"Eviction timeline{f' of {where}' if where else ''}: {evicted_title(gone)}"
-    return _slot_grid(seen, pieces, "seen", colour, title, caption_text)
+    return _slot_grid(seen, pieces, "seen", colour, timeline_title(gone, layer, kv_head), caption_text)
 
 
 def bit_widths_slide(result: PolicyRun, pieces: list[str], turn: int, caption_text: str) -> dict:

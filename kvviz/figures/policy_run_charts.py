@@ -9,6 +9,7 @@ import torch
 from kvviz.figures.growth import SEGMENT_COLOURS
 from kvviz.runs.policy_run import PolicyRun
 from kvviz.runs.timeline import NEVER
+from kvviz.spelling import spell_slot
 
 _LAYOUT = dict(height=280, margin=dict(l=10, r=10, t=40, b=10),
                legend=dict(orientation="h", yanchor="bottom", y=1.02))  # above the plot: below, it hid the ticks
@@ -101,7 +102,7 @@ def timeline(result: PolicyRun, pieces: list[str], turn: int = -1, layer: int | 
     ``layer`` / ``kv_head``, whether it does); a slot's token text on hover."""
     seen, gone = seen_grid(result, turn, layer, kv_head)
     n = seen.shape[0]
-    labels = [f"{slot} {pieces[slot]!r}" for slot in range(n)]  # unique: a hover names the slot and its text
+    labels = [spell_slot(slot, pieces[slot]) for slot in range(n)]  # unique: a hover names the slot and its text
     data = [dict(type="heatmap", z=seen, x=np.arange(seen.shape[1]), y=labels, zmin=0, zmax=1,
                  colorscale=[[0, "#f4f4f4"], [1, "#2f80ed"]], colorbar=dict(title="seen"),
                  hovertemplate="step %{x} · slot %{y}<br>seen by %{z:.0%}<extra></extra>")]
@@ -109,8 +110,9 @@ def timeline(result: PolicyRun, pieces: list[str], turn: int = -1, layer: int | 
         reasons = why_row(result, turn, layer, kv_head, n)
         data[0]["customdata"] = [[reason] * seen.shape[1] for reason in reasons]
         data[0]["hovertemplate"] = "step %{x} · slot %{y}<br>seen: %{z:.0%}<br>%{customdata}<extra></extra>"
-    layout = dict(height=min(900, 200 + 2 * n), margin=dict(l=10, r=10, t=30, b=10), xaxis_title="decode step",
-                  yaxis=slot_axis(labels), title=evicted_title(gone))
+    height = grid_height(n)
+    layout = dict(height=height, margin=dict(l=10, r=10, t=30, b=10), xaxis_title="decode step",
+                  yaxis=slot_axis(labels, height), title=plain_title(timeline_title(gone, layer, kv_head)))
     return go.Figure(dict(data=data, layout=layout))
 
 
@@ -119,25 +121,43 @@ def bit_widths(result: PolicyRun, pieces: list[str], turn: int = -1) -> go.Figur
     kivi = result.settings.kivi
     bits = bits_grid(result, turn)
     n = bits.shape[0]
-    labels = [f"{slot} {pieces[slot]!r}" for slot in range(n)]
+    labels = [spell_slot(slot, pieces[slot]) for slot in range(n)]
     data = [dict(type="heatmap", z=bits, x=np.arange(bits.shape[1]), y=labels, zmin=kivi.key_bits, zmax=16,
                  colorscale=[[0, "#f2994a"], [1, "#2f80ed"]], colorbar=dict(title="key bits"),
                  hovertemplate="step %{x} · slot %{y}<br>keys at %{z} bits<extra></extra>")]
-    layout = dict(height=min(900, 200 + 2 * n), margin=dict(l=10, r=10, t=30, b=10), xaxis_title="decode step",
-                  yaxis=slot_axis(labels),
-                  title=plain_title(kivi.label))
+    height = grid_height(n)
+    layout = dict(height=height, margin=dict(l=10, r=10, t=30, b=10), xaxis_title="decode step",
+                  yaxis=slot_axis(labels, height), title=plain_title(kivi.label))
     return go.Figure(dict(data=data, layout=layout))
 
 
-def slot_axis(labels: list[str]) -> dict:
-    """A slot axis naming each slot's token: every slot up to 80, then every k-th (a long run keeps its labels)."""
-    every = -(-len(labels) // 80)
-    return dict(title="slot", autorange="reversed", type="category", tickvals=labels[::every])
+LABEL_PX = 14  # a slot label's line (plotly's 12 px font and its spacing): fewer labels than fit never overprint
 
 
-def evicted_title(gone: int) -> str:
-    """The timeline's title: how many slots left at least one layer or KV head."""
-    return f"{gone} slot{'' if gone == 1 else 's'} evicted from at least one layer or KV head"
+def grid_height(n: int) -> int:
+    """A slot × step grid's height in px for ``n`` slots: 6 px a slot above 160 px of frame, at most 900."""
+    return min(900, 160 + 6 * n)
+
+
+def slot_axis(labels: list[str], height: int) -> dict:
+    """A slot axis naming each slot's token, every k-th slot when not all fit a figure ``height`` px high (the
+    frame's 70 px off): labels never overprint, and a long run keeps some."""
+    fit = max(1, (height - 70) // LABEL_PX)
+    every = -(-len(labels) // fit)
+    return dict(title="slot" if every == 1 else f"slot (every {every}th named)", autorange="reversed",
+                type="category", tickvals=labels[::every])
+
+
+def _where(layer: int | None, kv_head: int | None) -> str:
+    return ", ".join(f"{name} {value}" for name, value in (("layer", layer), ("KV head", kv_head)) if value is not None)
+
+
+def timeline_title(gone: int, layer: int | None = None, kv_head: int | None = None) -> str:
+    """The eviction timeline's title: the layer / KV head it shows (all by default) and how many slots left it (for
+    all: left at least one layer or KV head)."""
+    where = _where(layer, kv_head)
+    return (f"Eviction timeline of {where or 'all layers and KV heads'}: {gone} slot{'' if gone == 1 else 's'} "
+            f"evicted from {where or 'at least one layer or KV head'}")
 
 
 def plain_title(text: str) -> str:

@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from collections.abc import Mapping
 
 import vl_convert
 
 from kvviz.edit.edit import Edit
 from kvviz.figures.growth import SEGMENT_COLOURS
-from kvviz.figures.whatif_charts import Chart, alpha_chart, head_grid_chart, hidden_chart, visible
+from kvviz.figures.whatif_charts import Chart, alpha_chart, head_grid_chart, hidden_chart
+from kvviz.spelling import spell, spell_slot
 from kvviz.whatif import WhatIf
 from kvviz.whatif.metrics import NextToken
 
-WIDTH = 1920  # px of a slide at scale 1
+WIDTH, HEIGHT = 1920, 1080  # px of a slide at scale 1
 TOKEN_AXIS = 100  # up to this many slots the α chart's axis names each slot's token
 THEME = {"background": "white", "font": "DejaVu Sans", "padding": 24,
          "title": {"fontSize": 30, "subtitleFontSize": 20, "subtitleColor": "#555", "anchor": "start"},
@@ -29,7 +31,7 @@ THEME = {"background": "white", "font": "DejaVu Sans", "padding": 24,
          "header": {"labelFontSize": 18}, "view": {"stroke": None}}
 # plotly figures (growth, attention maps, policy runs): the chart's own camera button saves a 1920×1080 PNG, drawn in
 # the browser (no request); their slide versions (light theme, captioned, PNG or SVG) are in figures/plot_slides.py
-PLOTLY_CONFIG = {"toImageButtonOptions": {"format": "png", "width": WIDTH, "height": 1080, "scale": 1,
+PLOTLY_CONFIG = {"toImageButtonOptions": {"format": "png", "width": WIDTH, "height": HEIGHT, "scale": 1,
                                           "filename": "kvviz-figure"}, "displaylogo": False}
 SEGMENT_SCALE = {"domain": list(SEGMENT_COLOURS), "range": list(SEGMENT_COLOURS.values())}  # the app's colours
 
@@ -69,7 +71,7 @@ def alpha_slide(chart: Chart, caption: str) -> dict:
 
 def token_labels(texts: Mapping[int, str]) -> str:
     """A Vega ``labelExpr`` naming each slot of an axis ``"slot token"`` (``texts``: slot → token text)."""
-    return " : ".join(f"datum.value == {s} ? {_js(f'{s} {visible(t)}')}" for s, t in texts.items()) + " : ''"
+    return " : ".join(f"datum.value == {s} ? {_js(spell_slot(s, t))}" for s, t in texts.items()) + " : ''"
 
 
 def _js(text: str) -> str:
@@ -84,7 +86,7 @@ def topk_slide(next_token: NextToken, caption: str) -> dict:
     for side, candidates in (("full cache", next_token.full), ("edited cache", next_token.edited)):
         for c in candidates:
             moved = c.rank_other - c.rank if side == "full cache" else c.rank - c.rank_other
-            rows.append({"side": side, "token": f"{c.rank + 1}. {visible(c.text)}", "p": c.prob,
+            rows.append({"side": side, "token": f"{c.rank + 1}. {spell(c.text)}", "p": c.prob,
                          "note": f"{c.prob:.3f}  (rank {c.rank_other + 1} in the other{'' if not moved else f', {moved:+d}'})"})
     top1 = "top-1 FLIPS" if next_token.top1_changed else "top-1 unchanged"
     base = {"encoding": {"y": {"field": "token", "type": "nominal", "sort": None, "title": None,
@@ -101,12 +103,18 @@ def topk_slide(next_token: NextToken, caption: str) -> dict:
                              caption), "config": THEME}
 
 
-def strip_slide(chips: list[list], caption: str, per_line: int = 96) -> dict:
-    """The strip as a figure: one box per slot (``chips`` as :func:`kvviz.view_data.strip_chips` gives them), wrapped
-    at ``per_line`` characters, red by attention (as the strip shades it), a band by segment, evicted ones faded."""
+STRIP_FONT = 20  # px of the strip slide's monospaced text; DejaVu Sans Mono advances 0.602 em a character
+STRIP_WIDTH = WIDTH - 2 * 24 - 160  # the strip's plot: the slide less its padding and the legends
+
+
+def strip_slide(chips: list[list], caption: str) -> dict:
+    """The strip as a figure: one box per slot (``chips`` as :func:`kvviz.view_data.strip_chips` gives them), each as
+    wide as its text, wrapped at the slide's width, red by attention (as the strip shades it), a band by segment,
+    evicted ones faded."""
+    per_line = int(STRIP_WIDTH // (0.61 * STRIP_FONT))  # characters a line holds (a box: its text and one more)
     rows, x, y = [], 0, 0
     for chip in chips:
-        text = visible(chip[1])[:24]
+        text = chip[1][:24]
         width = len(text) + 1
         if x and x + width > per_line:
             x, y = 0, y + 1
@@ -118,7 +126,7 @@ def strip_slide(chips: list[list], caption: str, per_line: int = 96) -> dict:
     x = {"field": "x", "type": "quantitative", "axis": None, "scale": scale["x"]}
     y_top = {"field": "y", "type": "quantitative", "axis": None, "scale": scale["y"]}
     return {
-        "data": {"values": rows}, "width": WIDTH - 2 * 24 - 160, "height": 34 * lines,
+        "data": {"values": rows}, "width": STRIP_WIDTH, "height": 40 * lines,
         "title": heading("The KV cache, one box per slot", caption), "config": THEME,
         "transform": [{"calculate": "datum.y + 0.85", "as": "y2"}, {"calculate": "datum.y + 1", "as": "band"}],
         "layer": [
@@ -131,7 +139,8 @@ def strip_slide(chips: list[list], caption: str, per_line: int = 96) -> dict:
                                                     "y2": {"field": "band"},
                                                     "fill": {"field": "segment", "type": "nominal", "title": "segment",
                                                              "scale": SEGMENT_SCALE}}},
-            {"mark": {"type": "text", "align": "left", "dx": 3, "dy": 12, "font": "DejaVu Sans Mono", "fontSize": 13},
+            {"mark": {"type": "text", "align": "left", "dx": 5, "dy": 16, "font": "DejaVu Sans Mono",
+                      "fontSize": STRIP_FONT},
              "encoding": {"x": x, "y": y_top, "text": {"field": "text"},
                           "opacity": {"condition": {"test": "datum.evicted", "value": 0.35}, "value": 1}}},
         ]}
@@ -173,8 +182,13 @@ def whatif_slides(result: WhatIf, chips: list[list], model: str) -> dict[str, di
 
 
 def to_png(spec: dict, scale: float = 1) -> bytes:
-    """PNG bytes (``scale`` 2 for a 4K projector), rendered offline."""
-    return vl_convert.vegalite_to_png(spec, scale=scale, allowed_base_urls=[])
+    """PNG bytes that fill a :data:`WIDTH` × :data:`HEIGHT` slide (``scale`` 2: twice, for a 4K projector): as wide
+    as the slide, or as high where that would be too high. A spec's own size leaves its legends and labels to Vega's
+    layout, so the figure is measured first (as SVG) and drawn at the scale that fills the slide, rendered offline."""
+    svg = to_svg(spec)
+    width, height = (float(re.search(rf'{side}="([\d.]+)"', svg).group(1)) for side in ("width", "height"))
+    exact = scale * min((WIDTH + 0.25) / width, (HEIGHT + 0.25) / height)  # + ¼ px: the drawn size is floored
+    return vl_convert.vegalite_to_png(spec, scale=exact, allowed_base_urls=[])
 
 
 def to_svg(spec: dict) -> str:

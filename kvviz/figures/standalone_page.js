@@ -76,7 +76,7 @@ const chips = DATA.slots.map(([text, segment, turn], slot) => {
   const chip = el("span", { className: `kv-chip kv-${SEGMENTS[segment]}`, role: "listitem",
     title: `slot ${slot} · ${SEGMENTS[segment]} · turn ${turn + 1}` });
   chip.dataset.slot = String(slot);
-  chip.textContent = text.replace(/\n/g, "↵").replace(/\t/g, "⇥") || "∅";
+  chip.textContent = text;  // spelled by kvviz.spelling.spell
   strip.appendChild(chip);
   return chip;
 });
@@ -132,7 +132,7 @@ play.addEventListener("click", () => {
 function table(rows, caption) {
   const head = el("tr", {}, ["token", "p", "rank", "rank other", "Δlogit"].map((h) => el("th", { text: h })));
   const body = rows.map(([text, p, rank, other, delta]) => el("tr", {}, [
-    el("td", { text: text.replace(/\n/g, "↵") || "∅" }), el("td", { text: fmt(p) }), el("td", { text: String(rank) }),
+    el("td", { text }), el("td", { text: fmt(p) }), el("td", { text: String(rank) }),
     el("td", { text: String(other) }), el("td", { text: (delta >= 0 ? "+" : "") + Number(delta).toFixed(4) })]));
   return el("table", {}, [el("caption", { text: caption }), head, ...body]);
 }

@@ -22,6 +22,7 @@ from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
 from kvviz.figures.slides import describe
 from kvviz.session import Session
+from kvviz.spelling import spell
 from kvviz.transcript import SEGMENTS
 from kvviz.whatif import what_if
 
@@ -72,7 +73,7 @@ def _triangle(session: Session, layer: int, head: int | None) -> np.ndarray:
 def _result(session: Session, prepared: Prepared, layer: int, head: int) -> dict:
     result = what_if(session, prepared.edit, at=prepared.at, layer=layer, head=head)
     detail, nt = result.detail, result.next_token
-    table = lambda rows: [[c.text, c.prob, c.rank + 1, c.rank_other + 1, c.logit_delta] for c in rows]  # noqa: E731
+    table = lambda rows: [[spell(c.text), c.prob, c.rank + 1, c.rank_other + 1, c.logit_delta] for c in rows]  # noqa: E731
     edit = prepared.edit.resolved(prepared.at)
     return {
         "at": result.at, "label": prepared.label or describe(edit), "evicted": sorted(edit.evicted_slots()),
@@ -105,7 +106,7 @@ def page_data(session: Session, prepared: list[Prepared], views: list[tuple[int,
         if not 0 <= layer < lm.layers or not (head is None or 0 <= head < lm.heads):
             raise KvvizError(f"layer {layer} / head {head} do not exist ({lm.layers} layers, {lm.heads} query heads)")
     segments = session.transcript.segments()
-    slots = [[s.text, SEGMENTS.index(segments[s.slot]), s.turn] for s in session.transcript.slots]
+    slots = [[spell(s.text), SEGMENTS.index(segments[s.slot]), s.turn] for s in session.transcript.slots]
     return {
         "title": title or f"kvviz — {lm.name}", "model": lm.name, "slots": slots,
         "turns": session.conversation(),

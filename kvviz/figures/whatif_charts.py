@@ -11,19 +11,10 @@ import numpy as np
 import pandas as pd
 import torch
 
+from kvviz.spelling import spell
 from kvviz.view_data import pool
 from kvviz.whatif import Detail
 from kvviz.whatif.metrics import NextToken
-
-
-def visible(text: str) -> str:
-    """Whitespace made visible for tables: newline ↵, tab ⇥, space ␣ at the ends."""
-    text = text.replace("\n", "↵").replace("\t", "⇥")
-    stripped = text.strip(" ")
-    if stripped != text:
-        left, right = len(text) - len(text.lstrip(" ")), len(text) - len(text.rstrip(" "))
-        text = "␣" * left + stripped + "␣" * right
-    return text or "∅"
 
 
 # Vega-Lite specs, not plotly figures: a click on the strip redraws all three charts. Streamlit keeps a keyed Vega-Lite
@@ -76,7 +67,7 @@ def alpha_chart(detail: Detail, texts: list[str]) -> Chart:
     weights = [np.asarray(w, dtype=float) for w in (detail.alpha_full, zero(detail.alpha_renorm),
                                                     zero(detail.alpha_edited))]
     flags = [np.asarray([v is None for v in detail.alpha_renorm]), np.asarray(detail.outside or [False] * n)]
-    slots, labels, block = np.asarray(detail.slots), np.array([visible(t) for t in texts], dtype=object), 1
+    slots, labels, block = np.asarray(detail.slots), np.array([spell(t) for t in texts], dtype=object), 1
     if n > POINT_LIMIT:
         block = -(-n // POINT_LIMIT)
         weights = [pool(w, POINT_LIMIT, 0) for w in weights]
@@ -169,7 +160,7 @@ def topk_frame(next_token: NextToken, side: str) -> pd.DataFrame:
     """The top-k table of one side (``full`` or ``edited``) with the rank in the other and the logit change."""
     rows = next_token.full if side == "full" else next_token.edited
     return pd.DataFrame({
-        "token": [visible(c.text) for c in rows],
+        "token": [spell(c.text) for c in rows],
         "p": [c.prob for c in rows],
         "rank": [c.rank + 1 for c in rows],
         "rank other": [c.rank_other + 1 for c in rows],

@@ -12,6 +12,7 @@ from kvviz.quant.quantizer import saturated
 from kvviz.rope import rope_frequencies
 from kvviz.quant.catalogue import MIX_KEYS, Scheme
 from kvviz.session import Session
+from kvviz.spelling import spell
 from kvviz.whatif.step import WhatIf, what_if
 
 
@@ -47,7 +48,7 @@ def scheme_row(scheme: Scheme, result: WhatIf, saturated: int = 0) -> SchemeRow:
     nt, edit = result.next_token, result.edit
     frobenius = lambda name: float(result.heads[name].double().square().sum().sqrt())  # noqa: E731
     return SchemeRow(scheme.name, scheme.label, nt.kl, nt.tv, nt.top1_changed,
-                     f"{nt.full[0].text!r} → {nt.edited[0].text!r}", result.memory.edited_bytes,
+                     f"{spell(nt.full[0].text)} → {spell(nt.edited[0].text)}", result.memory.edited_bytes,
                      result.memory.full_bytes, frobenius("delta_isolated"), frobenius("weight_term"),
                      frobenius("content_term"), len(set(edit.key_bits) | set(edit.value_bits)), saturated)
 
