@@ -86,7 +86,7 @@ def restore(lm: LoadedModel) -> None:
         st.session_state.held = ("restore", f"The autosaved session could not be restored ({exc}). Its file is kept "
                                  "as it was: nothing is saved over it.")
         return
-    state.replace(session, draft, view)
+    state.replace(session, draft, view, branch=state.branch(), branches=state.branches())  # released, then back
     st.session_state.revision, st.session_state.held = autosave.revision(text), None
     # what the file holds is saved already: a page that only restored it writes nothing (another tab's save stays)
     st.session_state.saved = json.dumps(document(), ensure_ascii=False)
@@ -177,3 +177,4 @@ def new_conversation(lm: LoadedModel, sampling: Sampling | None = None) -> None:
         move_to_new_id()
     st.session_state.session = Session(lm, sampling)
     st.session_state.draft, st.session_state.at, st.session_state.prepared = EditDraft(), None, []
+    st.session_state.branch, st.session_state.branches = "main", []

@@ -4,6 +4,7 @@ tests/test_page_state_writers.py — while widgets write their own keys, as Stre
 
 from __future__ import annotations
 
+import json
 import re
 from types import SimpleNamespace
 
@@ -13,6 +14,7 @@ from app import housekeeping
 from app.server_memory import KEPT
 from kvviz.edit.draft import EditDraft
 from kvviz.session import Session
+from kvviz.session_file import export_session
 
 SESSION_ID = re.compile(r"[0-9a-f]{32}")  # the ?s= URL parameter (full match); nothing else names an autosave file
 
@@ -45,12 +47,45 @@ def draft() -> EditDraft:
     return st.session_state.draft
 
 
-def replace(session: Session, draft: EditDraft, view: dict | None = None, at: int | None = None) -> None:
+def replace(session: Session, draft: EditDraft, view: dict | None = None, at: int | None = None,
+            branch: str = "main", branches: list[dict] | None = None) -> None:
     """Show another session (imported, restored or a demo's) with its draft; ``view`` settings (layer, head, step)
-    where given, else the step ``at``."""
+    where given, else the step ``at``. Another conversation has no branches; a branch of this one (``branch`` its
+    name) keeps the others (``branches``, see :func:`branches`)."""
     st.session_state.session, st.session_state.draft, st.session_state.at = session, draft, at
+    st.session_state.branch, st.session_state.branches = branch, list(branches or [])
     st.session_state.update({k: v for k, v in (view or {}).items() if k in ("layer", "head", "at")})
     st.session_state.prepared = list((view or {}).get("prepared", []))
+
+
+def branch() -> str:
+    """The name of the branch shown ("main" until a fork)."""
+    return st.session_state.get("branch", "main")
+
+
+def branches() -> list[dict]:
+    """The conversation's other branches, each ``{"name", "document"}``: kept as session documents (a few KB, nothing
+    for the memory budget to release) and replayed when chosen; they live as long as the page."""
+    return st.session_state.setdefault("branches", [])
+
+
+def fork_to(child: Session, name: str) -> None:
+    """Show the fork ``child`` as the branch ``name``; the branch it left is kept (see :func:`branches`)."""
+    left = {"name": branch(), "document": _shown_document()}
+    replace(child, EditDraft(), at=None, branch=name, branches=[*branches(), left])
+
+
+def _shown_document() -> dict:
+    """The branch shown as a session document, as its file would read back (JSON's lists, not tuples)."""
+    return json.loads(json.dumps(export_session(session(), draft()), ensure_ascii=False))
+
+
+def switch_branch(index: int, chosen: Session, chosen_draft: EditDraft) -> None:
+    """Show the kept branch ``index`` (replayed as ``chosen``); the one shown now takes its place in the list."""
+    others = branches()
+    left = {"name": branch(), "document": _shown_document()}
+    name = others[index]["name"]
+    replace(chosen, chosen_draft, at=None, branch=name, branches=[*others[:index], left, *others[index + 1:]])
 
 
 def prepared() -> list[dict]:

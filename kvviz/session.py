@@ -66,13 +66,18 @@ class Session:
 
     # --- turns -----------------------------------------------------------------------------------------------
 
-    def add_user_turn(self, text: str, raw_special_tokens: bool = False) -> list[int]:
+    def add_user_turn(self, text: str, raw_special_tokens: bool = False,
+                      commit_after: tuple[int, Edit] | None = None) -> list[int]:
         """Render the conversation with the chat template and prefill only the tokens not yet cached.
 
         The text is tokenized as text: control strings typed in it (``<|im_end|>``) become ordinary tokens, so a
         message cannot open a turn of another role. ``raw_special_tokens`` reads them as the real control tokens
         (for studying them); the transcript notes which slots those are. Returns the prefilled ids. Refuses empty
         text and text that does not fit the context window.
+
+        ``commit_after=(k, edit)`` commits ``edit`` once the first ``k`` prefilled tokens are cached (``0 < k <``
+        their count), so the rest of the prompt runs as a second pass on the edited cache: a fork from a step inside
+        a prompt (:mod:`kvviz.fork`). That turn is not atomic: a failure in the second pass leaves it half done.
         """
         if not isinstance(text, str) or not text.strip():
             raise KvvizError("the message is empty; type some text")
@@ -81,7 +86,10 @@ class Session:
         messages = self.messages + self._reply_message() + [message]
         delta, typed = chat_delta(self.lm.tokenizer, messages, self.transcript.ids)
         self.check_room(len(delta))
-        self._prefill(delta, text)
+        if commit_after is None:
+            self._prefill(delta, text)
+        else:
+            self._prefill_around(delta, text, *commit_after)
         self.transcript.typed_control |= {len(self) - len(delta) + index for index in typed}
         self.messages = messages
         return delta
@@ -132,6 +140,16 @@ class Session:
         logits = self._forward(ids)
         self._begin_turn(user)
         self._accept(ids, logits, "prefill")
+
+    def _prefill_around(self, ids: list[int], user: str, split: int, edit: Edit) -> None:
+        """A new turn prefilled in two passes, ``edit`` committed between them (see :meth:`add_user_turn`)."""
+        if not 0 < split < len(ids):
+            raise KvvizError(f"an edit committed inside a prompt of {len(ids)} tokens goes after 1 to "
+                             f"{len(ids) - 1} of them, not {split}")
+        self._prefill(ids[:split], user)
+        self.commit(edit)
+        self._accept(ids[split:], self._forward(ids[split:]), "prefill")
+        self.produced = [self.pending]  # the first pass's choice was never a reply token
 
     def step(self) -> Token:
         """Decode one step: the pending token's K/V is appended to the cache and the next token is chosen."""

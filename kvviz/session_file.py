@@ -66,7 +66,7 @@ def import_session(lm: LoadedModel, document: Any, progress: Callable[[int, int]
     session.check_room(total)  # the memory budget, before hours of replay
     report = progress or (lambda done, total: None)
     for turn in turns:
-        _apply_due(session, commits)
+        apply_due(session, commits)
         if document.get("chat", True):
             delta = session.add_user_turn(turn["user"], turn.get("raw", False))
             _require(delta == turn["prefill_ids"], "its tokens differ from this model's chat template (another model?)")
@@ -75,12 +75,12 @@ def import_session(lm: LoadedModel, document: Any, progress: Callable[[int, int]
         report(len(session), total)
         for index, token in enumerate(turn["reply_ids"]):
             if index:
-                _apply_due(session, commits)
+                apply_due(session, commits)
                 session.step()
                 report(len(session), total)
             session.force(token)
         session.set_announced(turn["shown"])
-    _apply_due(session, commits)
+    apply_due(session, commits)
     _require(not commits, "a committed edit lies beyond the conversation")
     draft = EditDraft()
     if draft_edit is not None:
@@ -102,7 +102,8 @@ def _raw(session: Session, turn: int) -> bool:
     return bool(users[turn].get("raw")) if turn < len(users) else False
 
 
-def _apply_due(session: Session, commits: list[tuple[int, Edit]]) -> None:
+def apply_due(session: Session, commits: list[tuple[int, Edit]]) -> None:
+    """Commit the recorded commits (``(at, cumulative edit)``, in order) that are due at the session's length."""
     while commits and commits[0][0] == len(session):
         session.commit(_added(commits.pop(0)[1], session.commits.current))
 

@@ -30,7 +30,7 @@ os.environ.setdefault("KVVIZ_DEVICE", "cpu")
 NUMERIC = {f"test_{name}" for name in """math rounding quant model session prefill whatif cache lockstep
     policy_references sliding_window architectures first_token_step received_attention fp8 fp8_static schemes
     quanto_cache hqq_cache pre_rope_keys outlier_schemes channels reshaping policy_positions policy_modes kvpress
-    kv_zip cur_critical_kv keydiff_lagkv_chunkkv bit_allocation why policy_run kvpress_code transcript whatif_steps
+    kv_zip cur_critical_kv keydiff_lagkv_chunkkv bit_allocation why policy_run kvpress_code transcript whatif_steps fork
     """.split()}
 
 

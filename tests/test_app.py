@@ -208,33 +208,42 @@ def test_committed_edits_stay_on_the_strip_and_the_commit_list_undoes_them():
     assert not [t.value for t in app.text if t.value.startswith("#1 ")]
 
 
-def test_a_commit_while_looking_back_says_it_applies_from_the_newest_slot():
-    """Time travel to an earlier step, evict, commit: the button and a note say before the click that the commit
-    applies from the newest slot on (the reply after the step looked at stays), and the commit list agrees."""
+def test_looking_back_forks_the_conversation_and_keeps_the_branch_it_left():
+    """Time travel to the step that chose the answer, evict the dog's name, fork: a new branch re-runs the conversation
+    from that step (kvviz.fork: tests/test_fork.py checks its numbers), the commit list says what ran on the edit, the
+    branch left is kept — its replies side by side with the fork's — and switching back replays it as it was."""
     app = start()
     app.chat_input[0].set_value("My dog is called Rex. What is my dog called?").run()
     session = app.session_state["session"]
-    newest, back = len(session), len(session) - 6
+    ids, reply = list(session.transcript.ids), session.reply
+    back = next(s.slot for s in session.transcript.slots if s.kind == "decode") - 1
+    rex = [s.slot for s in session.transcript.slots if s.text == " Rex"][0]
     app.session_state["at"] = back
-    app.session_state["draft"].toggle_evicted(5)
+    app.session_state["draft"].toggle_evicted(rex)
     app.run()
     assert_clean(app)
-    button = app.button(key="commit-edit")
-    assert button.label == f"Commit from slot {newest} on (steps to come)"
-    assert any(f"looking back at step {back}" in i.value and f"applies from slot {newest} on" in i.value
-               for i in app.info)
-    reply = session.reply
-    button.click().run()
+    assert not [b for b in app.button if b.key == "commit-edit"]  # a commit edits what is to come: here it forks
+    assert app.button(key="fork").label == f"Fork from step {back}"
+    assert any(f"looking back at step {back}" in i.value for i in app.info)
+    app.button(key="fork").click().run()
     assert_clean(app)
-    assert [c.at for c in app.session_state["session"].commits.stack] == [newest]
-    assert app.session_state["session"].reply == reply  # nothing already run was rewritten
-    assert any(f"Committed from slot {newest}" in i.value for i in app.info)
+    fork = app.session_state["session"]
+    assert fork is not session and fork.transcript.ids[: back + 1] == ids[: back + 1]
+    assert [c.at for c in fork.commits.stack] == [back] and fork.reply != reply
+    assert session.transcript.ids == ids and session.reply == reply  # the branch left is untouched
+    assert app.session_state["branch"] == f"fork at step {back}" and app.session_state["at"] is None
+    assert any(f"You are on the branch fork at step {back}" in i.value for i in app.info)
     listed = [t.value for t in app.text if t.value.startswith("#1 ")]
-    assert listed and listed[0].startswith(f"#1 · from slot {newest} ") and "evicted 1 slot (" in listed[0]
-    app.session_state["at"] = None
-    app.run()
-    assert app.button(key="commit-edit").label == "Commit edit to the conversation"
-    assert not any("looking back" in i.value for i in app.info)
+    assert listed[0].startswith(f"#1 · from slot {back} ") and f"{len(fork) - back} steps ran on it" in listed[0]
+    assert [t.value for t in app.text if t.value.startswith("main · ")] == ["main · 1 turn"]
+    side = next(d.value for d in app.dataframe if "main" in d.value.columns)
+    assert list(side["main"]) == [reply] and list(side[f"fork at step {back}"]) == [fork.reply]
+    app.button(key="branch-0").click().run()  # back to the branch left: replayed, the fork kept in its place
+    assert_clean(app)
+    again = app.session_state["session"]
+    assert again.transcript.ids == ids and again.reply == reply and not again.commits.stack
+    assert app.session_state["branch"] == "main"
+    assert [b["name"] for b in app.session_state["branches"]] == [f"fork at step {back}"]
 
 
 def test_step_one_token_advances_the_reply_as_the_strip_holds_it():

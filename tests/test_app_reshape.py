@@ -33,7 +33,7 @@ def test_prune_merge_commit_and_undo_from_the_page():
     assert_clean(app)
     committed = session.commits.current
     assert committed.prunings and committed.merges == merges and not app.session_state["draft"].merges
-    button(app, "Undo last commit").click().run()
+    button(app, "Undo commit").click().run()
     assert_clean(app)
     assert not session.commits.stack
 

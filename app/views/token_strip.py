@@ -10,11 +10,12 @@ import streamlit as st
 from app import state
 from app.plain import plain, plural, warn
 from app.components.strip import clicked, parse_click, token_strip
-from app.views import reshape, schemes
+from app.views import branches, reshape, schemes
 from kvviz.attention_math import kv_head_of
 from kvviz.quant.calibration import calibrate
 from kvviz.rope import rope_frequencies
 from kvviz.errors import KvvizError
+from kvviz.spelling import spell
 from kvviz.quant.quantizer import Quantizer
 from kvviz.view_data import (SHADINGS, commit_rows, find_slots, kept_per_head, strip_chips, strip_reasons,
                              window_start)
@@ -94,6 +95,7 @@ def controls() -> None:
     if st.session_state.large:
         _find(session, at)
     _commits(session)
+    branches.render()
     _picker(draft, session, at)
 
 
@@ -104,7 +106,8 @@ def _find(session, at: int) -> None:
                                  "scrolls to the first")
     if query:
         found = find_slots(session, at, query)
-        count.caption(f"{len(found)} slots match" if found else "no slot matches")
+        count.caption(f"{len(found)} slots match" if len(found) > 1 else "1 slot matches" if found else
+                      "no slot matches")
 
 
 def _commits(session) -> None:
@@ -114,19 +117,21 @@ def _commits(session) -> None:
     if not rows:
         return
     with st.container(border=True, key="commit-list"):
-        st.markdown("**Committed edits** — part of the conversation: every step after them ran on the edited cache")
+        st.markdown("**Committed edits** — part of the conversation: each is in force from its slot on")
         for row in reversed(rows):
             later = len(rows) - row["index"]
             parts = []
             if row["evicted"]:
                 words = session.transcript.text_of(row["evicted"][:6]) + ("…" if len(row["evicted"]) > 6 else "")
-                parts.append(f"evicted {plural(len(row['evicted']), 'slot')} ({words!r})")
+                parts.append(f"evicted {plural(len(row['evicted']), 'slot')} ({spell(words)})")
             if row["keys"] or row["values"]:
                 parts.append(f"quantized the keys of {len(row['keys'])} and the values of "
                              f"{plural(len(row['values']), 'slot')}")
             text, button = st.columns([5, 1], vertical_alignment="center")
+            ran = len(session) - row["at"]  # the steps that ran on it: one per slot cached since
             text.text(f"#{row['index'] + 1} · from slot {row['at']} (turn {row['turn']}) · "
-                      + ("; ".join(parts) or "no change"))
+                      + ("; ".join(parts) or "no change") + " · "
+                      + (f"{plural(ran, 'step')} ran on it" if ran else "no step has run on it yet"))
             if button.button("Undo" if later == 1 else f"Undo with {later - 1} later", key=f"undo-{row['index']}"):
                 try:
                     session.undo(later)

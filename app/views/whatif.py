@@ -5,14 +5,17 @@ from __future__ import annotations
 import streamlit as st
 
 from app import state
+from app.long_work import Work, hand_over
+from app.views import branches
 from app.plain import code, warn
 from app.views.slide_download import FORMATS, download
 from app.views.token_strip import apply_quantizers
 from kvviz import figures
 from kvviz.errors import KvvizError
+from kvviz.fork import check as fork_check, fork
+from kvviz.spelling import spell
 from kvviz.figures.slides import whatif_slides
 from kvviz.figures.standalone_page import MAX_PREPARED, MAX_SLOTS, Prepared, page_data, standalone_html
-from kvviz.figures.whatif_charts import visible
 from kvviz.view_data import strip_chips
 from kvviz.whatif import WhatIf, kept_effects, step_effects, turn_steps, what_if
 
@@ -191,9 +194,13 @@ def _summary(result: WhatIf) -> None:
                     "went to the evicted slots; the rest is rescaled by 1/(1−ρ)")
     saved = 1 - memory.edited_bytes / max(memory.full_bytes, 1)
     large = st.session_state.large  # presentation mode: the saving in the label, the numbers on one line
-    label = f"Cache bytes (−{saved:.1%})" if large else "Cache bytes before this step"
-    row.metric(label, f"{memory.edited_bytes:,}", None if large else f"-{saved:.1%} vs {memory.full_bytes:,}",
-               delta_color="off", help="K and V of the slots this step reads (before its own is added), packed as the "
+    smaller = f"{saved:.1%}" != "0.0%"  # an edit that saves nothing (or rounds to nothing) shows no "↓ -0.0%"
+    label = f"Cache bytes (−{saved:.1%})" if large and smaller else "Cache bytes" if large else \
+        "Cache bytes before this step"
+    delta = None if large else f"-{saved:.1%} vs {memory.full_bytes:,}" if smaller else \
+        f"as the full cache ({memory.full_bytes:,})"
+    row.metric(label, f"{memory.edited_bytes:,}", delta, delta_color="off", delta_arrow="auto" if smaller else "off",
+               help="K and V of the slots this step reads (before its own is added), packed as the "
                "edit stores them, against the full cache at the model's dtype; sliding-window layers count only "
                "what they hold")
     if not large:  # presentation mode: below the tables (the numbers, the strip and the tables fill one screen)
@@ -231,7 +238,7 @@ def _where(result: WhatIf) -> None:
     if worst.slot == result.at:
         st.caption(f"Of the {len(found.steps)} steps of the newest reply, this one is where the edit matters most.")
         return
-    token = lambda id_: code(visible(piece(id_)))  # noqa: E731  (model text: a code span renders it as it is)
+    token = lambda id_: code(spell(piece(id_)))  # noqa: E731  (model text: a code span renders it as it is)
     flip = f"top-1 {token(worst.top1_full)} → {token(worst.top1_edited)}" if worst.flips else "top-1 unchanged"
     at_here = "" if here is None else f" · here (step {result.at}): KL {here.kl:.3g}"
     text, button = st.columns([4, 1], vertical_alignment="center")
@@ -282,27 +289,43 @@ def _buttons() -> None:
     session, draft = state.session(), state.draft()
     newest, at = len(session), state.step_slot()
     travelling = at < newest - 1
-    if travelling:  # a commit edits what is still to come, never the steps already run: say so before it happens
-        st.info(f"You are looking back at step {at}. A commit applies from slot {newest} on — the steps still to come "
-                f"in the conversation; steps {at}–{newest - 1} already ran and their reply stays as it is. What the "
-                f"edit does at step {at} is the what-if above.", icon=":material/history:")
-    label = f"Commit from slot {newest} on (steps to come)" if travelling else "Commit edit to the conversation"
+    if travelling:  # a commit edits what is still to come; looking back, the edit forks the conversation there
+        st.info(f"You are looking back at step {at}. *Fork from step {at}* re-runs the conversation from this step "
+                "on the edited cache — this reply and every later message answered afresh — as a new branch; this "
+                "branch is kept, to compare with and come back to.", icon=":material/history:")
     cols = st.columns([2, 1, 1])  # the commit's label is the longest
-    if cols[0].button(label, key="commit-edit", help=f"Steps from slot {newest} on run on the edited cache"):
+    if travelling:
+        if cols[0].button(f"Fork from step {at}", key="fork", type="primary",
+                          help=f"Replays the conversation up to step {at}, commits the edit there and runs every "
+                               "step after it again"):
+            _fork(session, draft.edit(at), at)
+    elif cols[0].button("Commit edit to the conversation", key="commit-edit",
+                        help=f"Steps from slot {newest} on run on the edited cache"):
         try:
             session.commit(draft.edit(newest))
         except KvvizError as exc:
             warn(exc)
         else:
             draft.clear()
-            if travelling:
-                state.notify(f"Committed from slot {newest}: the steps from there on run on the edited cache. You "
-                             f"are still looking at step {at}, before it (the slider's end shows the newest step).",
-                             note=True)
             st.rerun()
-    if cols[1].button("Undo last commit", disabled=not session.commits.stack):
+    if cols[1].button("Undo commit", disabled=not session.commits.stack, help="Takes the newest commit back"):
         session.undo()
         st.rerun()
     if cols[2].button("Reset edit"):
         draft.clear()
         st.rerun()
+
+
+def _fork(session, edit, at: int) -> None:
+    """Fork the conversation at the step of slot ``at`` (:func:`kvviz.fork.fork`) in the page's run, with progress;
+    the branch left is kept."""
+    try:
+        state.make_room(len(session))
+        fork_check(session, at, edit)
+    except KvvizError as exc:
+        warn(exc)
+        return
+    name = branches.fork_name(at)
+    hand_over(Work(f"Forking at step {at}: the conversation replayed up to it, then run again on the edited cache",
+                   lambda progress: fork(session, at, edit, int(st.session_state.max_new_tokens), progress),
+                   lambda result: branches.forked(result, name)))
