@@ -83,8 +83,11 @@ guarded(guide)
 guarded(toy)
 guarded(chat)
 st.subheader(f"Cache: {len(state.session())} slots")
-mark("strip")  # after a message, a demo or a tour step about it: the strip and the what-if come into view, once
+if not st.session_state.large:
+    mark("strip")  # after a message, a demo or a tour step about it: the strip and the what-if come into view, once
 guarded(token_strip.view_settings)
+if st.session_state.large:  # a projector: the numbers and the strip below them fill the screen above the chat box
+    mark("strip")
 
 
 @st.fragment

@@ -111,7 +111,7 @@ def test_a_long_conversation_opens_at_its_step_and_search_finds_a_word(page):
     page.keyboard.press("Enter")
     idle(page)
     found = page.locator(".kv-chip.kv-found")
-    expect(found.first).to_have_text("Lisbon")
+    expect(found.first).to_have_text("␣Lisbon")  # spelled as everywhere (kvviz.spelling)
     page.locator(".kv-chip[data-slot='10']").click()  # evicted: dark on the bar above the strip
     idle(page)
     lisbon = int(found.first.get_attribute("data-slot"))
@@ -172,16 +172,16 @@ def test_jump_to_a_slot_moves_the_step_and_the_slider(page):
 
 
 def test_looking_back_forks_the_conversation_and_switches_back(page):
-    """Jump to the step that chose the answer, evict the cat's name, fork: the page shows the new branch (its commit
+    """Jump to the step that chose the answer, evict the dog's name, fork: the page shows the new branch (its commit
     list says how many steps ran on the edit) and keeps the branch it left, which one click replays as it was."""
-    send(page, "My cat is called Whiskers. What is my cat called?")
+    send(page, "My dog is called Rex. What is my dog called?")
     reply = page.locator("[data-testid=stChatMessage]").last.inner_text()
     answer = int(page.locator(".kv-chip.kv-query").last.get_attribute("data-slot"))  # the prompt's last slot
     jump = page.locator("input[aria-label='Jump to']")
     jump.fill(str(answer))
     jump.press("Enter")
     idle(page)
-    page.locator(".kv-chip", has_text="Whiskers").first.click()
+    page.locator(".kv-chip", has_text="Rex").first.click()  # one token, "␣Rex"
     idle(page)
     expect(page.locator("[data-testid=stAlert]", has_text=f"You are looking back at step {answer}")).to_have_count(1)
     expect(page.get_by_role("button", name="Commit edit to the conversation")).to_have_count(0)

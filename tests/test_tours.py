@@ -101,8 +101,11 @@ def test_a_new_conversation_closes_the_tour_and_model_text_stays_text():
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
                     reason="Debian's chromium is not installed (scripts/test.sh installs it)")
-@pytest.mark.parametrize("index", [1, 3])  # the eviction tour; the policy engineer's (its steps open the Policy run)
-def test_a_tour_plays_in_the_browser_at_1280x720_with_no_warning(tmp_path, index):
+@pytest.mark.parametrize("index", range(len(TOUR_NAMES)))
+def test_every_tour_step_fits_one_projector_screen_with_no_warning(tmp_path, index):
+    """Presentation mode at 1280×720: at every step of every tour the card's heading and Back / Next / End, and what
+    the caption talks about — the chip it names inside the strip's own scroll, the toy numbers, the Channels tab's map,
+    the policy run or its blame — are on one screen, without scrolling, and stay there."""
     from playwright.sync_api import expect
 
     from benchmarks.browser import browser_page, running_app
@@ -113,26 +116,44 @@ def test_a_tour_plays_in_the_browser_at_1280x720_with_no_warning(tmp_path, index
         messages = []
         page.on("console", lambda message: messages.append((message.type, message.text)))
         page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=180_000)
+        page.get_by_text("Presentation mode (large type)").click()
+        page.wait_for_function(idle, timeout=120_000)
         page.get_by_role("button", name=tour.name).click()
         for number in range(1, len(tour.steps) + 1):
             page.get_by_text(f"step {number} of {len(tour.steps)}").wait_for(timeout=180_000)
             page.wait_for_function(idle, timeout=180_000)
             step = tour.steps[number - 1]
+            evicts = bool(step.evict_text)
             subject = page.locator("[data-testid=stExpander]", has_text="Toy numbers") if step.toy else \
                 page.get_by_text({"run": "Turn 2 · full cache", "blame": "with nothing restored"}[step.scroll]) \
                 if step.policy_run else \
-                page.locator(".kv-chip").first
+                page.locator("[data-testid=stPlotlyChart]").first if step.channels else \
+                page.locator(".kv-chip.kv-evicted").first if evicts else page.locator(".kv-chip.kv-current")
+            strip = page.locator(".kv-strip")
             if step.policy_run:  # its run and the blame of the divergence are drawn in that tab
                 expect(page.get_by_text("with nothing restored", exact=False)).to_have_count(1)
 
-            def placed():  # each step scrolls itself to the top of the screen (app/components/scroll.py)
+            def on_screen(box, top: float = 0, bottom: float = 720) -> bool:
+                return bool(box) and top <= box["y"] and box["y"] + box["height"] <= bottom and 0 <= box["x"] and \
+                    box["x"] + box["width"] <= 1280
+
+            def placed():  # each step scrolls itself (app/components/scroll.py), the strip to the chip it names
                 card, where = page.locator(".st-key-tour").bounding_box(), subject.bounding_box()
-                shown = where and card and 0 <= where["y"] <= 720 - 200 and 0 <= card["y"] and \
-                    card["y"] + card["height"] <= 720 and 0 <= card["x"] and card["x"] + card["width"] <= 1280
-                return (card, where) if shown else None
-            # the card, in the sidebar, fits one 1280×720 screen, and what the step describes is on screen beside it,
-            # above the chat box at the bottom, and stays there
-            assert holds(page, placed), (number, page.locator(".st-key-tour").bounding_box(), subject.bounding_box())
+                buttons = [page.locator(f".st-key-tour-{name}").bounding_box() for name in ("next", "back", "end")]
+                above_chat = page.locator("[data-testid=stChatInput]").bounding_box()["y"]  # the box covers the page
+                if step.toy or step.policy_run or step.channels:  # a block: it starts on screen, above the chat box
+                    inside = bool(where) and 0 <= where["y"] <= above_chat - 40
+                else:  # a chip: inside the strip's own view, above the chat box
+                    view = strip.bounding_box()
+                    inside = bool(view) and on_screen(where, view["y"], view["y"] + view["height"]) and \
+                        on_screen(where, 0, above_chat)
+                shown = card and 0 <= card["y"] and all(on_screen(b) for b in buttons) and inside
+                return (card, buttons, where) if shown else None
+            assert holds(page, placed), (number, page.locator(".st-key-tour").bounding_box(), subject.bounding_box(),
+                                         strip.bounding_box())
+            cut = page.locator(".st-key-tour button .stMarkdownEllipsis").evaluate_all(
+                "(labels) => labels.filter(e => e.scrollWidth > e.clientWidth + 1).map(e => e.innerText)")
+            assert cut == [], cut  # no label cut short ("B", "N", "E" in a row of three)
             if number < len(tour.steps):
                 page.get_by_role("button", name="Next").click()
         page.get_by_role("button", name="End", exact=True).click()

@@ -209,12 +209,16 @@ export default function (component) {
   } else if (found.length) {  // describe() reset the classes of the chips it updated: mark the hits again
     chips.forEach((row, index) => { if (hits.has(row[0])) root.kvDrawn[index].chip.classList.add("kv-found"); });
   }
+  const focus = data && data.focus !== undefined ? data.focus : null;
   if (search !== root.kvSearch && found.length) {
     scrollToChip(root, chipAt(root, found[0]));  // a new search: its first hit
+  } else if (focus !== null && (fresh || focus !== root.kvFocus)) {
+    scrollToChip(root, chipAt(root, focus));  // what a tour step's caption names
   } else if (fresh) {
     scrollToChip(root, root.querySelector(".kv-current"));  // a new step or conversation: the step in view
   }
   root.kvSearch = search;
+  root.kvFocus = focus;
   root.kvChips = chips;
   drawMinimap(minimap, root, chips, at, found);
   if (!root.kvScrollHooked) {

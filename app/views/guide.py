@@ -17,7 +17,8 @@ GUIDE = """
   distributions, whether the top token **flips**, **ρ** (the share of a head's attention the evicted slots had) and
   **α′ = α/(1−ρ)** (the rest, rescaled), and **‖Δo‖** (how much each head's output moved).
 - **Keep it.** *Commit* makes the edit part of the conversation (later steps run on the edited cache; undo it from the
-  list under the strip). The step slider travels back to any earlier step.
+  list under the strip). The step slider travels back to any earlier step; there, *Fork* re-runs the conversation from
+  that step on the edited cache as a new branch.
 - **The tabs.** *Attention*: every layer × head at this step, and one head's full map. *Cache growth*: the cache by
   segment over time. *Policies*: eviction policies (H2O, SnapKV, StreamingLLM, …) as a mask at this step.
   *Policy run*: a policy compressing the cache as it really runs over a reply. *Sweeps*: many prompts, ranked by damage.
@@ -26,5 +27,6 @@ GUIDE = """
 
 
 def render() -> None:
-    with st.expander("What am I looking at?", expanded=len(state.session()) == 0):
+    # open until the first message, except on a projector (presentation mode): there it would fill the first screen
+    with st.expander("What am I looking at?", expanded=len(state.session()) == 0 and not st.session_state.large):
         st.markdown(GUIDE)

@@ -84,7 +84,8 @@ def render() -> None:
     if not large:
         _find(session, at)
     found = find_slots(session, at, st.session_state.get("find") or "")
-    token_strip(chips, at, _on_click, large=large, found=found)
+    tour = state.kept("tour")
+    token_strip(chips, at, _on_click, large=large, found=found, focus=tour and tour.get("focus"))
     if not large:  # presentation mode draws them below the top-k tables (see controls)
         controls()
 

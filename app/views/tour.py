@@ -52,8 +52,9 @@ def go(tour: Tour, index: int, session) -> None:
         state.open_view(step.view or "Policy run")
     if step.channels:
         state.show_in_views(channels=step.channels)
+    evicted = sorted(shown.draft.edit(shown.at).evicted_slots())  # the strip scrolls to the chip the caption names
     state.keep("tour", {"tour": tour, "index": index, "caption": shown.caption(step, lambda t: code(spell(t))),
-                        "look": step.look, "session": session})
+                        "look": step.look, "session": session, "focus": evicted[0] if evicted else None})
 
 
 def render() -> None:
@@ -67,17 +68,18 @@ def render() -> None:
     with st.sidebar.container(border=True, key="tour"):
         scroll_here(f"{tour.name}/{index}", key="tour-scroll")  # the sidebar brings each step's card into view
         st.markdown(f"**Tour: {plain(tour.name)}** · step {index + 1} of {len(tour.steps)}")
-        st.markdown(kept["caption"])  # the tour file's own Markdown, with the model's numbers
-        if kept["look"]:
-            st.caption(kept["look"])
-        back, forward, end = st.columns(3)
-        if back.button("Back", disabled=index == 0, key="tour-back"):
-            go(tour, index - 1, state.session())
-            st.rerun(scope="app")
-        if forward.button("Next", disabled=index == len(tour.steps) - 1, key="tour-next", type="primary"):
+        # above the caption, so they are on screen with the card's top however long it is; one per row: in presentation
+        # mode's narrow sidebar three in a row were cut to "B", "N", "E" (and two to "Ba…")
+        if st.button("Next", disabled=index == len(tour.steps) - 1, key="tour-next", type="primary", width="stretch"):
             go(tour, index + 1, state.session())
             st.rerun(scope="app")
-        if end.button("End", key="tour-end", help="End the tour"):
+        if st.button("Back", disabled=index == 0, key="tour-back", width="stretch"):
+            go(tour, index - 1, state.session())
+            st.rerun(scope="app")
+        if st.button("End", key="tour-end", help="End the tour", width="stretch"):
             state.keep("tour", None)
             state.keep("toy", None)
             st.rerun(scope="app")
+        st.markdown(kept["caption"])  # the tour file's own Markdown, with the model's numbers
+        if kept["look"]:
+            st.caption(kept["look"])

@@ -134,7 +134,8 @@ def rest() -> None:
         _continuation(result)
     texts = [s.text for s in session.transcript.slots[: result.at + 1]]
     charts = {"alpha": lambda: figures.alpha_chart(result.detail, texts),
-              "heads": lambda: figures.head_grid_chart(result.heads),
+              # presentation mode's larger type: narrower maps, so the three fit the column beside the sidebar
+              "heads": lambda: figures.head_grid_chart(result.heads, 130 if st.session_state.large else 200),
               "hidden": lambda: figures.hidden_chart(result.hidden_delta)}
     # one chart drawn at a time: the others are made only when their tab is chosen (a click on the strip redraws
     # what is shown, and at 8k slots a chart cost the browser 0.05-0.15 s of every click)

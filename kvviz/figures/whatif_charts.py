@@ -111,9 +111,9 @@ def alpha_chart(detail: Detail, texts: list[str]) -> Chart:
     return Chart(spec, data)
 
 
-def head_grid_chart(heads: Mapping[str, torch.Tensor]) -> Chart:
-    """Layer × query head maps ``(L, H)`` side by side: ρ (scale 0–1), ‖Δo‖ isolated (full-cache query) and ‖Δo‖
-    propagated (the real edited run), the two ‖Δo‖ maps on one colour scale."""
+def head_grid_chart(heads: Mapping[str, torch.Tensor], width: int = 200) -> Chart:
+    """Layer × query head maps ``(L, H)`` side by side, each ``width`` px wide: ρ (scale 0–1), ‖Δo‖ isolated
+    (full-cache query) and ‖Δo‖ propagated (the real edited run), the two ‖Δo‖ maps on one colour scale."""
     layers, count = heads["rho"].shape
     data = pd.DataFrame({
         "layer": np.tile(np.repeat(np.arange(layers), count), len(MAPS)),
@@ -122,7 +122,7 @@ def head_grid_chart(heads: Mapping[str, torch.Tensor]) -> Chart:
         "value": np.concatenate([heads[key].detach().cpu().double().numpy().ravel() for key in MAPS])})
 
     def grid(scale: dict) -> dict:
-        return {"mark": "rect", "width": 200, "height": layers * 11, "encoding": {
+        return {"mark": "rect", "width": width, "height": layers * 11, "encoding": {
             "x": _field("head", "ordinal", title="query head"), "y": _field("layer", "ordinal", title="layer"),
             "color": _field("value", "quantitative", scale={"scheme": "viridis", **scale}, title=None,
                             legend={"gradientLength": layers * 9}),
