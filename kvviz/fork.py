@@ -73,13 +73,14 @@ def fork(session: Session, at: int, edit: Edit, max_new_tokens: int,
             forked = Fork(at, number, edit)
             if at == prompt.start:
                 child.commit(edit)
-                child.add_user_turn(turn["user"], turn.get("raw", False))
+                _replayed(child.add_user_turn(turn["user"], turn.get("raw", False)), turn)
             else:
-                child.add_user_turn(turn["user"], turn.get("raw", False), commit_after=(at - prompt.start, edit))
+                _replayed(child.add_user_turn(turn["user"], turn.get("raw", False),
+                                              commit_after=(at - prompt.start, edit)), turn)
             report(len(child), len(session))
             child.generate(max_new_tokens)
             continue
-        child.add_user_turn(turn["user"], turn.get("raw", False))
+        _replayed(child.add_user_turn(turn["user"], turn.get("raw", False)), turn)
         report(len(child), len(session))
         reply = turn["reply_ids"]
         for index, token in enumerate(reply):
@@ -101,6 +102,13 @@ def fork(session: Session, at: int, edit: Edit, max_new_tokens: int,
     if forked is None:
         raise KvvizError(f"slot {at} is the newest step's pending token: commit there instead of forking")
     return child, forked
+
+
+def _replayed(ids: list[int], turn: dict) -> None:
+    """A replayed prompt must be the recorded one, token for token: the fork's step is found by counting them."""
+    if ids != turn["prefill_ids"]:
+        raise KvvizError("the conversation's prompts no longer read as they did (another chat template?): cannot "
+                         "replay it to fork")
 
 
 def conversation_of(lm: LoadedModel, document: dict) -> list[dict[str, str]]:

@@ -33,8 +33,8 @@ class TourStep:
     # as {toy_rho} and {toy_renorm}
     look: str = ""  # where to look on the page (shown under the caption)
     view: str = ""  # a view tab the step opens (e.g. "Channels")
-    scroll: str = ""  # where the page scrolls (the app's places: top, strip, views, run, blame); default: the step's
-    # subject (the toy numbers, the view, else the strip)
+    scroll: str = ""  # where the page scrolls (the app's places: top, strip, charts, views, run, blame); default: the
+    # step's subject (the toy numbers, the view, else the strip)
     channels: list[int] | None = None  # [layer, kv_head] of the Channels view: {outliers}, {outlier_layers}, …
     continuation: int = 0  # greedy tokens both caches continue with: {full_reply}, {edited_reply}; the what-if shows them
     policy_run: str = ""  # a policy-run demo (assets/scenarios) on the tour's turns, opened with its blame: the turn

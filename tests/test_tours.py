@@ -104,8 +104,8 @@ def test_a_new_conversation_closes_the_tour_and_model_text_stays_text():
 @pytest.mark.parametrize("index", range(len(TOUR_NAMES)))
 def test_every_tour_step_fits_one_projector_screen_with_no_warning(tmp_path, index):
     """Presentation mode at 1280×720: at every step of every tour the card's heading and Back / Next / End, and what
-    the caption talks about — the chip it names inside the strip's own scroll, the toy numbers, the Channels tab's map,
-    the policy run or its blame — are on one screen, without scrolling, and stay there."""
+    the caption talks about — the chip it names inside the strip's own scroll, the what-if's maps, the toy numbers, the
+    Channels tab's map, the policy run or its blame — are on one screen, without scrolling, and stay there."""
     from playwright.sync_api import expect
 
     from benchmarks.browser import browser_page, running_app
@@ -128,7 +128,9 @@ def test_every_tour_step_fits_one_projector_screen_with_no_warning(tmp_path, ind
                 page.get_by_text({"run": "Turn 2 · full cache", "blame": "with nothing restored"}[step.scroll]) \
                 if step.policy_run else \
                 page.locator("[data-testid=stPlotlyChart]").first if step.channels else \
+                page.locator(".st-key-heads") if step.scroll == "charts" else \
                 page.locator(".kv-chip.kv-evicted").first if evicts else page.locator(".kv-chip.kv-current")
+            block = step.toy or step.policy_run or step.channels or step.scroll == "charts"
             strip = page.locator(".kv-strip")
             if step.policy_run:  # its run and the blame of the divergence are drawn in that tab
                 expect(page.get_by_text("with nothing restored", exact=False)).to_have_count(1)
@@ -141,7 +143,7 @@ def test_every_tour_step_fits_one_projector_screen_with_no_warning(tmp_path, ind
                 card, where = page.locator(".st-key-tour").bounding_box(), subject.bounding_box()
                 buttons = [page.locator(f".st-key-tour-{name}").bounding_box() for name in ("next", "back", "end")]
                 above_chat = page.locator("[data-testid=stChatInput]").bounding_box()["y"]  # the box covers the page
-                if step.toy or step.policy_run or step.channels:  # a block: it starts on screen, above the chat box
+                if block:  # toy numbers, a view, a run, the what-if's maps: it starts on screen above the chat box
                     inside = bool(where) and 0 <= where["y"] <= above_chat - 40
                 else:  # a chip: inside the strip's own view, above the chat box
                     view = strip.bounding_box()

@@ -86,8 +86,8 @@ def scroll_here(token: str, key: str, top: bool = False) -> None:
     _component(data={"token": token, "top": top}, key=key, height=1)
 
 
-PLACES = ("top", "strip", "views", "run", "blame")  # the page's title, the cache strip (with the what-if below it), the
-# view tabs, a policy run's replies and its blame table
+PLACES = ("top", "strip", "charts", "views", "run", "blame")  # the page's title, the cache strip (with the what-if
+# below it), the what-if's charts, the view tabs, a policy run's replies and its blame table
 
 
 def look_at(place: str) -> None:

@@ -12,6 +12,7 @@ import streamlit as st
 from app import state
 from app.components.scroll import look_at, scroll_here
 from app.plain import code, plain
+from app.views.whatif import CHARTS
 from kvviz.spelling import spell
 from kvviz.model import LoadedModel
 from kvviz.scenarios import Scenario, toy_example
@@ -45,6 +46,8 @@ def go(tour: Tour, index: int, session) -> None:
         toy = (scenario, [toy_example(step.toy["alpha"], evict) for evict in step.toy["evict"]])
     state.keep("toy", toy)
     state.show_in_views(continuation=step.continuation)  # the what-if shows the continuations the caption quotes
+    if step.scroll == "charts":  # the maps the caption talks about, in their tab
+        state.show_in_views(chart=CHARTS["heads"])
     look_at(step.scroll or ("top" if step.toy else "views" if step.view or step.channels else "strip"))  # its subject
     if step.policy_run:
         state.keep_policy_run(*shown.policy_run)

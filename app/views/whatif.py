@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import state
+from app.components.scroll import mark
 from app.long_work import Work, hand_over
 from app.views import branches
 from app.plain import code, warn
@@ -139,6 +140,7 @@ def rest() -> None:
               "hidden": lambda: figures.hidden_chart(result.hidden_delta)}
     # one chart drawn at a time: the others are made only when their tab is chosen (a click on the strip redraws
     # what is shown, and at 8k slots a chart cost the browser 0.05-0.15 s of every click)
+    mark("charts")  # a tour step about the ρ / ‖Δo‖ maps
     tabs = st.tabs(list(CHARTS.values()), key="whatif_chart", on_change="rerun")
     for tab, name in zip(tabs, CHARTS):
         if not tab.open:
