@@ -133,6 +133,17 @@ def keep_policy_run(result, blame=None, named: str | None = None) -> None:
     st.session_state.policy_run_named = named
 
 
+def keep_sweep(sweep) -> None:
+    """Keep the sweep this page ran (a :class:`~kvviz.sweeps.table.Sweep`: rows, no tensors) until the next one; None
+    drops it."""
+    st.session_state.page_sweep = sweep
+
+
+def page_sweep():
+    """The sweep this page ran, or None."""
+    return st.session_state.get("page_sweep")
+
+
 def run_press_defaults(press: bool | None = None) -> None:
     """The Policy run form's ratio starts at 0 (set here: no widget default to fight); ``press`` True (a kvpress press
     was just chosen): what kvpress does — compress once after the prompt, at a ratio of 0.5 unless one is given."""

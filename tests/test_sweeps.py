@@ -193,6 +193,7 @@ def test_the_app_opens_a_sweep_case_as_a_policy_run(spec, one_by_one, tmp_path, 
     monkeypatch.setenv("KVVIZ_SWEEPS", str(tmp_path))
     app = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=300).run()
     open_view(app, "Sweeps")
+    app.segmented_control(key="sweep-source").set_value("Open a sweep's table").run()
     next(s for s in app.selectbox if s.label.startswith("Sweep on this server")).select(str(tmp_path)).run()
     assert not app.exception and not [e.value for e in app.error]
     assert any(c.value.startswith("8 cases, the worst first") for c in app.caption)
@@ -208,6 +209,57 @@ def test_the_app_opens_a_sweep_case_as_a_policy_run(spec, one_by_one, tmp_path, 
     assert any("as a policy run" in i.value for i in app.info)
     assert app.session_state["view"] == "Policy run" and not app.exception  # the page opened that tab
     assert any(s.label == "Turn to look into" for s in app.selectbox)
+
+
+def test_the_app_runs_a_sweep_whose_rows_are_the_clis(lm):
+    """The Sweeps tab runs a sweep on the page's model (a built-in set, policies, budgets, reply length): its rows
+    are those of ``run_cases`` (what
+    ``python -m kvviz sweep`` writes) for the same cases, the table lists them worst first and its worst case opens
+    as a policy run; a form with no policy is refused in one line and keeps the sweep shown."""
+    from streamlit.testing.v1 import AppTest
+
+    from kvviz.sweeps.cases import cases_for
+    from tests.support.app_test import open_view
+
+    app = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=600).run()
+    open_view(app, "Sweeps")
+    app.selectbox(key="sweep-prompts").select("builtin:kv")
+    app.number_input(key="sweep-limit").set_value(1)
+    app.multiselect(key="sweep-policies").set_value(["h2o", "streaming_llm"])
+    app.multiselect(key="sweep-budgets").set_value([0.25])
+    app.number_input(key="sweep-new-tokens").set_value(4)
+    app.button(key="FormSubmitter:sweep-run-Run the sweep").click().run()
+    assert not app.exception and not [w.value for w in app.warning], [w.value for w in app.warning]
+    shown = app.session_state["page_sweep"].table
+    reference = run_cases(lm, cases_for(load_prompts("builtin:kv", 1), ["h2o", "streaming_llm"],
+                                                      [0.25], "decode", 1, 4), batch=4)
+    assert sorted(shown["key"]) == sorted(row["key"] for row in reference)
+    for row in reference:
+        here = records(shown[shown["key"] == row["key"]])[0]
+        assert here["policy_text"] == row["policy_text"] and here["divergence"] == row["divergence"]
+        assert here["kl_mean"] == pytest.approx(row["kl_mean"], rel=1e-6, abs=1e-9)  # the same batched passes
+    assert any(c.value.startswith("2 cases, the worst first") for c in app.caption)
+    assert any("The sweep ran 2 cases" in i.value for i in app.info)
+    app.multiselect(key="sweep-policies").set_value([])
+    app.button(key="FormSubmitter:sweep-run-Run the sweep").click().run()
+    assert any("choose at least one policy" in w.value for w in app.warning)
+    assert len(app.session_state["page_sweep"].table) == 2  # the sweep shown is kept
+    app.button(key="sweep-open").click().run()
+    assert not app.exception and app.session_state["view"] == "Policy run"
+
+
+def test_an_uploaded_prompt_file_is_read_as_the_cli_reads_it(spec):
+    from kvviz.sweeps.sources import uploaded_prompts
+
+    data = Path(spec.prompts).read_bytes()
+    assert uploaded_prompts("prompts.jsonl", data) == load_prompts(spec.prompts)
+    assert [p.id for p in uploaded_prompts("prompts.jsonl", data, 1)] == ["capital"]
+    with pytest.raises(KvvizError, match="not UTF-8"):
+        uploaded_prompts("bad.jsonl", b"\xff\xfe")
+    with pytest.raises(KvvizError, match="bad.jsonl:2: not JSON"):
+        uploaded_prompts("bad.jsonl", data.replace(b"\n", b"\n{\n", 1))
+    with pytest.raises(KvvizError, match="holds no prompts"):
+        uploaded_prompts("empty.jsonl", b"\n\n")
 
 
 def test_a_case_opened_again_keeps_its_cache_scheme(one_by_one):

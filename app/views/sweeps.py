@@ -1,6 +1,7 @@
-"""Sweeps: a sweep's table (uploaded, or one of the server's ``KVVIZ_SWEEPS`` folders), damage against budget per
-policy, the worst cases first, and any case opened as a live policy run with one click. A line or row that cannot be
-shown (:mod:`kvviz.sweeps.table` says which and why) is named above the table; the other rows are shown."""
+"""Sweeps: a sweep run here (:mod:`app.views.sweep_form`) or a sweep's table (uploaded, or one of the server's
+``KVVIZ_SWEEPS`` folders), damage against budget per policy, the worst cases first, and any case opened as a live
+policy run with one click. A line or row that cannot be shown (:mod:`kvviz.sweeps.table` says which and why) is
+named above the table; the other rows are shown."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import streamlit as st
 from app import state
 from app.plain import plural, warn
 from app.long_work import Work, hand_over
+from app.views import sweep_form
 from app.views.policy_choice import policy_classes
 from kvviz import figures, settings
 from kvviz.errors import KvvizError
@@ -24,11 +26,21 @@ COLUMNS = ["prompt_id", "policy", "budget", "kl_mean", "kl_max", "top1_agreement
 SHOWN_PROBLEMS = 10  # lines or rows left out named one by one; the rest counted
 
 
+SOURCES = ["Run a sweep here", "Open a sweep's table"]
+
+
 def render() -> None:
-    sweep = _sweep()
+    here = st.segmented_control("Sweep", SOURCES, default=SOURCES[0], key="sweep-source",
+                                label_visibility="collapsed") != SOURCES[1]
+    if here:
+        sweep_form.render()
+        sweep = state.page_sweep()
+    else:
+        sweep = _sweep()
     if sweep is None:
-        st.info("Run `python -m kvviz sweep --prompts builtin:needle --policy h2o --policy snapkv --budget 0.25 "
-                "--budget 0.5 --out DIR`, then upload DIR/table.parquet (or .csv) here.")
+        if not here:
+            st.info("Upload the table.parquet (or .csv) of a `python -m kvviz sweep … --out DIR` run, or choose "
+                    "one of this server's sweeps.")
         return
     for problem in sweep.problems[:SHOWN_PROBLEMS]:
         warn(f"Left out: {problem}")
@@ -54,6 +66,10 @@ def render() -> None:
                              "token already (the prompt's last row chose it); empty: never"),
         "answer_changed": "answer changed", "full_match": "full finds the answer",
         "policy_match": "policy finds the answer"})
+    if here:
+        st.download_button("Download the table (CSV)", worst.to_csv(index=False), "sweep.csv", "text/csv",
+                           key="sweep-download", help="the rows as `python -m kvviz sweep` writes them; the Open "
+                                                      "tab reads them back")
     rows = records(worst)
     pick, go = st.columns([4, 1], vertical_alignment="bottom")
     index = pick.selectbox("Case", range(len(rows)), key="sweep-case", format_func=lambda i: (

@@ -4,6 +4,7 @@ as one table row."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import product
 
@@ -58,17 +59,24 @@ def matches(reply: str, expected: str | None) -> bool | None:
     return None if expected is None else expected.strip().lower() in reply.lower()
 
 
-def run_cases(lm: LoadedModel, cases: list[Case], batch: int = 4) -> list[Row]:
+def run_cases(lm: LoadedModel, cases: list[Case], batch: int = 4,
+              progress: Callable[[int, int], None] | None = None) -> list[Row]:
     """The rows of ``cases`` (:func:`run_case`). Consecutive cases of one prompt run together, up to ``batch`` at a
     time: one full-cache run beside them and their decode steps batched (:func:`~kvviz.runs.policy_run.run_policies`);
-    ``batch`` 0: each case alone, one step at a time."""
+    ``batch`` 0: each case alone, one step at a time. ``progress(done, total)`` hears of the forward passes of all
+    the cases (as :func:`~kvviz.runs.policy_run.run_policies` counts them)."""
     from kvviz.policies.user import available
     from kvviz.runs.policy_run import run_policies
 
     classes, rows = available(), []
-    for part in parts(cases, batch):
+    groups = parts(cases, batch)
+    sizes = [(1 + len(part)) * len(part[0].prompt.turns) * part[0].max_new_tokens for part in groups]
+    for number, (part, size) in enumerate(zip(groups, sizes)):
+        before = sum(sizes[:number])
+        report = None if progress is None else (
+            lambda done, _, before=before, size=size: progress(before + min(done, size), sum(sizes)))
         runs = run_policies(lm, part[0].prompt.turns, [run_settings(case, classes) for case in part],
-                            part[0].max_new_tokens, batch=batch > 0)
+                            part[0].max_new_tokens, report, batch=batch > 0)
         rows += [_row(case, run.last) for case, run in zip(part, runs)]
     return rows
 

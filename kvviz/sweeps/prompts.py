@@ -36,12 +36,14 @@ class Prompt:
 def read_jsonl(path: Path) -> list[Prompt]:
     if not path.is_file():
         raise KvvizError(f"prompt file {path} does not exist; pass a JSONL file or builtin:needle / kv / vars / all")
-    prompts = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if line.strip():
-                prompts.append(_parse(line, f"{path}:{number}", f"line{number}"))
-    return prompts
+    return parse_jsonl(path.read_text(encoding="utf-8"), str(path))
+
+
+def parse_jsonl(text: str, name: str) -> list[Prompt]:
+    """The prompts of a JSONL ``text`` (a file's or an upload's, called ``name`` in messages); a bad line is refused
+    with its number."""
+    return [_parse(line, f"{name}:{number}", f"line{number}")
+            for number, line in enumerate(text.split("\n"), start=1) if line.strip()]
 
 
 def _parse(line: str, where: str, default_id: str) -> Prompt:

@@ -23,6 +23,21 @@ def load_prompts(source: str, limit: int | None = None) -> list[Prompt]:
     else:
         path = Path(source)
         found = read_kvpress(path) if path.is_file() and is_kvpress_file(path) else prompts.read_jsonl(path)
+    return _checked(found, source, limit)
+
+
+def uploaded_prompts(name: str, data: bytes, limit: int | None = None) -> list[Prompt]:
+    """The prompts of an uploaded JSONL file (kvviz's lines: ``prompt`` or ``turns``, ``expected``, ``id``), the
+    first ``limit`` of them if given."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise KvvizError(f"{name} is not UTF-8 text; upload a JSONL file, one prompt a line") from None
+    return _checked(prompts.parse_jsonl(text, name), name, limit)
+
+
+def _checked(found: list[Prompt], source: str, limit: int | None) -> list[Prompt]:
+    """``found``, refused when empty or when an id names two prompts; the first ``limit`` if given."""
     if not found:
         raise KvvizError(f"{source} holds no prompts")
     ids = [p.id for p in found]

@@ -1,0 +1,50 @@
+"""The Sweeps tab runs a sweep in a real headless Chromium, at the desk's size and a projector's: the form, the
+progress, the table worst first, its download, and the worst case opened as a policy run — with a clean console."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import expect
+
+from benchmarks.browser import CHROMIUM
+from tests.support.browser_page import click_when_still, idle, watch_console
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
+                                reason="Debian's chromium is not installed (scripts/test.sh installs it)")
+
+
+@pytest.fixture(scope="module")
+def server():
+    from benchmarks.browser import running_app
+
+    with running_app() as url:
+        yield url
+
+
+@pytest.mark.parametrize("width,height", [(1500, 1000), (1280, 720)])
+def test_the_sweeps_tab_runs_a_sweep_and_opens_its_worst_case(server, width, height):
+    from benchmarks.browser import browser_page
+
+    with browser_page(server, width=width, height=height) as page:
+        watch_console(page)
+        page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=120_000)
+        click_when_still(page, page.get_by_role("tab", name="Sweeps"))
+        run = page.get_by_role("button", name="Run the sweep")
+        run.wait_for(timeout=60_000)
+        page.get_by_label("First N prompts").fill("1")
+        page.get_by_label("New tokens per reply").fill("4")
+        click_when_still(page, run)
+        caption = page.get_by_text("4 cases, the worst first")
+        caption.wait_for(timeout=300_000)  # 1 needle prompt × h2o, snapkv × 0.25, 0.5
+        expect(page.get_by_text("The sweep ran 4 cases")).to_have_count(1)
+        expect(page.get_by_role("button", name="Download the table (CSV)")).to_have_count(1)
+        expect(page.get_by_test_id("stVegaLiteChart")).to_have_count(1)
+        click_when_still(page, page.get_by_role("button", name="Open as a policy run"))
+        page.get_by_text("it is in the Policy run tab").wait_for(timeout=300_000)
+        idle(page)
+        expect(page.get_by_role("tab", name="Policy run", exact=True)).to_have_attribute("aria-selected", "true")
+        expect(page.get_by_text("Turn 1 · full cache")).to_have_count(1)
+        assert page.console == []
