@@ -133,6 +133,17 @@ def keep_policy_run(result, blame=None, named: str | None = None) -> None:
     st.session_state.policy_run_named = named
 
 
+def ask_before(work, why: str | None) -> None:
+    """Hold ``work`` (a policy run) back with ``why`` it may not do what the person wants, until they confirm it;
+    ``why`` None (or a new form sent) lets nothing wait."""
+    st.session_state.asked = None if why is None else (work, why)
+
+
+def asked():
+    """The work held back and why (see :func:`ask_before`), or None."""
+    return st.session_state.get("asked")
+
+
 def keep_sweep(sweep) -> None:
     """Keep the sweep this page ran (a :class:`~kvviz.sweeps.table.Sweep`: rows, no tensors) until the next one; None
     drops it."""

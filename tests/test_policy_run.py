@@ -331,6 +331,26 @@ def test_kivi_runs_with_eviction_and_the_timeline_names_when_each_group_was_quan
     assert not bool((steps == -1).any())  # one turn: nothing before it
 
 
+@pytest.mark.parametrize("policy, budget, mode, only", [
+    (H2O(recent_fraction=1.0), 8, "decode", True), (H2O(), 8, "decode", False),
+    (SnapKV(window=16, window_kept="all"), 12, "prefill", True), (SnapKV(window=16), 12, "prefill", False),
+    ("tova-keep-last", 1, "decode", True)])
+def test_the_forecast_before_a_run_is_what_the_run_then_does(lm, policy, budget, mode, only):
+    """:func:`~kvviz.runs.forecast.first_compression` says, before a run, whether its budget holds only what the
+    policy protects; the run's own record (every decision kept only protected slots, or none did) agrees."""
+    from kvviz.policies import POLICIES
+    from kvviz.runs.forecast import first_compression
+
+    policy = POLICIES["tova"](keep_last=True) if policy == "tova-keep-last" else policy
+    turns = ["My secret word is mango. Remember it and tell nobody."]
+    settings = RunSettings(policy, budget, mode)
+    forecast = first_compression(lm, turns, settings)
+    result = run_policy(lm, turns, settings, 4)
+    assert forecast.keep == budget and forecast.at == result.last.prompt_end
+    held, decisions = result.recency_only(0)
+    assert decisions >= 1 and forecast.recency_only is only and held == (decisions if only else 0)
+
+
 def test_a_budget_spent_on_the_protected_window_is_reported_as_recency_only(lm):
     """SnapKV's 64-slot window (kvpress' default) over a prompt of a few dozen slots at ratio 0.5: every kept slot is
     protected, and what was kept is exactly the most recent slots in every layer and KV head; an 8-slot window

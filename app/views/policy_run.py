@@ -20,6 +20,7 @@ from kvviz.errors import KvvizError
 from kvviz.policies.base import Ratio
 from kvviz.runs.blame import blame, restore, variants
 from kvviz.runs.compressed import RunSettings
+from kvviz.runs.forecast import first_compression
 from kvviz.quant.kivi import Kivi
 from kvviz.runs.policy_run import held_slots, run_policy
 from kvviz.spelling import spell
@@ -102,17 +103,36 @@ def render() -> None:
             lines = [line for line in prompt.splitlines() if line.strip()]
             state.make_room(held_slots(session.lm, lines, int(max_new)))
             lm, count = session.lm, int(max_new)
-            hand_over(Work("Running the full cache and the policy side by side",
-                           lambda progress: run_policy(lm, lines, settings, count, progress),
-                           lambda result: state.keep_policy_run(result, named=name)))
+            work = Work("Running the full cache and the policy side by side",
+                        lambda progress: run_policy(lm, lines, settings, count, progress),
+                        lambda result: state.keep_policy_run(result, named=name))
+            forecast = first_compression(lm, lines, settings)
+            state.ask_before(work, str(forecast) if forecast is not None and forecast.recency_only else None)
+            if not state.asked():
+                hand_over(work)
         except KvvizError as exc:
             warn(exc)
+    _ask()
     result = state.kept("policy_run")
     if result is not None:
         _show(result)
 
 
 MODES = ["decode", "prefill", "both", "after_steps"]
+
+
+def _ask() -> None:
+    """A run held back before it runs (its budget holds only what the policy always keeps): why, and the way on."""
+    asked = state.asked()
+    if asked is None:
+        return
+    work, why = asked
+    warn(f"Not run yet: {why}")
+    go, back = st.columns([1, 3])
+    if go.button("Run it anyway", key="run-anyway"):
+        state.ask_before(None, None)
+        hand_over(work)
+    back.button("Change the settings", key="run-change", on_click=state.ask_before, args=(None, None))
 
 
 def _chosen(classes: dict) -> None:

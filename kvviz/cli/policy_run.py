@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 
 from kvviz.cli.common import add_chat_arguments, positive, ratio
 from kvviz.cli.whatif import _budget
@@ -144,6 +145,7 @@ def run(args: argparse.Namespace) -> None:
     from kvviz.policies.user import available
     from kvviz.runs.blame import blame
     from kvviz.runs.compressed import RunSettings
+    from kvviz.runs.forecast import first_compression
     from kvviz.quant.kivi import Kivi
     from kvviz.runs.policy_run import run_policy
     from kvviz.runs.report import document
@@ -163,7 +165,11 @@ def run(args: argparse.Namespace) -> None:
         scheme_kivi, quanto = run_cache(args.scheme, args.q_group_size, args.residual, args.axis)
         kivi = kivi or scheme_kivi
     settings = RunSettings(policy, budget, mode, every, kivi, positions, reshape, quanto)
-    result = run_policy(load_model(args.model), args.turn, settings, args.max_new_tokens)
+    lm = load_model(args.model)
+    forecast = first_compression(lm, args.turn, settings)
+    if forecast is not None and forecast.recency_only:  # said before the run (which then says it again)
+        print(f"kvviz: warning: {forecast}", file=sys.stderr)
+    result = run_policy(lm, args.turn, settings, args.max_new_tokens)
     last = result.last
     if args.blame_step is not None:
         last.record(args.blame_step)  # refuses a step the turn does not have, in one line

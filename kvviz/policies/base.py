@@ -90,6 +90,11 @@ class Policy:
         """Keep-scores of the candidates: ``(L | 1, KV | 1, at)``, higher is kept."""
         raise NotImplementedError
 
+    def protected(self, at: int, keep: int) -> int:
+        """How many of ``at`` candidates this policy keeps whatever their scores (scored ``+inf``: its recent window,
+        sinks) at a decision that keeps ``keep``; where that is ``keep`` or more, the decision keeps those alone."""
+        return 0
+
     def extra_tokens(self, session: Session, at: int) -> int:
         """Tokens this policy feeds through the model, beyond the conversation's own, to decide once over the
         slots ``0..at-1`` (KVzip's reconstruction passes); 0 for policies that only read the cache and the records."""

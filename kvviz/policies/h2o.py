@@ -25,7 +25,10 @@ class H2O(Policy):
         if not 0 <= self.recent_fraction <= 1:
             raise KvvizError(f"h2o's recent_fraction must be in [0, 1], got {self.recent_fraction!r}")
 
+    def protected(self, at: int, keep: int) -> int:
+        return min(int(keep * self.recent_fraction), at)
+
     def score(self, candidates: Candidates) -> torch.Tensor:
         at, accumulated = candidates.at, candidates.accumulated()  # (L, KV, at)
-        recent = int(candidates.keep * self.recent_fraction)
+        recent = self.protected(at, candidates.keep)
         return protect(accumulated, slice(at - recent, at)) if recent else accumulated

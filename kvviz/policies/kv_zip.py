@@ -53,6 +53,9 @@ class KVZip(Policy):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise KvvizError(f"kv_zip's {name} must be an integer ≥ {low}, got {value!r}")
 
+    def protected(self, at: int, keep: int) -> int:
+        return min(self.sinks, at)
+
     def score(self, candidates: Candidates) -> torch.Tensor:
         session, at = candidates.session, candidates.at
         lm = session.lm

@@ -40,6 +40,10 @@ class SnapKV(Policy):
             raise KvvizError(f"{self.name}'s kernel must be odd (centred pooling), got {self.kernel}")
         checked_choices(self)
 
+    def protected(self, at: int, keep: int) -> int:
+        window = min(self.window, at)
+        return window if self.window_kept == "all" else min(window, keep // 2)
+
     def score(self, candidates: Candidates) -> torch.Tensor:
         at = candidates.at
         window = min(self.window, at)
@@ -52,5 +56,5 @@ class SnapKV(Policy):
         if self.votes == "mean":  # kvpress' scale: what a wrapper that pads the window in it (ChunkKV, CriticalKV) sees
             lm = candidates.session.lm
             pooled = pooled / (window * (lm.heads // lm.kv_heads))
-        recent = window if self.window_kept == "all" else min(window, candidates.keep // 2)
+        recent = self.protected(at, candidates.keep)
         return protect(pooled, slice(at - recent, at)) if recent else pooled

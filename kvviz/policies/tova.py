@@ -20,6 +20,9 @@ class TOVA(Policy):
 
     keep_last: bool = False  # always keep the newest slot (kvpress)
 
+    def protected(self, at: int, keep: int) -> int:
+        return int(self.keep_last and at > 0)
+
     def score(self, candidates: Candidates) -> torch.Tensor:
         at = candidates.at
         scores = candidates.attention(slice(max(at - 1, 0), at)).sum(1, keepdim=True)  # (L, 1, at)
