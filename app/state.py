@@ -71,21 +71,22 @@ def branches() -> list[dict]:
 
 def fork_to(child: Session, name: str) -> None:
     """Show the fork ``child`` as the branch ``name``; the branch it left is kept (see :func:`branches`)."""
-    left = {"name": branch(), "document": _shown_document()}
-    replace(child, EditDraft(), at=None, branch=name, branches=[*branches(), left])
+    replace(child, EditDraft(), at=None, branch=name, branches=[*branches(), _shown_branch()])
 
 
-def _shown_document() -> dict:
-    """The branch shown as a session document, as its file would read back (JSON's lists, not tuples)."""
-    return json.loads(json.dumps(export_session(session(), draft()), ensure_ascii=False))
+def _shown_branch() -> dict:
+    """The branch shown, as :func:`branches` keeps it: its name and its session document as its file would read
+    back (JSON's lists, not tuples)."""
+    document = json.loads(json.dumps(export_session(session(), draft()), ensure_ascii=False))
+    return {"name": branch(), "document": document}
 
 
 def switch_branch(index: int, chosen: Session, chosen_draft: EditDraft) -> None:
     """Show the kept branch ``index`` (replayed as ``chosen``); the one shown now takes its place in the list."""
     others = branches()
-    left = {"name": branch(), "document": _shown_document()}
     name = others[index]["name"]
-    replace(chosen, chosen_draft, at=None, branch=name, branches=[*others[:index], left, *others[index + 1:]])
+    replace(chosen, chosen_draft, at=None, branch=name,
+            branches=[*others[:index], _shown_branch(), *others[index + 1:]])
 
 
 def prepared() -> list[dict]:

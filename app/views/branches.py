@@ -13,6 +13,7 @@ from kvviz.errors import KvvizError
 from kvviz.fork import Fork, conversation_of
 from kvviz.session import Session
 from kvviz.session_file import import_session
+from kvviz.session_schema import check_file
 
 
 def fork_name(at: int) -> str:
@@ -39,6 +40,7 @@ def render() -> None:
     if not others:
         return
     session = state.session()
+    ours = session.conversation()
     with st.container(border=True, key="branches"):
         st.markdown(f"**Branches** — this one is *{plain(state.branch())}*")
         for index, other in enumerate(others):
@@ -49,7 +51,6 @@ def render() -> None:
             if button.button("Switch", key=f"branch-{index}", help=f"Replays {name} and shows it; this branch is kept"):
                 _switch(index, document)
             with st.expander(f"Side by side with {name}"):
-                ours = session.conversation()
                 rows = [{"turn": n + 1, "user": (ours[n] if n < len(ours) else theirs[n])["user"],
                          state.branch(): ours[n]["assistant"] if n < len(ours) else "",
                          name: theirs[n]["assistant"] if n < len(theirs) else ""}
@@ -60,10 +61,11 @@ def render() -> None:
 def _switch(index: int, document: dict) -> None:
     lm = state.session().lm
     try:
-        state.make_room(sum(len(t["prefill_ids"]) + len(t["reply_ids"]) for t in document["turns"]))
+        checked = check_file(lm.geometry, document)  # checked once: the replay does not check it again
+        state.make_room(checked.tokens)
     except KvvizError as exc:
         warn(exc)
         return
     hand_over(Work(f"Replaying the branch {state.branches()[index]['name']}",
-                   lambda progress: import_session(lm, document, progress),
+                   lambda progress: import_session(lm, checked, progress),
                    lambda result: state.switch_branch(index, result[0], result[1])))
