@@ -63,7 +63,7 @@ def test_schemes_compared_from_the_page_are_the_librarys_rows():
 
     app = start()
     app.chat_input[0].set_value("My cat is called Whiskers and my dog is called Rex. What is my cat called?").run()
-    app.multiselect(key="schemes_chosen").set_value(["fp16", "fp8-e4m3-head", "quanto-2"]).run()
+    app.multiselect(key="schemes_chosen").set_value(["fp16", "fp8-e4m3-head", "quanto-2"])  # a form: sent with it
     button(app, "Compare the schemes").click().run()
     assert_clean(app)
     session = app.session_state["session"]

@@ -5,6 +5,8 @@ offers by default; the console stays free of warnings and errors."""
 from __future__ import annotations
 
 import os
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -46,6 +48,16 @@ def test_pre_rope_keys_and_the_deployed_schemes_from_the_page(page):
            .locator("[data-testid=stMetricValue]")).not_to_have_text(after_rope)  # the same slots, rounded pre-RoPE
     page.get_by_text("Compare quantization schemes at this step").click()
     expect(page.get_by_text("Calibration text (sets the static FP8 scales)")).to_be_visible()
+    idle(page)
+    page.evaluate("""() => {  // count what the page sends the server: a rerun request is one message
+        window.kvSent = 0;
+        const send = WebSocket.prototype.send;
+        WebSocket.prototype.send = function (data) { window.kvSent += 1; return send.call(this, data); };
+    }""")
+    picker = page.locator("[data-testid=stMultiSelect]", has_text="Schemes")
+    picker.get_by_role("button", name=re.compile("^Remove")).first.click()  # a scheme's ×
+    time.sleep(1.5)
+    assert page.evaluate("window.kvSent") == 0, "removing a scheme reran the page"
     page.get_by_role("button", name="Compare the schemes").click()
     idle(page)
     caption = page.get_by_text("nothing before this step")  # drawn from the rows: a short chat is in KIVI's window

@@ -25,19 +25,22 @@ HEADERS = {"scheme": "Scheme", "quantized": "Slots rounded", "kl": "KL (nats)", 
 
 
 def render(session, at: int) -> None:
-    """The expander under the edit tools: pick schemes, compare, one row each."""
+    """The expander under the edit tools: pick schemes, compare, one row each. The picker is a form: choosing or
+    removing a scheme sends nothing until *Compare the schemes* (each × once reran the page's editor, ~2 s)."""
     with st.expander("Compare quantization schemes at this step (int, KIVI, FP8, transformers' QuantizedCache)"):
-        chosen = st.multiselect("Schemes", OFFERED, DEFAULT, key="schemes_chosen",
-                                help="Each stores every slot before this step its way; kivi and quanto hold the cache "
-                                     "as a KIVI run or transformers' QuantizedCache would at this step (their recent "
-                                     "slots stay at full precision)")
-        if any(name.endswith("-static") for name in chosen):
-            st.text_area("Calibration text (sets the static FP8 scales)", CALIBRATION_TEXT, key="calibration_text",
-                         height=80)
-        if st.button("Compare the schemes", disabled=not chosen or at < 1, key="schemes_compare"):
+        with st.form("schemes-form", border=False):
+            chosen = st.multiselect("Schemes", OFFERED, DEFAULT, key="schemes_chosen",
+                                    help="Each stores every slot before this step its way; kivi and quanto hold the "
+                                         "cache as a KIVI run or transformers' QuantizedCache would at this step (their "
+                                         "recent slots stay at full precision)")
+            calibration = st.text_area("Calibration text (sets the static FP8 scales)", CALIBRATION_TEXT,
+                                       key="calibration_text", height=80, help="read by the -static schemes only")
+            compare = st.form_submit_button("Compare the schemes", disabled=at < 1)
+        if compare:
             try:
-                rows = compare_schemes(session, schemes(chosen), at,
-                                       calibration_text=st.session_state.get("calibration_text", CALIBRATION_TEXT))
+                if not chosen:
+                    raise KvvizError("choose at least one scheme to compare")
+                rows = compare_schemes(session, schemes(chosen), at, calibration_text=calibration)
             except KvvizError as exc:
                 warn(exc)
             else:
