@@ -13,6 +13,30 @@ from kvviz.view_data import reply_as_cached
 from tests.support.app_test import assert_clean, metric, open_view, start, strip_data
 
 
+def test_rho_is_of_the_head_the_picker_names():
+    """The what-if's ρ follows the Head picker: with the mean of heads, the mean over the layer's query heads of each
+    one's evicted share (not head 0's); with a head, that head's — each equal to a what-if run here."""
+    from kvviz.whatif import what_if
+
+    app = start()
+    app.chat_input[0].set_value("a = 3, b = 5. What is a + b?").run()
+    draft = app.session_state["draft"]
+    for slot in (30, 31, 32):
+        draft.toggle_evicted(slot)
+    app.run()
+    assert_clean(app)
+    session, at = app.session_state["session"], len(app.session_state["session"]) - 1
+    rho = what_if(session, draft.edit(at), at=at).heads["rho"][0]  # (H,), layer 0
+    assert metric(app, "ρ (layer 0, mean of heads)") == f"{float(rho.mean()):.4f}" != f"{float(rho[0]):.4f}"
+    app.session_state["whatif_chart"] = CHARTS["alpha"]
+    app.run()
+    assert any("with the mean of heads chosen above, head 0's" in c.value for c in app.caption)
+    app.selectbox(key="head").set_value(2).run()
+    assert_clean(app)
+    assert metric(app, "ρ (layer 0, head 2)") == f"{float(rho[2]):.4f}"
+    assert not any("with the mean of heads chosen above" in c.value for c in app.caption)
+
+
 def test_full_flow_send_select_compare_commit_undo():
     app = start()
     app.chat_input[0].set_value("a = 3, b = 5. What is a + b?").run()

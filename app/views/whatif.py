@@ -108,7 +108,7 @@ CHARTS = {"heads": "ρ and ‖Δo‖ per head", "alpha": "Weights α, α′ of o
 CAPTIONS = {
     "alpha": "α: the step's attention weights with the full cache · α′ = α/(1−ρ): the same weights renormalized over "
              "what is left (the closed form) · edited: what the edited run really used (they differ when quantized "
-             "keys move the scores)",
+             "keys move the scores) · layer {layer}, head {head}{mean}",
     "heads": "ρ: evicted attention mass per layer and query head · ‖Δo‖ isolated: how much the head's output moves "
              "when only its own cache is edited (the full run's query) · propagated: how much it moves in the edited "
              "run, where earlier layers changed too · click a cell of ρ to open that layer and head (now layer "
@@ -146,7 +146,9 @@ def rest() -> None:
         if not tab.open:
             continue
         with tab:
-            st.caption(CAPTIONS[name].format(layer=result.detail.layer, head=result.detail.head))
+            mean = " (α is one head's: with the mean of heads chosen above, head 0's; choose a head, or click a " \
+                "cell of ρ)" if state.head() is None else ""
+            st.caption(CAPTIONS[name].format(layer=result.detail.layer, head=result.detail.head, mean=mean))
             chart = charts[name]()
             st.vega_lite_chart(chart.data, chart.spec, key=name, width="content" if name == "heads" else "stretch",
                                on_select=_pick_cell if name == "heads" else "ignore")
@@ -192,9 +194,12 @@ def _summary(result: WhatIf) -> None:
     row.metric("Total variation", f"{nt.tv:.3g}", help="Half the summed absolute difference of the two next-token "
                "distributions: the probability mass that moved (0 to 1)")
     row.metric("Top-1", "FLIPS" if nt.top1_changed else "unchanged", help="Whether the most likely next token changed")
-    row.metric("ρ (detail head)", f"{float(result.heads['rho'][result.detail.layer, result.detail.head]):.4f}",
-               help=f"Evicted mass: the share of layer {result.detail.layer}, head {result.detail.head}'s attention that "
-                    "went to the evicted slots; the rest is rescaled by 1/(1−ρ)")
+    layer, head = result.detail.layer, state.head()  # the head the strip shows, or the mean of the layer's heads
+    shown = "mean of heads" if head is None else f"head {head}"
+    row.metric(f"ρ (layer {layer}, {shown})", f"{result.rho(layer, head):.4f}",
+               help=f"Evicted mass: the share of layer {layer}, {shown}'s attention that went to the evicted slots "
+                    "(the mean over the layer's query heads of each one's share, with the Head picker's mean); the "
+                    "rest is rescaled by 1/(1−ρ). Choose a head above for one head's.")
     saved = 1 - memory.edited_bytes / max(memory.full_bytes, 1)
     large = st.session_state.large  # presentation mode: the saving in the label, the numbers on one line
     smaller = f"{saved:.1%}" != "0.0%"  # an edit that saves nothing (or rounds to nothing) shows no "↓ -0.0%"

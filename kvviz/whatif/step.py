@@ -56,6 +56,12 @@ class WhatIf:
     memory: CacheBytes
     continuation: Continuation | None
 
+    def rho(self, layer: int, head: int | None) -> float:
+        """ρ of query head ``head`` of ``layer`` (the evicted share of its attention), or with ``head`` None the mean
+        over the layer's query heads — as the strip's shading reads attention."""
+        rho = self.heads["rho"][layer]  # (H,)
+        return float(rho.mean() if head is None else rho[head])
+
     def to_dict(self) -> dict:
         return {"at": self.at, "position": self.position, "token": self.token, "edit": self.edit.to_dict(),
                 "next_token": self.next_token.to_dict(),
