@@ -1,6 +1,7 @@
 """Presentation mode on a projector (1280×720, headless Chromium): every element scales, and one screen holds the
 headline numbers, the strip around the current step and the two top-k tables, above the chat box and below the
-page's header, no button label cut and no control label wrapped — measured as element boxes."""
+page's header, no button label cut and no control label wrapped, and the ρ / ‖Δo‖ maps inside the column —
+measured as element boxes."""
 
 from __future__ import annotations
 
@@ -67,4 +68,10 @@ def test_one_projector_screen_holds_the_numbers_the_strip_and_both_tables(tmp_pa
         assert max(m["bottom"] - m["top"] for m in boxes["metrics"]) < 110  # no label or value wraps
         assert boxes["cut"] == []  # no button label cut short ("Apply to 0 se…")
         assert boxes["labels"].get("Jump to") == boxes["labels"]["Layer"], boxes["labels"]  # one line, as its row's
+        page.get_by_role("tab", name="ρ and ‖Δo‖ per head").click()  # the maps fit the column (they overflowed it)
+        chart = page.locator("[data-testid=stVegaLiteChart]").first
+        chart.wait_for(timeout=120_000)
+        page.wait_for_function(IDLE, timeout=120_000)
+        maps, column = chart.bounding_box(), page.locator("[data-testid=stChatInput]").bounding_box()
+        assert column["x"] <= maps["x"] and maps["x"] + maps["width"] <= column["x"] + column["width"], (maps, column)
         assert not [m for m in messages if m[0] in ("warning", "error")], messages

@@ -28,12 +28,17 @@ def server():
         yield url
 
 
+SIZES = [(1500, 1000), (1280, 720)]  # a desk's screen and a projector's
+
+
 @pytest.fixture
-def page(server):
-    """A fresh page (a new conversation) whose console warnings and errors must stay empty."""
+def page(server, request):
+    """A fresh page (a new conversation) whose console warnings and errors must stay empty; 1500×1000 unless the test
+    asks for a size (``indirect`` parametrization)."""
     from benchmarks.browser import browser_page
 
-    with browser_page(server, width=1500, height=1000) as page:
+    width, height = getattr(request, "param", SIZES[0])
+    with browser_page(server, width=width, height=height) as page:
         watch_console(page)
         page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=120_000)
         yield page
@@ -59,6 +64,7 @@ def test_committed_edits_stay_on_the_strip_and_undo_from_the_list(page):
     expect(page.locator("[data-testid=stText]", has_text="#1 · from slot")).to_have_count(0)
 
 
+@pytest.mark.parametrize("page", SIZES, indirect=True, ids=["1500x1000", "1280x720"])
 def test_step_one_token_keeps_the_chat_equal_to_the_strip(page):
     send(page, "Tell me a long story about a cat who travels the world.")
     for _ in range(2):
@@ -171,6 +177,7 @@ def test_jump_to_a_slot_moves_the_step_and_the_slider(page):
     assert page.locator("[data-testid=stAlert]", has_text="Session State").count() == 0
 
 
+@pytest.mark.parametrize("page", SIZES, indirect=True, ids=["1500x1000", "1280x720"])
 def test_looking_back_forks_the_conversation_and_switches_back(page):
     """Jump to the step that chose the answer, evict the dog's name, fork: the page shows the new branch (its commit
     list says how many steps ran on the edit) and keeps the branch it left, which one click replays as it was."""
