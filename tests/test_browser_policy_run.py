@@ -33,7 +33,7 @@ def test_run_a_policy_open_a_step_and_blame_it(tmp_path):
         # the reply streams, then the page reruns: click the tab once the page is idle
         page.wait_for_function("!document.querySelector('[data-testid=stStatusWidget]')", timeout=300_000)
         page.get_by_role("tab", name="Policy run", exact=True).click()
-        form = page.locator("[data-testid=stForm]")
+        form = page.get_by_role("tabpanel", name="Policy run").locator("[data-testid=stForm]")
         form.wait_for(timeout=60_000)
         # above the form: choosing a policy shows its own parameters at once
         choice = page.locator("[data-testid=stSelectbox]").filter(
@@ -87,7 +87,7 @@ def test_a_long_policy_run_shows_its_progress_and_stop_keeps_the_page(tmp_path):
         page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=120_000)
         send(page, "Tell me a long story about a cat who travels the world.")
         page.get_by_role("tab", name="Policy run", exact=True).click()
-        form = page.locator("[data-testid=stForm]")
+        form = page.get_by_role("tabpanel", name="Policy run").locator("[data-testid=stForm]")
         form.wait_for(timeout=60_000)
         form.get_by_label("New tokens per turn").fill("64")
         form.get_by_role("button", name="Run the policy").click()
@@ -104,4 +104,43 @@ def test_a_long_policy_run_shows_its_progress_and_stop_keeps_the_page(tmp_path):
         form.get_by_label("New tokens per turn").fill("4")
         form.get_by_role("button", name="Run the policy").click()
         page.get_by_text("Turn 1 · full cache").wait_for(timeout=180_000)
+        assert page.console == []
+
+
+@pytest.mark.parametrize("width,height", [(1500, 1000), (1280, 720)])
+def test_a_press_is_run_as_kvpress_runs_it_and_a_recency_only_run_asks_first(width, height):
+    """Choosing kvpress' SnapKVPress sets Compress: prefill, its ratio and disables the slot budget; its 64-slot window
+    over a one-sentence prompt would keep recency alone, so the run waits with why; *Run it anyway* runs it, and the
+    caption names the press and the warning says what happened."""
+    from benchmarks.browser import browser_page, running_app
+    from tests.support.browser_page import click_when_still, idle, send, watch_console
+
+    with running_app() as url, browser_page(url, width=width, height=height) as page:
+        watch_console(page)
+        page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=120_000)
+        send(page, "My secret word is mango. Remember it.")
+        click_when_still(page, page.get_by_role("tab", name="Policy run", exact=True))
+        form = page.get_by_role("tabpanel", name="Policy run").locator("[data-testid=stForm]")
+        form.wait_for(timeout=60_000)
+        choice = page.locator("[data-testid=stSelectbox]").filter(
+            has=page.locator("label", has_text=re.compile(r"^Policy$"))).first
+        choice.click()
+        page.keyboard.type("kvpress:SnapKVPress")
+        page.keyboard.press("Enter")
+        expect(choice.locator("input")).to_have_value("kvpress:SnapKVPress", timeout=30_000)
+        idle(page)
+        expect(form.get_by_role("spinbutton", name="Budget (slots)")).to_be_disabled()
+        expect(form.get_by_role("spinbutton", name="or kvpress ratio")).to_have_value("0.50")
+        expect(form.locator("[data-testid=stSelectbox]", has_text="Compress").locator("input")).to_have_value("prefill")
+        form.get_by_label("New tokens per turn").fill("4")
+        click_when_still(page, form.get_by_role("button", name="Run the policy"))
+        held = page.locator("[data-testid=stAlert]", has_text="Not run yet")
+        held.wait_for(timeout=120_000)
+        assert "snapkv protects" in held.inner_text() and "its scores will choose nothing" in held.inner_text()
+        assert page.get_by_text("Turn 1 · full cache").count() == 0  # nothing ran
+        click_when_still(page, page.get_by_role("button", name="Run it anyway"))
+        page.get_by_text("Turn 1 · full cache").wait_for(timeout=300_000)
+        expect(page.get_by_text("kvpress:SnapKVPress (run as kvviz's snapkv)")).to_have_count(1)
+        expect(page.locator("[data-testid=stAlert]", has_text="its scores chose nothing")).to_have_count(1)
+        expect(page.locator("[data-testid=stAlert]", has_text="Not run yet")).to_have_count(0)
         assert page.console == []
