@@ -20,12 +20,14 @@ pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.g
                                 reason="Debian's chromium is not installed (scripts/test.sh installs it)")
 
 
-def test_run_a_policy_open_a_step_and_blame_it(tmp_path):
+@pytest.mark.parametrize("width,height", [(1500, 2200), (1280, 720)])  # one tall page; a projector's screen
+def test_run_a_policy_open_a_step_and_blame_it(tmp_path, width, height):
     from benchmarks.browser import browser_page, running_app
 
     policy = tmp_path / "mine.py"
     policy.write_text(USER_POLICY)
-    with running_app(env={"KVVIZ_POLICIES": f"{policy}:Newest"}) as url, browser_page(url, height=2200) as page:
+    with running_app(env={"KVVIZ_POLICIES": f"{policy}:Newest"}) as url, \
+            browser_page(url, width=width, height=height) as page:
         page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=120_000)
         page.fill("[data-testid=stChatInputTextArea]", "My name is Zorblax and I live in Quintara. I like green tea. What is my name?")
         page.keyboard.press("Enter")
@@ -73,7 +75,11 @@ def test_run_a_policy_open_a_step_and_blame_it(tmp_path):
         page.get_by_role("button", name="Restore the top 3").click()
         page.get_by_text("restored together").wait_for(timeout=120_000)
         assert page.locator("[data-testid=stException]").count() == 0
-        page.screenshot(path=str(ROOT / "assets" / "browser-test-policy-run.png"), full_page=True)
+        column = page.locator("[data-testid=stChatInput]").bounding_box()  # every table (blame's too) fits the column
+        for table in page.locator("[data-testid=stDataFrame]").all():
+            box = table.bounding_box()
+            assert box is None or box["x"] + box["width"] <= column["x"] + column["width"] + 1, (box, column)
+        page.screenshot(path=str(ROOT / "assets" / f"browser-test-policy-run-{width}.png"), full_page=True)
 
 
 def test_a_long_policy_run_shows_its_progress_and_stop_keeps_the_page(tmp_path):
