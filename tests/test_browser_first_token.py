@@ -34,7 +34,7 @@ def test_a_first_token_divergence_from_a_sweep_row_is_opened_and_blamed(lm, tmp_
         source = page.locator("[data-testid=stSelectbox]").filter(has_text="Sweep on this server")
         source.click()
         page.get_by_role("option", name=str(folder)).click()
-        page.get_by_text("1 cases, the worst first").wait_for(timeout=120_000)
+        page.get_by_text("1 case, the worst first").wait_for(timeout=120_000)
         page.get_by_role("button", name="Open as a policy run").click()
         page.get_by_text("Turn 2 · full cache").wait_for(timeout=300_000)
         page.get_by_text("differs from its first token on (step −1)").wait_for(timeout=60_000)

@@ -262,6 +262,7 @@ def test_the_app_shows_the_good_rows_and_names_each_bad_one(spec, tmp_path, monk
     monkeypatch.setenv("KVVIZ_SWEEPS", str(folder))
     app = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=300).run()
     open_view(app, "Sweeps")
+    app.segmented_control(key="sweep-source").set_value("Open a sweep's table").run()
     next(s for s in app.selectbox if s.label.startswith("Sweep on this server")).select(str(folder)).run()
     assert not app.exception and not [e.value for e in app.error]
     warnings = [w.value.replace("\\", "") for w in app.warning]

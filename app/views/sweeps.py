@@ -30,7 +30,8 @@ SOURCES = ["Run a sweep here", "Open a sweep's table"]
 
 
 def render() -> None:
-    here = st.segmented_control("Sweep", SOURCES, default=SOURCES[0], key="sweep-source",
+    served = bool(settings.listed("KVVIZ_SWEEPS"))  # a server that lists sweeps opens on them
+    here = st.segmented_control("Sweep", SOURCES, default=SOURCES[served], key="sweep-source",
                                 label_visibility="collapsed") != SOURCES[1]
     if here:
         sweep_form.render()
@@ -53,7 +54,7 @@ def render() -> None:
     chart = figures.damage_chart(table)
     st.vega_lite_chart(chart.data, chart.spec, key="sweep-damage")
     worst = table.sort_values("kl_mean", ascending=False).reset_index(drop=True)
-    st.caption(f"{len(table)} cases, the worst first (mean KL of the policy against the full cache, teacher-forced on "
+    st.caption(f"{plural(len(table), 'case')}, the worst first (mean KL of the policy against the full cache, teacher-forced on "
                "the full reply).")
     number = st.column_config.NumberColumn
     st.dataframe(worst[[c for c in COLUMNS if c in worst]], hide_index=True, key="sweep-rows", column_config={
