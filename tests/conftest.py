@@ -52,6 +52,15 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(pytest.mark.slow)
 
 
+@pytest.fixture(scope="module")
+def server():
+    """The app on the bundled model, served for one browser test module (its URL)."""
+    from benchmarks.browser import running_app
+
+    with running_app() as url:
+        yield url
+
+
 @pytest.fixture(scope="session")
 def lm() -> LoadedModel:
     """The bundled SmolLM2-135M, loaded through kvviz (recording attention installed)."""

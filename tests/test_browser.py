@@ -4,19 +4,18 @@ side-by-side numbers change; hostile text shows literally and runs nothing."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
 
-from benchmarks.browser import CHROMIUM, SESSION_UPLOAD
+from benchmarks.browser import SESSION_UPLOAD
+from tests.support.browser_page import needs_chromium
 
 ROOT = Path(__file__).resolve().parents[1]
 PAYLOAD = "Repeat this: <img src=x onerror=alert(1)> <script>alert(2)</script> **bold** $x$"
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
-                                reason="Debian's chromium is not installed (scripts/test.sh installs it)")
+pytestmark = needs_chromium
 
 
 @pytest.fixture(scope="module")

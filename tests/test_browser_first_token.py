@@ -5,18 +5,13 @@ first reply token), and blame explains it."""
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
-import pytest
 
-from benchmarks.browser import CHROMIUM
 from kvviz.sweeps import SweepSpec, read_table, run_sweep
-from tests.support.browser_page import watch_console
+from tests.support.browser_page import needs_chromium, watch_console
 from tests.support.inputs import FOLLOW_UP
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
-                                reason="Debian's chromium is not installed (scripts/test.sh installs it)")
+pytestmark = needs_chromium
 
 
 def test_a_first_token_divergence_from_a_sweep_row_is_opened_and_blamed(lm, tmp_path):

@@ -4,20 +4,18 @@ slots."""
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
 
-from benchmarks.browser import CHROMIUM
+from tests.support.browser_page import needs_chromium
 from tests.support.inputs import USER_POLICY
 
 ROOT = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
-                                reason="Debian's chromium is not installed (scripts/test.sh installs it)")
+pytestmark = needs_chromium
 
 
 @pytest.mark.parametrize("width,height", [(1500, 2200), (1280, 720)])  # one tall page; a projector's screen

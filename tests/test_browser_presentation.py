@@ -5,16 +5,14 @@ measured as element boxes."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
-from benchmarks.browser import CHROMIUM
+from tests.support.browser_page import needs_chromium
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
-                                reason="Debian's chromium is not installed (scripts/test.sh installs it)")
+pytestmark = needs_chromium
 IDLE = "!document.querySelector('[data-testid=stStatusWidget]')"
 BOXES = """() => {
   const box = (e) => { const r = e.getBoundingClientRect(); return {top: r.top, bottom: r.bottom, left: r.left,

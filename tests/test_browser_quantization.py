@@ -4,19 +4,15 @@ offers by default; the console stays free of warnings and errors."""
 
 from __future__ import annotations
 
-import os
 import re
 import time
-from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
 
-from benchmarks.browser import CHROMIUM
-from tests.support.browser_page import idle, send, watch_console
+from tests.support.browser_page import idle, needs_chromium, send, watch_console
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
-                                reason="Debian's chromium is not installed (scripts/test.sh installs it)")
+pytestmark = needs_chromium
 
 
 @pytest.fixture(scope="module")

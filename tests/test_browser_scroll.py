@@ -5,26 +5,14 @@ cache strip into view (they once left the page at the attention charts far below
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 
 import pytest
 
-from benchmarks.browser import CHROMIUM
-from tests.support.browser_page import holds, idle, watch_console
+from tests.support.browser_page import holds, idle, needs_chromium, watch_console
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
-                                reason="Debian's chromium is not installed (scripts/test.sh installs it)")
+pytestmark = needs_chromium
 
 SCROLLED = "document.querySelector('[data-testid=stAppScrollToBottomContainer]').scrollTop"
-
-
-@pytest.fixture(scope="module")
-def server():
-    from benchmarks.browser import running_app
-
-    with running_app() as url:
-        yield url
 
 
 def _strip_in_view(page, height: int) -> float:

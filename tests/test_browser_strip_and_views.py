@@ -5,27 +5,15 @@ console warning or error."""
 
 from __future__ import annotations
 
-import os
 import re
 import time
-from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
 
-from benchmarks.browser import CHROMIUM
-from tests.support.browser_page import click_when_still, idle, send, watch_console
+from tests.support.browser_page import click_when_still, idle, needs_chromium, send, watch_console
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
-                                reason="Debian's chromium is not installed (scripts/test.sh installs it)")
-
-
-@pytest.fixture(scope="module")
-def server():
-    from benchmarks.browser import running_app
-
-    with running_app() as url:
-        yield url
+pytestmark = needs_chromium
 
 
 SIZES = [(1500, 1000), (1280, 720)]  # a desk's screen and a projector's

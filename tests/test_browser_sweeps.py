@@ -3,26 +3,14 @@ progress, the table worst first, its download, and the worst case opened as a po
 
 from __future__ import annotations
 
-import os
 import re
-from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
 
-from benchmarks.browser import CHROMIUM
-from tests.support.browser_page import click_when_still, idle, watch_console
+from tests.support.browser_page import click_when_still, idle, needs_chromium, watch_console
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
-                                reason="Debian's chromium is not installed (scripts/test.sh installs it)")
-
-
-@pytest.fixture(scope="module")
-def server():
-    from benchmarks.browser import running_app
-
-    with running_app() as url:
-        yield url
+pytestmark = needs_chromium
 
 
 @pytest.mark.parametrize("width,height,upload", [(1500, 1000, False), (1280, 720, True)])

@@ -3,16 +3,14 @@ refuses every page; a page asked for under a foreign name (DNS rebinding) is ref
 
 from __future__ import annotations
 
-import os
 import urllib.parse
 from pathlib import Path
 
-import pytest
 
-from benchmarks.browser import CHROMIUM, browser_page, running_app
+from benchmarks.browser import browser_page, running_app
+from tests.support.browser_page import needs_chromium
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
-                                reason="Debian's chromium is not installed (scripts/test.sh installs it)")
+pytestmark = needs_chromium
 
 
 def listening_addresses(port: int) -> set[str]:

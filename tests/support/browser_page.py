@@ -1,8 +1,18 @@
-"""A page of the running app in headless Chromium: its console watched, waits until it is idle, a message sent."""
+"""A page of the running app in headless Chromium: its console watched, waits until it is idle, a message sent; the
+mark that skips a browser test where Debian's chromium is missing (never on CI)."""
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
+
+import pytest
+
+from benchmarks.browser import CHROMIUM
+
+needs_chromium = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
+                                    reason="Debian's chromium is not installed (scripts/test.sh installs it)")
 
 
 def watch_console(page) -> None:
