@@ -71,10 +71,11 @@ def run_cases(lm: LoadedModel, cases: list[Case], batch: int = 4,
     classes, rows = available(), []
     groups = parts(cases, batch)
     sizes = [(1 + len(part)) * len(part[0].prompt.turns) * part[0].max_new_tokens for part in groups]
-    for number, (part, size) in enumerate(zip(groups, sizes)):
-        before = sum(sizes[:number])
+    total, before = sum(sizes), 0  # passes in all, and before this part
+    for part, size in zip(groups, sizes):
         report = None if progress is None else (
-            lambda done, _, before=before, size=size: progress(before + min(done, size), sum(sizes)))
+            lambda done, _, before=before, size=size: progress(before + min(done, size), total))
+        before += size
         runs = run_policies(lm, part[0].prompt.turns, [run_settings(case, classes) for case in part],
                             part[0].max_new_tokens, report, batch=batch > 0)
         rows += [_row(case, run.last) for case, run in zip(part, runs)]
