@@ -37,6 +37,9 @@ def planned(quick: bool = False, browser: bool = True) -> dict[str, Callable[[Be
              "whatif fp8 1024": lambda b: b.whatif(1024, quantize=True, fp8=True),
              "whatif quanto-4 1024": lambda b: b.whatif(1024, quantize=True, scheme="quanto-4"),
              "whatif int4-token+hadamard 1024": lambda b: b.whatif(1024, quantize=True, scheme="int4-token+hadamard"),
+             "whatif nvfp4 1024": lambda b: b.whatif(1024, quantize=True, scheme="nvfp4"),
+             "whatif mxfp4 1024": lambda b: b.whatif(1024, quantize=True, scheme="mxfp4"),
+             "whatif k8v4-token-head 1024": lambda b: b.whatif(1024, quantize=True, scheme="k8v4-token-head"),
              f"memory {memory}": lambda b: b.memory(memory)}
     rows |= {"policy run decode 64, h2o, 1k": policy_rows.policy_run, "blame 32 slots at 1k": policy_rows.blame_row}
     rows |= {} if quick else {"policy run decode 64, key_diff, 1k": policy_rows.key_diff_run,

@@ -110,17 +110,18 @@ class Bench:
         quantizers and bit-width (kvviz.quant.catalogue), on the whole history."""
         session = self._context(count)
         at = len(session) - 1
-        bits, settings = (8, {"keys": Quantizer("head", format="e4m3"), "values": Quantizer("head", format="e4m3")}) \
-            if fp8 else (4, {})
+        bits, settings = ((8, 8), {"keys": Quantizer("head", format="e4m3"), "values": Quantizer("head", format="e4m3")}) \
+            if fp8 else ((4, 4), {})
         if scheme is not None:
             from kvviz.quant.catalogue import Scheme
 
             shown = Scheme(scheme).edit([at], at)  # one pass before the step: the whole history as the scheme stores it
-            bits, settings = max(shown.key_bits.values()), {"keys": shown.keys, "values": shown.values}
-        edit = Edit.quantize(range(at), bits, **settings) if quantize else Edit.evict(range(at // 2, at // 2 + 10))
+            bits = (max(shown.key_bits.values()), max(shown.value_bits.values()))
+            settings = {"keys": shown.keys, "values": shown.values}
+        edit = Edit.quantize(range(at), *bits, **settings) if quantize else Edit.evict(range(at // 2, at // 2 + 10))
         # quantizing: the history at 4 bits, every other run all but slot 0, so that each run quantizes (a run on the
         # quantization the previous one left in the session's kept cache would reuse it)
-        edits = itertools.cycle([edit, Edit.quantize(range(1, at), bits, **settings)] if quantize else [edit])
+        edits = itertools.cycle([edit, Edit.quantize(range(1, at), *bits, **settings)] if quantize else [edit])
         step, cache = self._plain_step(session)
         ours, plain = paired_times(lambda _: what_if(session, next(edits)), step, max(self.repeats, 11),  # short
                                     ours_setup=session.memo.clear if cold else lambda: None, theirs_setup=cache)

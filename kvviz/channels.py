@@ -21,13 +21,16 @@ OUTLIER_FACTOR = 4.0
 QUANTIZERS = {"per token": Quantizer("token"), "per channel": Quantizer("channel"),
               "per token, 4 outliers exact": Quantizer("token", outliers=4),
               "per token, Hadamard": Quantizer("token", rotation="hadamard")}
+FP4_QUANTIZERS = {"NVFP4 (blocks of 16)": Quantizer("token", format="nvfp4"),  # at 4 bits only (kvviz.quant.fp4)
+                  "MXFP4 (blocks of 32)": Quantizer("token", format="mxfp4")}
 
 
 @dataclass(frozen=True)
 class Channels:
     """One KV head of one layer over the slots before ``at``. Maps are ``(n, D)`` magnitudes; ``peaks`` ``(D,)`` the
     largest over the slots, ``means`` ``(D,)`` the mean magnitude; ``outliers`` the outlier key channels (pre-RoPE
-    where there is RoPE); ``errors``: per quantizer at ``bits``, each key channel's RMS rounding error ``(D,)``."""
+    where there is RoPE); ``errors``: per quantizer at ``bits``, each key channel's RMS rounding error ``(D,)`` (at 4
+    bits also NVFP4's and MXFP4's, whose blocks of consecutive channels show as steps)."""
 
     layer: int
     kv_head: int
@@ -91,6 +94,11 @@ def channels(session: Session, layer: int, kv_head: int, at: int | None = None, 
         except KvvizError:
             continue  # e.g. a Hadamard rotation of a head dimension that is not a power of two
         errors[name] = (fake_quantize(keys, bits, quantizer) - keys)[0].square().mean(0).sqrt()
+    if bits == 4:  # NVFP4's tensor scale spans the layer's KV heads: rounded with them, this head's error kept
+        layer_keys = session.layer_kv(layer)[0][:, :at].float()
+        for name, quantizer in FP4_QUANTIZERS.items():
+            if lm.head_dim % quantizer.group_size == 0:
+                errors[name] = (fake_quantize(layer_keys, 4, quantizer) - layer_keys)[kv_head].square().mean(0).sqrt()
     return Channels(layer, kv_head, at, bits, keys[0].abs(), None if pre is None else pre[0].abs(), values[0].abs(),
                     outliers_of(keys if pre is None else pre)[0], errors)
 

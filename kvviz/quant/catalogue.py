@@ -24,6 +24,18 @@ the app's comparison take:
   slot once; QuantizedCache rounds again at every later flush (float32 ulps of a dequantized value) — a policy run
   with ``--scheme quanto-N`` reproduces those flushes exactly (kvviz.quant.quanto).
 
+- ``nvfp4``, ``nvfp4-4over6``, ``mxfp4``, ``mxfp4-b16`` — 4-bit floats (E2M1) in blocks of channels of one slot and
+  KV head (kvviz.quant.fp4): NVFP4 (blocks of 16, E4M3 block scales under a float32 scale per layer — dynamic: the
+  amax of the slots quantized together — vLLM ``nvfp4`` / ``nvfp4_4over6``, TensorRT-LLM), MXFP4 (blocks of 32, E8M0
+  scales, OCP) and SGLang's ``fp4_e2m1`` (MXFP4's scales in blocks of 16).
+- ``{int8,int4,int2,fp8}-token-head`` — vLLM's ``int8_per_token_head`` / ``int4_per_token_head`` /
+  ``fp8_per_token_head``: one float32 scale per slot and KV head, symmetric, computed when the slot is written;
+  ``k{8,4,2}v{8,4,2}-token-head`` the same int codes with keys and values at different widths (e.g. ``k8v4``).
+
+Those, the ``int`` and the ``fp8`` schemes take ``+skip-…`` rules: layers left at 16 bits (vLLM's
+``--kv-cache-dtype-skip-layers``) — ``+skip-sliding`` (the sliding-window layers), ``+skip-firstN``, ``+skip-lastN``,
+``+skip-3,7`` (a list); several rules add up, e.g. ``nvfp4+skip-sliding+skip-first1``.
+
 The ``int`` and ``fp8`` schemes take ``+prerope`` (keys rounded before RoPE and rotated back, KVQuant) and outlier
 handling as a suffix, for keys and values alike: ``+hadamard`` rounds
 each slot's head vector in the basis of a normalised Hadamard matrix and rotates it back (QuaRot), ``+outliersK``
@@ -34,7 +46,7 @@ dense-and-sparse split, per channel), e.g. ``int2-token+outliers4``, ``int4-toke
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvviz.quant.calibration import Calibration
 from kvviz.edit.edit import Edit
@@ -42,7 +54,7 @@ from kvviz.errors import KvvizError
 from kvviz.quant.quantizer import Quantizer
 from kvviz.quant.kivi import Kivi
 from kvviz.quant.quanto import QuantoCache
-from kvviz.quant.names import PATTERNS, check_names, run_family, scheme_family
+from kvviz.quant.names import PATTERNS, SKIP, check_names, run_family, scheme_family
 
 MIX_KEYS = Quantizer("channel")  # the mix schemes' keys: how they are stored, and what the allocation measures
 
@@ -91,11 +103,40 @@ class Scheme:
         return {}
 
     @property
+    def skips(self) -> tuple[str, ...]:
+        """Its ``+skip-…`` rules (layers kept at 16 bits)."""
+        return tuple(s for s in self.name.split("+")[1:] if s.startswith("skip"))
+
+    def exact_layers(self, windows: Sequence[int | None]) -> tuple[int, ...]:
+        """The layers its ``+skip`` rules keep at 16 bits in a model whose layers have these sliding ``windows``
+        (one per layer, None: full attention); a rule that names no layer of it, or rules that leave no layer
+        quantized, are refused in one line."""
+        layers, exact = len(windows), set()
+        for rule in self.skips:
+            first, last, listed = SKIP.fullmatch(rule).groups()
+            if first or last:
+                chosen = range(int(first)) if first else range(layers - int(last), layers)
+            elif listed:
+                chosen = [int(layer) for layer in listed.split(",")]
+                if max(chosen) >= layers:
+                    raise KvvizError(f"{self.name}: layer {max(chosen)} does not exist (the model has {layers})")
+            else:
+                chosen = [layer for layer, window in enumerate(windows) if window is not None]
+                if not chosen:
+                    raise KvvizError(f"{self.name}: this model has no sliding-window layer, so +skip-sliding names no "
+                                     "layer")
+            exact.update(chosen)
+        if layers and len(exact) >= layers:
+            raise KvvizError(f"{self.name} keeps all {layers} layers at 16 bits: nothing would be quantized")
+        return tuple(sorted(exact))
+
+    @property
     def label(self) -> str:
         suffix = self.outlier_settings
         extra = (", rounded after a Hadamard rotation" if "rotation" in suffix else
                  f", the {suffix['outliers']} largest channels per KV head exact" if suffix else "")
-        return self._base_label + extra + (", keys rounded before RoPE" if self.pre_rope else "")
+        skips = f", layers kept in 16 bits: {' '.join(rule[5:] for rule in self.skips)}" if self.skips else ""
+        return self._base_label + extra + (", keys rounded before RoPE" if self.pre_rope else "") + skips
 
     @property
     def _base_label(self) -> str:
@@ -114,18 +155,64 @@ class Scheme:
             return (f"mixed precision, {average:g} bits per layer and KV head on average, "
                     f"{'the same everywhere' if rule == 'uniform' else 'more where the keys lose most'}; keys per "
                     "channel, values per token")
+        if family == "fp4":
+            return {"nvfp4": "NVFP4: E2M1 in blocks of 16, E4M3 block scales, a float32 scale per layer",
+                    "nvfp4-4over6": "NVFP4, each block's scale for a largest value of 6 or 4, whichever errs less",
+                    "mxfp4": "MXFP4: E2M1 in blocks of 32, power-of-two (E8M0) block scales",
+                    "mxfp4-b16": "MXFP4 in blocks of 16 (SGLang's fp4_e2m1)"}[self.base]
+        if family == "tokenhead":
+            keys, values = self.token_head_widths
+            kind = "FP8 E4M3" if self.base.startswith("fp8") else (
+                f"int{keys}" if keys == values else f"int, keys {keys} bits, values {values} bits")
+            return f"{kind}, one float32 scale per slot and KV head"
         if family == "fp8static":
             return (f"FP8 {parts[1]}, every scale 1.0 (vLLM without calibrated scales)" if parts[2] == "unit" else
                     f"FP8 {parts[1]}, one static scale per {'KV head' if parts[2] == 'head' else 'layer'}, calibrated")
         return QuantoCache(int(parts[1]), backend=family).label
 
+    @property
+    def nominal_bits(self) -> float:
+        """Bits per element its quantized slots nominally take, keys and values averaged, scales not counted (what the
+        format's name promises: 4 for NVFP4, 6 for K8V4)."""
+        family, width = self.family, self.base.split("-")[0]
+        if family == "fp16":
+            return 16.0
+        if family == "tokenhead":
+            return sum(self.token_head_widths) / 2
+        if family == "mix":
+            return self.mix[0]
+        if family in ("fp8", "fp8static"):
+            return 8.0
+        if family == "fp4":
+            return 4.0
+        return float(width[3:] if family == "int" else self.base.rpartition("-")[2])  # kivi, quanto, hqq
+
+    @property
+    def token_head_widths(self) -> tuple[int, int]:
+        """A ``…-token-head`` scheme's key and value widths."""
+        width, keys, values = PATTERNS["tokenhead"].fullmatch(self.base).groups()
+        if width:
+            return (8, 8) if width == "fp8" else (int(width[3:]), int(width[3:]))
+        return int(keys), int(values)
+
     def edit(self, passes: Sequence[int], at: int, calibration: Calibration | None = None,
-             rope: tuple[float, ...] | None = None, head_widths: tuple[tuple[int, ...], ...] | None = None) -> Edit:
+             rope: tuple[float, ...] | None = None, head_widths: tuple[tuple[int, ...], ...] | None = None,
+             windows: Sequence[int | None] | None = None) -> Edit:
         """The Edit of this scheme before the step of slot ``at``; ``passes`` are the slots each forward pass added
         (the transcript's growth log, for ``quanto``'s flushes); ``calibration`` gives a static scheme its scales,
         ``rope`` (the model's RoPE frequencies, kvviz.rope.rope_frequencies) a ``+prerope`` one its keys',
-        ``head_widths`` a ``mix`` one its widths (kvviz.quant.allocation). :func:`kvviz.whatif.compare_schemes.scheme_edits`
-        supplies all three from a session."""
+        ``head_widths`` a ``mix`` one its widths (kvviz.quant.allocation), ``windows`` (each layer's sliding window,
+        None: full attention) a ``+skip`` one its layers. :func:`kvviz.whatif.compare_schemes.scheme_edits` supplies
+        them from a session."""
+        edit = self._edit(passes, at, calibration, rope, head_widths)
+        if self.skips:
+            if windows is None:
+                raise KvvizError(f"{self.name} needs the model's layers (their sliding windows) for its +skip rules")
+            edit = replace(edit, exact_layers=self.exact_layers(windows))
+        return edit
+
+    def _edit(self, passes: Sequence[int], at: int, calibration: Calibration | None,
+              rope: tuple[float, ...] | None, head_widths: tuple[tuple[int, ...], ...] | None) -> Edit:
         family, parts, extra = self.family, self.base.split("-"), self.outlier_settings
         if self.pre_rope and rope is None:
             raise KvvizError(f"{self.name} needs the model's RoPE frequencies to round keys before RoPE")
@@ -142,6 +229,13 @@ class Scheme:
         if family == "fp8":
             return Edit.quantize(slots, 8, keys=Quantizer(parts[2], format=parts[1], **key_extra),
                                  values=Quantizer(parts[2], format=parts[1], **extra))
+        if family == "fp4":
+            quantizer = Quantizer("token", 16 if self.base == "mxfp4-b16" else None, format=self.base.removesuffix("-b16"))
+            return Edit.quantize(slots, 4, keys=quantizer, values=quantizer)
+        if family == "tokenhead":
+            quantizer = (Quantizer("token", format="e4m3") if self.base.startswith("fp8") else
+                         Quantizer("token", symmetric=True, fp32_scales=True))
+            return Edit.quantize(slots, *self.token_head_widths, keys=quantizer, values=quantizer)
         if family == "fp8static":
             if calibration is None:
                 raise KvvizError(f"{self.name} needs a calibration (kvviz.quant.calibration.calibrate) for its scales")

@@ -17,10 +17,14 @@ PATTERNS = {
     "quanto": re.compile(r"quanto-(4|2)"),
     "hqq": re.compile(r"hqq-(8|4|3|2)"),
     "mix": re.compile(r"mix([2-8](?:\.[0-9]+)?)-(uniform|keyerror)"),
+    "fp4": re.compile(r"nvfp4|nvfp4-4over6|mxfp4|mxfp4-b16"),
+    "tokenhead": re.compile(r"(?:(int8|int4|int2|fp8)|k(8|4|2)v(8|4|2))-token-head"),
 }
 SUFFIX = re.compile(r"hadamard|outliers([1-9][0-9]?)|prerope")
+SKIP = re.compile(r"skip-(?:sliding|first([1-9][0-9]?)|last([1-9][0-9]?)|([0-9]{1,3}(?:,[0-9]{1,3})*))")
+SKIPPING = ("int", "fp8", "fp8static", "fp4", "tokenhead")  # families whose layers a +skip rule can keep exact
 EXAMPLES = ("fp16", "int4-token", "int2-channel", "kivi-2", "fp8-e4m3-head", "fp8-e5m2-tensor", "fp8-e4m3-head-static",
-            "fp8-e4m3-unit", "mix3-keyerror", "quanto-4")
+            "fp8-e4m3-unit", "mix3-keyerror", "quanto-4", "nvfp4", "mxfp4", "int4-token-head", "k8v4-token-head")
 MIX_WIDTHS = (2, 8)  # the widths a mix scheme's allocation chooses from: its average lies between them
 
 
@@ -55,7 +59,12 @@ def scheme_family(name: str) -> str:
     family = next((kind for kind, pattern in PATTERNS.items() if pattern.fullmatch(base)), None)
     if family is None:
         raise KvvizError(f"unknown quantization scheme {name!r}; schemes look like {', '.join(EXAMPLES)}, "
-                         "int4-token+hadamard, int2-token+outliers4, int2-channel+prerope")
+                         "int4-token+hadamard, int2-token+outliers4, int2-channel+prerope, nvfp4+skip-sliding")
+    skips = [s for s in suffixes if s.startswith("skip")]
+    if skips and (family not in SKIPPING or not all(SKIP.fullmatch(s) for s in skips) or len(set(skips)) != len(skips)):
+        raise KvvizError(f"{name!r}: layers kept in 16 bits are +skip-sliding, +skip-firstN, +skip-lastN or "
+                         "+skip-3,7 (a list), for the int, fp8, FP4 and token-head schemes, e.g. nvfp4+skip-sliding")
+    suffixes = [s for s in suffixes if not s.startswith("skip")]
     kinds = [s if s in ("prerope", "hadamard") else "outliers" for s in suffixes]
     if suffixes and (not all(SUFFIX.fullmatch(s) for s in suffixes) or family not in ("int", "fp8")
                      or len(set(kinds)) != len(kinds) or {"hadamard", "outliers"} <= set(kinds)):

@@ -21,14 +21,16 @@ from typing import Literal
 import torch
 
 from kvviz.errors import KvvizError
+from kvviz.quant.fp4 import FP4_BLOCKS, fp4_round_trip_
 from kvviz.quant.outliers import hadamard, rest_channels
 from kvviz.rope import rope_rotate
 
 SUPPORTED_BITS = (16, 8, 4, 3, 2)
 Axis = Literal["channel", "token", "head", "tensor"]
-FORMATS = {"int": None, "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+FORMATS = {"int": None, "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2} | dict.fromkeys(FP4_BLOCKS)
 PARAM_BYTES = 2  # one fp16 scale or zero point
 FP8_SCALE_BYTES = 4  # one float32 scale (as vLLM keeps k_scale / v_scale)
+FP4_SCALE_BYTES = 1  # one E4M3 (NVFP4) or E8M0 (MXFP4) scale per block
 _TINY = torch.finfo(torch.float32).tiny
 
 
@@ -42,11 +44,12 @@ class Quantizer:
     group_size: int | None = None
     symmetric: bool = False
     block: int | None = None
-    format: str = "int"  # "int", or FP8: "e4m3", "e5m2"
+    format: str = "int"  # "int", FP8 "e4m3" / "e5m2", or E2M1 blocks (kvviz.quant.fp4) "nvfp4" / "nvfp4-4over6" / "mxfp4"
     rotation: str = "none"  # "hadamard": rounded in the basis of a normalised Hadamard matrix (QuaRot), then back
     outliers: int = 0  # channels per KV head kept exact: the largest max |x| over the slots quantized together
     scales: tuple[tuple[float, ...], ...] | None = None  # FP8 static scales, per layer one per KV head (else dynamic)
     rope: tuple[float, ...] | None = None  # keys only: rounded before RoPE, whose frequencies θ (D/2,) these are
+    fp32_scales: bool = False  # int: float32 scales (vLLM's per-token-head caches) instead of fp16
 
     def __post_init__(self) -> None:
         if self.axis not in ("channel", "token", "head", "tensor"):
@@ -57,6 +60,14 @@ class Quantizer:
             raise KvvizError(f"group size must be a positive integer, got {self.group_size!r}")
         if self.block is not None and (isinstance(self.block, bool) or not isinstance(self.block, int) or self.block < 1):
             raise KvvizError(f"the block of slots must be a positive integer, got {self.block!r}")
+        if self.fp4:
+            if self.axis != "token" or self.symmetric:
+                raise KvvizError(f"{self.format} blocks are consecutive channels of one slot and KV head: axis "
+                                 "'token', scales as the format defines them")
+            if self.group_size is None:
+                object.__setattr__(self, "group_size", FP4_BLOCKS[self.format])
+        if self.fp32_scales and self.format != "int":
+            raise KvvizError("float32 scales are an int cache's option; FP8 and FP4 formats keep their own scales")
         if self.rotation not in ("none", "hadamard"):
             raise KvvizError(f"the rotation must be 'none' or 'hadamard', got {self.rotation!r}")
         if isinstance(self.outliers, bool) or not isinstance(self.outliers, int) or self.outliers < 0:
@@ -123,13 +134,38 @@ class Quantizer:
 
     @property
     def fp8(self) -> torch.dtype | None:
-        """The float8 dtype of an FP8 format, None for integer codes."""
+        """The float8 dtype of an FP8 format, None for integer codes and FP4."""
         return FORMATS[self.format]
 
+    @property
+    def fp4(self) -> bool:
+        """Whether the format is an E2M1 block format (kvviz.quant.fp4)."""
+        return self.format in FP4_BLOCKS
+
+    @property
+    def per_layer(self) -> bool:
+        """Whether one scale spans a layer's KV heads (``tensor``, NVFP4's tensor scale): quantized layer by layer."""
+        return self.axis == "tensor" or self.format.startswith("nvfp4")
+
+    @property
+    def scale_bytes(self) -> int:
+        """Bytes of one stored scale: fp16 for int codes (float32 with ``fp32_scales``), float32 for FP8, one byte
+        (E4M3 / E8M0) for FP4 blocks."""
+        if self.fp4:
+            return FP4_SCALE_BYTES
+        return FP8_SCALE_BYTES if self.fp8 is not None or self.fp32_scales else PARAM_BYTES
+
+    @property
+    def params(self) -> int:
+        """Stored numbers per group: a scale, and a zero point for asymmetric int codes."""
+        return 1 if self.symmetric or self.format != "int" else 2
+
     def check_bits(self, bits: int) -> None:
-        """Refuse a bit-width this format cannot store (FP8: 8, or 16 for untouched)."""
+        """Refuse a bit-width this format cannot store (FP8: 8, FP4: 4, or 16 for untouched)."""
         if self.fp8 is not None and bits not in (8, 16):
             raise KvvizError(f"FP8 ({self.format}) stores 8 bits per element; choose 8 (or 16: untouched), not {bits}")
+        if self.fp4 and bits not in (4, 16):
+            raise KvvizError(f"{self.format} stores 4 bits per element; choose 4 (or 16: untouched), not {bits}")
 
 
 def per_head_table(rows: object, item, what: str) -> tuple[tuple, ...]:
@@ -204,7 +240,9 @@ def fake_quantize_(
         out, values, reduce_dim = x.view(grouped), source.view(grouped), -1
     else:
         out, values, reduce_dim = x, source, {"channel": 1, "head": (1, 2), "tensor": (0, 1, 2)}[quantizer.axis]
-    if quantizer.scales is not None:
+    if quantizer.fp4:
+        fp4_round_trip_(out, values, quantizer.format)
+    elif quantizer.scales is not None:
         _fp8_cast_(out, values, quantizer.fp8, quantizer.static_scale(x.shape[0], layer, x.device))
     elif quantizer.fp8 is not None:
         _fp8_round_trip_(out, values, quantizer.fp8, reduce_dim)
@@ -252,9 +290,10 @@ def saturated(x: torch.Tensor, quantizer: Quantizer, layer: int | None = None) -
 
 
 def layer_scale_bytes(quantizer: Quantizer) -> int:
-    """Bytes of the one scale (and zero point) a ``tensor`` quantizer keeps per layer."""
-    params = 1 if quantizer.symmetric or quantizer.fp8 is not None else 2
-    return params * (FP8_SCALE_BYTES if quantizer.fp8 is not None else PARAM_BYTES)
+    """Bytes of the one scale (and zero point) a ``tensor`` quantizer keeps per layer; NVFP4's float32 tensor scale."""
+    if quantizer.fp4:
+        return FP8_SCALE_BYTES if quantizer.per_layer else 0
+    return quantizer.params * quantizer.scale_bytes
 
 
 def packed_bytes(slots: int, bits: int, head_dim: int, quantizer: Quantizer, native_bytes: int) -> int:
@@ -272,7 +311,6 @@ def packed_bytes(slots: int, bits: int, head_dim: int, quantizer: Quantizer, nat
         return slots * kept * native_bytes + kept + packed_bytes(slots, bits, head_dim - kept, quantizer.plain,
                                                                  native_bytes)
     codes = -(-slots * head_dim * bits // 8)  # bit-packed, rounded up to whole bytes
-    params = 1 if quantizer.symmetric or quantizer.fp8 is not None else 2
     blocks = 1 if quantizer.block is None else -(-slots // quantizer.block)
     if quantizer.axis == "channel":
         groups = head_dim * blocks
@@ -282,4 +320,4 @@ def packed_bytes(slots: int, bits: int, head_dim: int, quantizer: Quantizer, nat
         groups = 0
     else:
         groups = slots * quantizer.groups_per_slot(head_dim)
-    return codes + groups * params * (FP8_SCALE_BYTES if quantizer.fp8 is not None else PARAM_BYTES)
+    return codes + groups * quantizer.params * quantizer.scale_bytes

@@ -24,9 +24,9 @@ def check_head_shape(widths: tuple[tuple[int, ...], ...], layers: int, kv_heads:
     if (len(widths), len(widths[0])) != (layers, kv_heads):
         raise KvvizError(f"the widths per head are for {len(widths)} layers of {len(widths[0])} KV heads; this model "
                          f"has {layers} layers of {kv_heads}")
-    if any(q.scales is not None or q.axis == "tensor" for q in (keys, values)) or reshapes:
-        raise KvvizError("widths per KV head take quantizers per channel, token or KV head, and no pruning or "
-                         "merging in the same edit")
+    if any(q.scales is not None or q.per_layer for q in (keys, values)) or reshapes:
+        raise KvvizError("widths per KV head take quantizers per channel, token or KV head (no scale per layer, "
+                         "as NVFP4's), and no pruning or merging in the same edit")
 
 
 def quantize_slots(x: torch.Tensor, slots: slice | list[int], width: int, quantizer: Quantizer, source: torch.Tensor,

@@ -23,7 +23,9 @@ class SchemeRow:
     them, and the quantization split of docs/math.md §4 over all layers and query heads: ``delta_o`` is the
     Frobenius norm of the isolated output changes ``Δo`` ``(L, H, D)``, ``weight_term`` and ``content_term`` those
     of its two terms (``Δo`` = weight term + content term, as vectors); ``quantized``: the slots it rounds;
-    ``saturated``: the elements (keys and values) past a static scale's range, clipped (0 for dynamic scales)."""
+    ``saturated``: the elements (keys and values) past a static scale's range, clipped (0 for dynamic scales);
+    ``ratio``: the 16-bit cache's bytes over ``bytes`` (every scale and zero point counted), beside ``nominal``, 16
+    over the bits per element the format's name promises (NVFP4: 4×, while its block scales make it ~3.56×)."""
 
     scheme: str
     label: str
@@ -38,6 +40,8 @@ class SchemeRow:
     content_term: float
     quantized: int
     saturated: int = 0
+    ratio: float = 1.0
+    nominal: float = 1.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -50,7 +54,8 @@ def scheme_row(scheme: Scheme, result: WhatIf, saturated: int = 0) -> SchemeRow:
     return SchemeRow(scheme.name, scheme.label, nt.kl, nt.tv, nt.top1_changed,
                      f"{spell(nt.full[0].text)} → {spell(nt.edited[0].text)}", result.memory.edited_bytes,
                      result.memory.full_bytes, frobenius("delta_isolated"), frobenius("weight_term"),
-                     frobenius("content_term"), len(set(edit.key_bits) | set(edit.value_bits)), saturated)
+                     frobenius("content_term"), len(set(edit.key_bits) | set(edit.value_bits)), saturated,
+                     result.memory.fp16_bytes / result.memory.edited_bytes, 16 / scheme.nominal_bits)
 
 
 def compare_schemes(session: Session, schemes: list[Scheme], at: int | None = None, topk: int = 5,
@@ -70,17 +75,18 @@ def compare_schemes(session: Session, schemes: list[Scheme], at: int | None = No
 def scheme_edits(session: Session, schemes: list[Scheme], at: int, calibration_text: str = CALIBRATION_TEXT
                  ) -> list[Edit]:
     """Each scheme's :class:`Edit` before the step of slot ``at``, with what the session supplies: the growth log
-    (quanto), a calibration on ``calibration_text`` (static FP8), the RoPE frequencies (``+prerope``) and the widths
-    per layer and KV head (``mix``)."""
+    (quanto), a calibration on ``calibration_text`` (static FP8), the RoPE frequencies (``+prerope``), the widths
+    per layer and KV head (``mix``) and the layers' sliding windows (``+skip`` rules)."""
     passes = [event.added for event in session.transcript.growth]
     calibration = calibrate(session.lm, calibration_text) if any(s.static for s in schemes) else None
     rope = rope_frequencies(session.lm) if any(s.pre_rope for s in schemes) else None
     keys = [session.commits.step_kv(layer, at)[0] for layer in range(session.lm.layers)] if any(
         s.family == "mix" for s in schemes) else None  # (KV, at, D) per layer, as the step sees them
+    windows = session.lm.attention.windows or (None,) * session.lm.layers
     edits = []
     for scheme in schemes:
         widths = allocate(keys, *scheme.mix, MIX_KEYS) if scheme.family == "mix" else None
-        edits.append(scheme.edit(passes, at, calibration, rope, widths))
+        edits.append(scheme.edit(passes, at, calibration, rope, widths, windows))
     return edits
 
 

@@ -94,7 +94,8 @@ class FullStep:
         """What ``edit`` writes into the cache: per kind, its quantizer with its widths per head and its ``(bit-width,
         slots)`` groups; then its prunings and merges (None when it has none)."""
         reshape = (edit.prunings, edit.merges, edit.merge_rule) if edit.reshapes else None
-        return (*(((edit.keys if kind == "key" else edit.values, edit.head_widths), edit.groups(kind, self.at))
+        return (*(((edit.keys if kind == "key" else edit.values, edit.head_widths, edit.exact_layers),
+                   edit.groups(kind, self.at))
                   for kind in ("key", "value")), reshape)
 
     @contextmanager
@@ -132,8 +133,9 @@ class FullStep:
             self.scratch = tuple(torch.empty_like(t) for t in self.buffers)
             for scratch, originals in zip(self.scratch, self.originals):
                 scratch[:, :, :self.at] = originals
-        elif plan != self.written and (plan[2] is not None or (self.written and self.written[2] is not None)):
-            for scratch, originals in zip(self.scratch, self.originals):  # prunings or merges: everything anew
+        elif plan != self.written and (plan[2] is not None or (self.written and self.written[2] is not None)
+                                       or (self.written and self.written[0][0][2] != plan[0][0][2])):
+            for scratch, originals in zip(self.scratch, self.originals):  # prunings, merges, exact layers: all anew
                 scratch[:, :, :self.at] = originals
             self.written, self.finished = (), False
         elif plan != self.written:  # restore the slots no longer quantized; the others are quantized again below
@@ -151,7 +153,7 @@ class FullStep:
                 for layer, (own_keys, own_values) in enumerate(zip(*self.originals)):
                     keys[layer], values[layer] = reshaped(own_keys, own_values, layer, *plan[2])
                 source = None
-            if "tensor" in (edit.keys.axis, edit.values.axis):  # one scale per layer: quantized layer by layer
+            if edit.keys.per_layer or edit.values.per_layer or edit.exact_layers:  # quantized layer by layer
                 for layer in range(len(keys)):
                     pending.quantize_(keys[layer], values[layer], source=None if source is None else tuple(
                         t[layer] for t in self.originals), layer=layer)
@@ -169,11 +171,11 @@ class FullStep:
         todo = []
         for (quantizer, groups), (before, written) in zip(plan[:2], done[:2]):
             widths, old = _widths(groups, self.at), _widths(written, self.at)
-            if quantizer == before and quantizer[0].axis == "token":
+            if quantizer == before and quantizer[0].axis == "token" and not quantizer[0].per_layer:
                 widths = {slot: width for slot, width in widths.items() if old.get(slot) != width}
             todo.append(widths)
         return Edit(key_bits=todo[0], value_bits=todo[1], keys=edit.keys, values=edit.values,
-                    head_widths=edit.head_widths)
+                    head_widths=edit.head_widths, exact_layers=edit.exact_layers)
 
     def continuation(self, session: Session, steps: int) -> list[int]:
         if steps not in self.continuations:

@@ -94,13 +94,17 @@ def cache_memory(
         if edit.head_widths is not None:  # (L·KV, n): a quantized slot takes its layer's and KV head's width
             own = torch.tensor(edit.head_widths, dtype=torch.long).reshape(-1, 1)
             bits = torch.where(bits < 16, own, 16)
+        if edit.exact_layers:  # (L·KV, n): those layers' slots at the model's dtype
+            bits = bits.expand(layers * kv_heads, n).clone().view(layers, kv_heads, n)
+            bits[list(edit.exact_layers)] = 16
+            bits = bits.view(layers * kv_heads, n)
         for width in bits.unique().tolist():
             chosen = (kept & (bits == width)).int()  # (L·KV, n): retained slots at this width
             per_segment = torch.zeros(layers * kv_heads, len(names), dtype=torch.int).index_add_(1, segment_of, chosen)
             edited[None] += _packed(per_segment.sum(1), width, head_dim, quantizer, native)
             for index, name in enumerate(names):
                 edited[name] += _packed(per_segment[:, index], width, head_dim, quantizer, native)
-            if quantizer.axis == "tensor" and width < 16:  # one scale per layer holding some of these slots
+            if quantizer.per_layer and width < 16:  # one scale per layer holding some of these slots
                 layered = per_segment.view(layers, kv_heads, len(names)).sum(1) > 0  # (L, segments)
                 edited[None] += int(layered.any(1).sum()) * layer_scale_bytes(quantizer)
                 for index, name in enumerate(names):
