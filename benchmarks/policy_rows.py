@@ -7,6 +7,8 @@
   same with the newer policies (KeyDiff; LagKV with partitions of 64 slots; ChunkKV over key norms in chunks of 20;
   expected attention over 512 future positions), each scoring every alive slot before every step; also ``… cur, 1k``
   and ``… critical_kv, 1k`` (over key norms).
+- ``run nvfp4 decode 64, 1k`` and ``run int4-token-head decode 64, 1k``: no policy, the cache in that format, each
+  slot rounded when written (kvviz.quant.written), vs plain ``generate``.
 - ``policy run prefill 64, kv_zip, 1k``: KVzip compressing the prompt once (its reconstruction pass over the 1k
   context included), then 64 decode steps, vs plain ``generate``.
 - ``blame 32 slots at 1k``: ranking the evicted slots of one step and re-running it with each of the 32 most attended
@@ -30,13 +32,14 @@ from kvviz.runs.policy_run import run_policy
 from kvviz.session import Session
 
 
-def policy_run(bench, context: int = 1024, tokens: int = 64, budget: int | float = 256, policy: Policy = H2O(),
-               mode: str = "decode", name: str | None = None) -> Row:
+def policy_run(bench, context: int = 1024, tokens: int = 64, budget: int | float | None = 256,
+               policy: Policy | None = H2O(), mode: str = "decode", name: str | None = None, cache: dict | None = None
+               ) -> Row:
     ids = token_ids(bench.lm, context)
     tensor = torch.tensor([ids], device=bench.lm.device)
 
     def ours(_) -> None:
-        run = CompressedSession(bench.lm, RunSettings(policy, budget, mode))
+        run = CompressedSession(bench.lm, RunSettings(policy, budget, mode, **(cache or {})))
         run.add_ids(ids)
         for _ in range(tokens - 1):
             run.step()
@@ -46,6 +49,13 @@ def policy_run(bench, context: int = 1024, tokens: int = 64, budget: int | float
 
     return row(name or f"policy run {mode} {tokens}, {policy.name}, {context // 1024}k",
                *paired_times(ours, plain, bench.repeats), 1.5)
+
+
+def scheme_run(bench, scheme: str) -> Row:
+    """A run whose cache is ``scheme`` written slot by slot (kvviz.quant.written), no policy, vs plain generate."""
+    from kvviz.quant.written import run_cache
+
+    return policy_run(bench, budget=None, policy=None, cache=run_cache(scheme), name=f"run {scheme} decode 64, 1k")
 
 
 def key_diff_run(bench) -> Row:

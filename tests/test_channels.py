@@ -72,6 +72,10 @@ def test_at_4_bits_the_fp4_formats_show_their_block_error(chat):
         rounded = reference(keys.reshape(-1, keys.shape[-1])).view(keys.shape)
         assert torch.equal(view.errors[name], (rounded - keys)[2].square().mean(0).sqrt())
     assert "NVFP4 (blocks of 16)" not in channels(chat, 18, 2, bits=2).errors
+    from kvviz.figures.channel_maps import channel_errors
+
+    lines = [trace.name for trace in channel_errors(view).data if trace.type == "scatter"]
+    assert lines == [f"4-bit {name}" for name in view.errors] and len(lines) == 6  # every quantizer drawn
 
 
 def test_every_layers_outliers_are_named(lm, chat):

@@ -17,7 +17,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvviz import kv_cache
 from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
 from kvviz.quant.catalogue import Scheme, schemes
@@ -231,3 +230,19 @@ def test_a_block_that_does_not_divide_the_head_dimension_is_refused():
         fake_quantize(torch.randn(2, 4, 32), 8, Quantizer("token", format="mxfp4"))
     with pytest.raises(KvvizError, match="axis 'token'"):
         Quantizer("channel", format="nvfp4")
+
+
+def test_a_committed_nvfp4_edit_with_layers_kept_exact_replays_from_a_session_file(lm, make_chat):
+    from kvviz.session_file import export_session, import_session
+
+    session = make_chat(PROMPT, steps=1)
+    at = len(session) - 1
+    edit = scheme_edits(session, [Scheme("nvfp4+skip-first2")], at)[0]
+    session.commit(edit)
+    session.generate(3)
+    restored, _, _ = import_session(lm, export_session(session))
+    assert restored.commits.stack == session.commits.stack
+    assert restored.commits.current.exact_layers == (0, 1) and restored.commits.current.keys.format == "nvfp4"
+    assert torch.equal(restored.logits, session.logits)
+    token_head = scheme_edits(session, [Scheme("k8v4-token-head")], len(session) - 1)[0]
+    assert Edit.from_dict(token_head.to_dict()) == token_head and token_head.keys.fp32_scales

@@ -17,7 +17,8 @@ import torch
 
 from kvviz.errors import KvvizError
 from kvviz.quant.quanto import QuantoCache
-from kvviz.quant.catalogue import Scheme, run_cache
+from kvviz.quant.catalogue import Scheme
+from kvviz.quant.written import run_cache
 from tests.support.references import assert_steps_as_transformers
 
 pytest.importorskip("hqq", reason="hqq is not installed: QuantizedCache's HQQ backend cannot be compared "
@@ -28,7 +29,7 @@ PROMPT = "My cat is called Whiskers and my dog is called Rex. The cat sleeps on 
 @pytest.mark.parametrize("bits, group, residual, axis", [(4, 64, 8, 0), (2, 32, 5, 0), (8, 64, 6, 1)])
 def test_an_hqq_cache_run_steps_as_transformers_quantized_cache(lm, bits, group, residual, axis):
     settings = QuantoCache(bits, group, residual, axis, axis, backend="hqq")
-    assert run_cache(f"hqq-{bits}", group, residual, axis)[1] == settings
+    assert run_cache(f"hqq-{bits}", group, residual, axis) == {"quanto": settings}
     run = assert_steps_as_transformers(lm, settings, PROMPT)
     assert len(run.session.commits.flushes) == 1 + (2 * residual + 3) // residual
 

@@ -151,6 +151,6 @@ def test_a_sweep_takes_cache_schemes_as_an_axis(lm, eps, tmp_path):
     assert abs(rows[1]["kl_mean"] - mean) <= kl_rounding(eps, mean) and rows[1]["policy_text"] == alone.policy_text
     assert rows[1]["kl_mean"] != rows[0]["kl_mean"]
     assert case_of(rows[1]).scheme == "quanto-2" and case_of(rows[0]).scheme is None
-    with pytest.raises(KvvizError, match="fp8-e4m3-head is for what-ifs"):
-        run_sweep(SweepSpec(str(prompts), ("streaming_llm",), (16,), schemes=("fp8-e4m3-head",)), tmp_path / "x",
+    with pytest.raises(KvvizError, match="int2-channel is not a cache a run writes slot by slot"):
+        run_sweep(SweepSpec(str(prompts), ("streaming_llm",), (16,), schemes=("int2-channel",)), tmp_path / "x",
                   progress=False)

@@ -212,7 +212,8 @@ def test_the_app_opens_a_sweep_case_as_a_policy_run(spec, one_by_one, tmp_path, 
 
 
 def test_the_app_runs_a_sweep_whose_rows_are_the_clis(lm):
-    """The Sweeps tab runs a sweep on the page's model (a built-in set, policies, budgets, reply length): its rows
+    """The Sweeps tab runs a sweep on the page's model (a built-in set, policies, budgets, cache formats — the model's
+    own and NVFP4 written slot by slot —, reply length): its rows
     are those of ``run_cases`` (what
     ``python -m kvviz sweep`` writes) for the same cases, the table lists them worst first and its worst case opens
     as a policy run; a form with no policy is refused in one line and keeps the sweep shown."""
@@ -228,22 +229,24 @@ def test_the_app_runs_a_sweep_whose_rows_are_the_clis(lm):
     app.multiselect(key="sweep-policies").set_value(["h2o", "streaming_llm"])
     app.multiselect(key="sweep-budgets").set_value([0.25])
     app.number_input(key="sweep-new-tokens").set_value(4)
+    app.multiselect(key="sweep-caches").set_value(["16 bits (as computed)", "nvfp4"])
     app.button(key="FormSubmitter:sweep-run-Run the sweep").click().run()
     assert not app.exception and not [w.value for w in app.warning], [w.value for w in app.warning]
     shown = app.session_state["page_sweep"].table
     reference = run_cases(lm, cases_for(load_prompts("builtin:kv", 1), ["h2o", "streaming_llm"],
-                                                      [0.25], "decode", 1, 4), batch=4)
+                                                      [0.25], "decode", 1, 4, [None, "nvfp4"]), batch=4)
+    assert len(reference) == 4 and {row["scheme"] for row in reference} == {"fp16", "nvfp4"}
     assert sorted(shown["key"]) == sorted(row["key"] for row in reference)
     for row in reference:
         here = records(shown[shown["key"] == row["key"]])[0]
         assert here["policy_text"] == row["policy_text"] and here["divergence"] == row["divergence"]
         assert here["kl_mean"] == pytest.approx(row["kl_mean"], rel=1e-6, abs=1e-9)  # the same batched passes
-    assert any(c.value.startswith("2 cases, the worst first") for c in app.caption)
-    assert any("The sweep ran 2 cases" in i.value for i in app.info)
+    assert any(c.value.startswith("4 cases, the worst first") for c in app.caption)
+    assert any("The sweep ran 4 cases" in i.value for i in app.info)
     app.multiselect(key="sweep-policies").set_value([])
     app.button(key="FormSubmitter:sweep-run-Run the sweep").click().run()
     assert any("choose at least one policy" in w.value for w in app.warning)
-    assert len(app.session_state["page_sweep"].table) == 2  # the sweep shown is kept
+    assert len(app.session_state["page_sweep"].table) == 4  # the sweep shown is kept
     app.button(key="sweep-open").click().run()
     assert not app.exception and app.session_state["view"] == "Policy run"
 

@@ -25,8 +25,13 @@ from kvviz.quant.kivi import Kivi
 from kvviz.runs.policy_run import held_slots, run_policy
 from kvviz.spelling import spell
 from kvviz.quant.quanto import QuantoCache
+from kvviz.quant.written import WrittenCache
 from kvviz.edit.reshape import Reshape
 from kvviz.whatif.metrics import compare
+
+
+WRITTEN = ["16 bits (as computed)", "nvfp4", "nvfp4-4over6", "mxfp4", "mxfp4-b16", "fp8-e4m3-head", "fp8-e4m3-unit",
+           "int8-token-head", "int4-token-head", "fp8-token-head", "k8v4-token-head", "k4v2-token-head", "int4-token"]
 
 
 def render() -> None:
@@ -68,6 +73,10 @@ def render() -> None:
                                          help="The run's cache as transformers' QuantizedCache with the quanto or HQQ "
                                               "backend: the prompt quantized at once, then every R new slots all "
                                               "quantized again together (R: Full-precision R; groups of 64, axis 0)")
+        written = st.selectbox("Cache format", WRITTEN, key="run-written",
+                               help="The run's cache in an engine's format, each slot rounded once when it is written "
+                                    "(vLLM's kv_cache_dtype); FP8's dynamic and NVFP4's tensor scales are fixed by the "
+                                    "first pass, as vLLM's --calculate-kv-scales. Not with KIVI or QuantizedCache")
         grouping = st.radio("KIVI key scales", ["blocks", "shared"], horizontal=True, disabled=not kivi_on,
                             help="blocks: one scale per channel and group of G slots (KIVI); shared: one for all")
         positions = st.radio("Positions", ["original", "rerotated"], horizontal=True,
@@ -99,7 +108,8 @@ def render() -> None:
             quanto = None if quanto_bits == "off" else QuantoCache(int(width.split()[0]), 64, max(int(residual), 1),
                                                                    backend=backend)
             run_budget = None if policy is None else Ratio(float(ratio)) if ratio > 0 or press else int(budget)
-            settings = RunSettings(policy, run_budget, mode, int(every), kivi, positions, reshape, quanto)
+            settings = RunSettings(policy, run_budget, mode, int(every), kivi, positions, reshape, quanto,
+                                   None if written == WRITTEN[0] else WrittenCache(written))
             lines = [line for line in prompt.splitlines() if line.strip()]
             state.make_room(held_slots(session.lm, lines, int(max_new)))
             lm, count = session.lm, int(max_new)

@@ -1,5 +1,5 @@
-"""Running a sweep from the Sweeps tab: prompts (a built-in set or an uploaded JSONL file), policies, budgets and a
-reply length, run on this page's model in the page's run (progress, Stop); the rows are the ones ``python -m kvviz
+"""Running a sweep from the Sweeps tab: prompts (a built-in set or an uploaded JSONL file), policies, budgets, cache
+formats and a reply length, run on this page's model in the page's run (progress, Stop); the rows are the ones ``python -m kvviz
 sweep`` writes (:func:`kvviz.sweeps.cases.run_cases`), shown below and offered as a CSV download."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from app.long_work import Work, hand_over
 from app.plain import plural, warn
 from app.views.policy_choice import is_press, kept_fraction, names, policy_classes
 from kvviz.errors import KvvizError
+from kvviz.quant.written import run_cache
 from kvviz.runs.policy_run import held_slots
 from kvviz.sweeps.cases import cases_for, run_cases
 from kvviz.sweeps.sources import BUILTIN, load_prompts, uploaded_prompts
@@ -20,6 +21,8 @@ UPLOAD = "(upload a JSONL file)"
 FRACTIONS = [0.1, 0.25, 0.5, 0.75]  # of the slots kept
 MODES = ["decode", "prefill"]
 BATCH = 4  # cases of a prompt decoded together, as the CLI does
+CACHES = ["16 bits (as computed)", "nvfp4", "nvfp4-4over6", "mxfp4", "fp8-e4m3-head", "fp8-e4m3-unit",
+          "int8-token-head", "int4-token-head", "k8v4-token-head", "kivi-2", "quanto-4"]  # the cases' caches
 
 
 def render() -> None:
@@ -47,17 +50,24 @@ def render() -> None:
                                      "(as kvpress' presses do)")
         new_tokens = right.number_input("New tokens per reply", min_value=2, max_value=256, value=16,
                                         key="sweep-new-tokens")
+        formats = st.multiselect("Cache formats", CACHES, default=CACHES[:1], key="sweep-caches",
+                                 help="each case's cache besides its policy: as computed, or in an engine's format "
+                                      "with each slot rounded when written (NVFP4, MXFP4, FP8, per-token-head int), "
+                                      "KIVI or transformers' QuantizedCache: which prompts a format breaks")
         submitted = st.form_submit_button("Run the sweep", type="primary")
     if submitted:
-        _start(chosen, upload, int(count), policies, fractions, mode, int(new_tokens), classes)
+        _start(chosen, upload, int(count), policies, fractions, mode, int(new_tokens), classes, formats)
 
 
 def _start(chosen: str, upload, limit: int, policies: list[str], fractions: list[float], mode: str,
-           new_tokens: int, classes: dict) -> None:
+           new_tokens: int, classes: dict, formats: list[str]) -> None:
     """Check the form and hand the sweep to the page's run; a refusal is one line and changes nothing."""
     try:
-        if not policies or not fractions:
-            raise KvvizError("choose at least one policy and one budget")
+        if not policies or not fractions or not formats:
+            raise KvvizError("choose at least one policy, one budget and one cache format")
+        schemes = [None if name == CACHES[0] else name for name in formats]
+        for name in filter(None, schemes):
+            run_cache(name)  # refused in one line before anything runs
         if chosen == UPLOAD:
             if upload is None:
                 raise KvvizError("upload a JSONL prompt file, or choose a built-in set")
@@ -66,10 +76,10 @@ def _start(chosen: str, upload, limit: int, policies: list[str], fractions: list
             prompts = load_prompts(chosen, limit)
         presses = any(is_press(name, classes) for name in policies)
         budgets = [kept_fraction(float(f), presses) for f in sorted(fractions)]
-        cases = cases_for(prompts, policies, budgets, mode, 1, new_tokens)
+        cases = cases_for(prompts, policies, budgets, mode, 1, new_tokens, schemes)
         session = state.session()
         state.make_room(max(held_slots(session.lm, list(p.turns), p.max_new_tokens or new_tokens) for p in prompts)
-                        * min(BATCH, len(policies) * len(budgets)))
+                        * min(BATCH, len(policies) * len(budgets) * len(schemes)))
     except KvvizError as exc:
         warn(exc)
         return

@@ -48,7 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scheme", default=None, metavar="NAME",
                         help="the run's cache as a scheme: quanto-4 / quanto-2 (transformers' QuantizedCache, quanto "
                              "backend, with --residual, --q-group-size and --axis), hqq-8/4/3/2 (its HQQ backend), "
-                             "kivi-4 / kivi-2 (KIVI, G 32, R 128)")
+                             "kivi-4 / kivi-2 (KIVI, G 32, R 128), or a per-slot scheme rounded as each slot is "
+                             "written: int*-token, fp8-* (a dynamic scale fixed by the first pass), nvfp4, mxfp4, "
+                             "*-token-head, with +skip rules")
     parser.add_argument("--residual", type=positive, default=128, help="QuantizedCache's residual_length")
     parser.add_argument("--q-group-size", type=positive, default=64, help="QuantizedCache's q_group_size")
     parser.add_argument("--axis", type=int, choices=(0, -1, 1), default=0,
@@ -158,13 +160,13 @@ def run(args: argparse.Namespace) -> None:
     reshape = Reshape(args.think, args.think_window, args.merge, args.merge_rule, args.merge_threshold) \
         if args.think or args.merge else None
 
-    quanto = None
+    cache = {}
     if args.scheme is not None:
-        from kvviz.quant.catalogue import run_cache
+        from kvviz.quant.written import run_cache
 
-        scheme_kivi, quanto = run_cache(args.scheme, args.q_group_size, args.residual, args.axis)
-        kivi = kivi or scheme_kivi
-    settings = RunSettings(policy, budget, mode, every, kivi, positions, reshape, quanto)
+        cache = run_cache(args.scheme, args.q_group_size, args.residual, args.axis)
+        kivi = kivi or cache.pop("kivi", None)
+    settings = RunSettings(policy, budget, mode, every, kivi, positions, reshape, **cache)
     lm = load_model(args.model)
     forecast = first_compression(lm, args.turn, settings)
     if forecast is not None and forecast.recency_only:  # said before the run (which then says it again)

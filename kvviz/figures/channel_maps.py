@@ -35,7 +35,7 @@ def channel_errors(view: Channels) -> go.Figure:
     colours = ["#b0b0b0" if c not in view.outliers else "#d62728" for c in channels]
     data = [dict(type="bar", x=channels, y=view.key_peaks.tolist(), marker=dict(color=colours), name="max |k|",
                  yaxis="y2", opacity=0.45, hovertemplate="channel %{x}<br>max |k| %{y:.3f}<extra></extra>")]
-    palette = ["#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd"]
+    palette = ["#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2"]  # one per quantizer (6 at 4 bits)
     for (name, error), colour in zip(view.errors.items(), palette):
         data.append(dict(type="scatter", mode="lines", x=channels, y=error.tolist(), name=f"{view.bits}-bit {name}",
                          line=dict(color=colour),

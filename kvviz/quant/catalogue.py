@@ -11,7 +11,8 @@ the app's comparison take:
 - ``fp8-{e4m3,e5m2}-{head,tensor}`` — an FP8 cache (vLLM's ``kv_cache_dtype``), one dynamic scale per KV head or
   per layer.
 - ``fp8-{e4m3,e5m2}-{head,tensor}-static`` — the same with static scales calibrated on a calibration text
-  (kvviz.quant.calibration: vLLM's checkpoint ``k_scale`` / ``v_scale``); ``fp8-{e4m3,e5m2}-unit`` — every scale 1.0, what
+  (kvviz.quant.calibration: vLLM's checkpoint ``k_scale`` / ``v_scale``); ``fp8-{e4m3,e5m2}-unit`` (also spelled
+  ``fp8-e4m3-tensor-unit`` / ``-head-unit``: all ones either way) — every scale 1.0, what
   vLLM uses when a checkpoint has none. Values past the scale's range saturate.
 - ``hqq-{8,4,3,2}`` — transformers' ``QuantizedCache`` with the HQQ backend: a policy run's cache only (HQQ's rounding
   is an optimisation the hqq package runs; kvviz.quant.quanto).
@@ -54,7 +55,7 @@ from kvviz.errors import KvvizError
 from kvviz.quant.quantizer import Quantizer
 from kvviz.quant.kivi import Kivi
 from kvviz.quant.quanto import QuantoCache
-from kvviz.quant.names import PATTERNS, SKIP, check_names, run_family, scheme_family
+from kvviz.quant.names import PATTERNS, SKIP, check_names, scheme_family
 
 MIX_KEYS = Quantizer("channel")  # the mix schemes' keys: how they are stored, and what the allocation measures
 
@@ -166,7 +167,7 @@ class Scheme:
                 f"int{keys}" if keys == values else f"int, keys {keys} bits, values {values} bits")
             return f"{kind}, one float32 scale per slot and KV head"
         if family == "fp8static":
-            return (f"FP8 {parts[1]}, every scale 1.0 (vLLM without calibrated scales)" if parts[2] == "unit" else
+            return (f"FP8 {parts[1]}, every scale 1.0 (vLLM without calibrated scales)" if parts[-1] == "unit" else
                     f"FP8 {parts[1]}, one static scale per {'KV head' if parts[2] == 'head' else 'layer'}, calibrated")
         return QuantoCache(int(parts[1]), backend=family).label
 
@@ -239,7 +240,7 @@ class Scheme:
         if family == "fp8static":
             if calibration is None:
                 raise KvvizError(f"{self.name} needs a calibration (kvviz.quant.calibration.calibrate) for its scales")
-            keys, values = calibration.quantizers(parts[1], parts[2])
+            keys, values = calibration.quantizers(parts[1], "unit" if parts[-1] == "unit" else parts[2])
             return Edit.quantize(slots, 8, keys=keys, values=values)
         if family == "mix":
             if head_widths is None:
@@ -252,21 +253,6 @@ class Scheme:
         quanto = QuantoCache(int(parts[1]))
         return Edit.quantize(range(quanto_prefix(passes, at, quanto.residual_length)), quanto.nbits,
                              keys=quanto.quantizer, values=quanto.quantizer)
-
-
-def run_cache(name: str, q_group_size: int = 64, residual: int = 128, axis: int = 0
-              ) -> tuple[Kivi | None, QuantoCache | None]:
-    """The cache a policy run keeps for scheme ``name`` (``kivi``, ``kivi-N``, ``quanto-N`` and ``hqq-N``: quantized
-    as the run goes): its ``(kivi, quanto)`` settings (``axis``: QuantizedCache's, for keys and values); ``fp16`` is
-    the model's own cache. Other schemes are what-if only."""
-    family, bits = run_family(name), name.rpartition("-")[2]
-    if family == "fp16":
-        return None, None
-    if family == "kivi":
-        return Kivi(int(bits), int(bits)), None
-    if family == "quanto":
-        return None, QuantoCache(int(bits), q_group_size, residual, axis, axis)
-    return None, QuantoCache(int(bits), q_group_size, residual, axis, axis, backend="hqq")  # hqq
 
 
 def quanto_prefix(passes: Sequence[int], at: int, residual_length: int) -> int:

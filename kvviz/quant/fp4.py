@@ -38,9 +38,11 @@ def e2m1_(x: torch.Tensor) -> torch.Tensor:
     return x.div_(step).round_().mul_(step)
 
 
-def fp4_round_trip_(out: torch.Tensor, values: torch.Tensor, format: str) -> None:
+def fp4_round_trip_(out: torch.Tensor, values: torch.Tensor, format: str, tensor: torch.Tensor | None = None) -> None:
     """``out`` ← ``values`` through ``format`` (a key of :data:`FP4_BLOCKS`); both float32 ``(..., blocks, block)``:
-    one block per last-axis row. NVFP4's tensor scale spans the whole of ``values``."""
+    one block per last-axis row. NVFP4's tensor scale is ``tensor`` (static, broadcast against ``values``, e.g.
+    ``(KV, 1, 1, 1)``), or by default dynamic: from the amax of the whole of ``values``. Under a static tensor scale
+    a block whose scale would pass E4M3's 448 is clamped there, and its largest elements saturate at ``6 · 448 · g``."""
     amax = values.abs().amax(-1, keepdim=True)  # (..., blocks, 1)
     if format == "mxfp4":
         exponent = torch.frexp(amax)[1] - 1  # ⌊log₂ amax⌋ for amax > 0 (amax = 0 reads back 0 with any scale)
@@ -48,7 +50,8 @@ def fp4_round_trip_(out: torch.Tensor, values: torch.Tensor, format: str) -> Non
         torch.div(values, scale, out=out)
         e2m1_(out).mul_(scale)
         return
-    tensor = (amax.amax() / (E4M3_MAX * E2M1_MAX)).clamp_(min=_TINY)
+    if tensor is None:
+        tensor = (amax.amax() / (E4M3_MAX * E2M1_MAX)).clamp_(min=_TINY)
     first = _nvfp4(values, amax / E2M1_MAX, tensor)
     if format == "nvfp4":
         out.copy_(first)
@@ -60,7 +63,7 @@ def fp4_round_trip_(out: torch.Tensor, values: torch.Tensor, format: str) -> Non
 
 def _nvfp4(values: torch.Tensor, block: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
     """``values`` ``(..., blocks, block)`` read back from NVFP4 with block scales ``block / tensor`` (before their
-    E4M3 rounding) under the tensor scale ``tensor`` (0-d), in torchao's order of operations."""
+    E4M3 rounding) under the tensor scale ``tensor`` (0-d or broadcast), in torchao's order of operations."""
     scale = (block / tensor).clamp_(E4M3_TINY, E4M3_MAX).to(torch.float8_e4m3fn).float()
     codes = e2m1_(values * ((1.0 / tensor) / scale))
     return codes.mul_(tensor * scale)

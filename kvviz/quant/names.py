@@ -13,7 +13,7 @@ PATTERNS = {
     "int": re.compile(r"int(8|4|3|2)-(token|channel)"),
     "kivi": re.compile(r"kivi-(4|2)"),
     "fp8": re.compile(r"fp8-(e4m3|e5m2)-(head|tensor)"),
-    "fp8static": re.compile(r"fp8-(e4m3|e5m2)-(head|tensor)-static|fp8-(e4m3|e5m2)-unit"),
+    "fp8static": re.compile(r"fp8-(e4m3|e5m2)-(head|tensor)-static|fp8-(e4m3|e5m2)-(?:head-|tensor-)?unit"),
     "quanto": re.compile(r"quanto-(4|2)"),
     "hqq": re.compile(r"hqq-(8|4|3|2)"),
     "mix": re.compile(r"mix([2-8](?:\.[0-9]+)?)-(uniform|keyerror)"),
@@ -38,16 +38,21 @@ def check_names(names: list[str]) -> None:
         scheme_family(name)
 
 
-RUN_FAMILIES = ("fp16", "kivi", "quanto", "hqq")  # caches a policy run holds as it goes; the others are what-ifs
+WRITTEN_FAMILIES = ("int", "fp8", "fp8static", "fp4", "tokenhead")  # rounded slot by slot as written (quant.written)
+RUN_FAMILIES = ("fp16", "kivi", "quanto", "hqq", *WRITTEN_FAMILIES)  # caches a policy run holds as it goes
 
 
 def run_family(name: str) -> str:
-    """The family of scheme ``name`` if a policy run can hold it as its cache (:data:`RUN_FAMILIES`); one line
-    otherwise."""
+    """The family of scheme ``name`` if a policy run can hold it as its cache (:data:`RUN_FAMILIES`; an int scheme
+    per token, no outlier channels); one line otherwise."""
     family = scheme_family(name)
-    if family not in RUN_FAMILIES:
-        raise KvvizError(f"a policy run's cache takes fp16, kivi-N, quanto-N or hqq-N; {name} is for what-ifs "
-                         "(whatif --scheme, quant-compare)")
+    base, *suffixes = name.split("+")
+    if family not in RUN_FAMILIES or (family == "int" and base.endswith("channel")) or any(
+            s.startswith("outliers") for s in suffixes):
+        raise KvvizError(f"{name} is not a cache a run writes slot by slot: its scales span the slots rounded "
+                         "together (per channel, outlier channels, mixed widths); a run takes kivi-N for keys per "
+                         "channel, quanto-N, hqq-N, or a per-slot scheme (int*-token, fp8-*, nvfp4, mxfp4, "
+                         "*-token-head)")
     return family
 
 

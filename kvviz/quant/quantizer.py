@@ -85,9 +85,12 @@ class Quantizer:
                 raise KvvizError("the RoPE frequencies of pre-RoPE keys must be positive and finite")
 
     def _check_scales(self) -> None:
-        if self.fp8 is None or self.axis not in ("head", "tensor") or self.rotation != "none" or self.outliers \
+        if self.format.startswith("nvfp4") and self.rotation == "none" and not self.outliers and self.rope is None:
+            pass  # NVFP4's tensor scale, static (per layer, one per KV head: the same in a layer for a tensor scale)
+        elif self.fp8 is None or self.axis not in ("head", "tensor") or self.rotation != "none" or self.outliers \
                 or self.rope is not None:  # scales calibrated on the cached keys, which are post-RoPE
-            raise KvvizError("static scales are for FP8 (e4m3 / e5m2) per KV head or per layer, without a rotation, "
+            raise KvvizError("static scales are for FP8 (e4m3 / e5m2) per KV head or per layer and NVFP4's tensor "
+                             "scale, without a rotation, "
                              "outlier channels or pre-RoPE keys: the engines calibrate one scale per layer or KV head "
                              "on the keys as cached")
         rows = per_head_table(self.scales, float, "static scales")
@@ -241,7 +244,8 @@ def fake_quantize_(
     else:
         out, values, reduce_dim = x, source, {"channel": 1, "head": (1, 2), "tensor": (0, 1, 2)}[quantizer.axis]
     if quantizer.fp4:
-        fp4_round_trip_(out, values, quantizer.format)
+        static = None if quantizer.scales is None else quantizer.static_scale(x.shape[0], layer, x.device)[..., None]
+        fp4_round_trip_(out, values, quantizer.format, static)
     elif quantizer.scales is not None:
         _fp8_cast_(out, values, quantizer.fp8, quantizer.static_scale(x.shape[0], layer, x.device))
     elif quantizer.fp8 is not None:

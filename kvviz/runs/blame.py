@@ -69,7 +69,7 @@ def variants(run: TurnRun, step: int, restores: list[set[int]]) -> tuple[torch.T
     for row, slots in enumerate(restores, start=1):
         visible[row, :, :, sorted(slots)] = True
     timeline, cache = run.forced.timeline, None  # None: the session's own
-    if run.forced.settings.kivi or timeline.rotary or timeline.flushes or timeline.parts:
+    if run.forced.settings.kivi or run.forced.settings.written or timeline.rotary or timeline.flushes or timeline.parts:
         cache = kv_cache.over(layer_views(stacked(prefix_kv(session, at, session.commits.edit_at(at)), len(visible))),
                               at)
     return rerun(session, at, visible, cache), hidden

@@ -29,6 +29,7 @@ from kvviz.hidden_log import HiddenLog, recording
 from kvviz.model import LoadedModel
 from kvviz.policies.base import Candidates, Policy, kept_share, received_attention, slots_kept
 from kvviz.quant.kivi import Kivi
+from kvviz.quant.written import WrittenCache
 from kvviz.policies.reshaping import merging, think
 from kvviz.runs.reasons import Reasons
 from kvviz.quant.quanto import QuantoCache
@@ -56,8 +57,14 @@ class RunSettings:
     positions: Literal["original", "rerotated"] = "original"
     reshape: Reshape | None = None  # ThinK's prunings, merges of the evicted, at each prompt
     quanto: QuantoCache | None = None  # transformers' QuantizedCache (quanto backend) as the run's cache
+    written: WrittenCache | None = None  # a scheme's cache, each slot rounded when written (kvviz.quant.written)
 
     def __post_init__(self) -> None:
+        if self.written is not None and (self.kivi is not None or self.quanto is not None or self.positions ==
+                                         "rerotated" or (self.reshape is not None and (self.reshape.think or
+                                                                                       self.reshape.merge))):
+            raise KvvizError(f"a {self.written.scheme} cache runs alone: without KIVI, QuantizedCache, pruning or "
+                             "merging, at original positions")
         if self.quanto is not None and (self.kivi is not None or self.positions == "rerotated" or (
                 self.reshape is not None and (self.reshape.think or self.reshape.merge))):
             raise KvvizError("a QuantizedCache run quantizes as transformers' QuantizedCache does: without KIVI, "
@@ -78,8 +85,8 @@ class RunSettings:
             raise KvvizError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
             raise KvvizError(f"every must be a positive integer, got {self.every!r}")
-        if self.policy is None and self.kivi is None and self.quanto is None:
-            raise KvvizError("a run needs a policy, a quantized cache (KIVI or QuantizedCache), or both")
+        if self.policy is None and self.kivi is None and self.quanto is None and self.written is None:
+            raise KvvizError("a run needs a policy, a quantized cache (KIVI, QuantizedCache, a scheme), or both")
         if self.policy is not None:
             if self.budget is None:
                 raise KvvizError("a policy run needs a budget (a slot count or a fraction)")
@@ -101,6 +108,8 @@ class RunSettings:
             parts.append(self.kivi.label)
         if self.quanto is not None:
             parts.append(self.quanto.label)
+        if self.written is not None:
+            parts.append(self.written.label)
         if self.reshape is not None and self.reshape.label:
             parts.append(self.reshape.label)
         where = " · original positions" if self.positions == "original" else \
@@ -115,7 +124,8 @@ class CompressedSession:
         self.lm, self.settings = lm, settings
         self.session = Session(lm, Sampling())
         rotary = Rotary(lm) if settings.positions == "rerotated" else None
-        self.timeline = Timeline(self.session.cache, lm.layers, lm.kv_heads, settings.kivi, rotary)
+        schedule = settings.kivi if settings.written is None else settings.written.for_model(lm)
+        self.timeline = Timeline(self.session.cache, lm.layers, lm.kv_heads, schedule, rotary)
         self.session.commits = self.timeline
         # attention each slot received so far, kept up to date only for policies that read it (H2O)
         self.running = torch.zeros(lm.layers, lm.kv_heads, 0, dtype=torch.float64)
@@ -206,7 +216,7 @@ class CompressedSession:
         slots (no KIVI, QuantizedCache, pruning, merging or re-rotation rewrites the cache) and the policy reads no
         hidden states."""
         reshape = self.settings.reshape
-        return (self.hidden is None and self.settings.kivi is None and self.settings.quanto is None
+        return (self.hidden is None and self.timeline.kivi is None and self.settings.quanto is None
                 and self.timeline.rotary is None and not (reshape is not None and (reshape.think or reshape.merge)))
 
     def begin_step(self, token: int | None = None) -> Session:
@@ -269,8 +279,8 @@ class CompressedSession:
                 decision = self.settings.policy.decide(candidates)
                 self.reasons.record(decision)
                 evicted = decision.evicted
-        kivi = self.settings.kivi
-        if self.timeline.record(at, evicted, kivi.quantized_prefix(at) if kivi else 0):
+        schedule = self.timeline.kivi  # KIVI's, or a written scheme's
+        if self.timeline.record(at, evicted, schedule.quantized_prefix(at) if schedule else 0):
             self.session.version += 1
             self.session.memo.clear()
             if self.timeline.rotary is not None:  # the next token follows the kept ones

@@ -92,6 +92,7 @@ def document(result: PolicyRun, blame: Blame | None = None) -> dict:
         "budget": settings.budget, "mode": settings.mode, "every": settings.every,
         "kivi": settings.kivi.settings() if settings.kivi is not None else None,
         "quanto": settings.quanto.settings() if settings.quanto is not None else None,
+        "written": settings.written.settings() if settings.written is not None else None,
         "positions": settings.positions,
         "reshape": _reshaped(result),
         **{key: last[key] for key in ("prompt_ids", "kept_after_prompt", "full", "policy_run", "divergence", "steps")},

@@ -20,6 +20,7 @@ from kvviz import kv_cache
 from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
 from kvviz.quant.kivi import Kivi
+from kvviz.quant.written import WrittenCache
 from kvviz.rope import Rotary
 
 NEVER = torch.iinfo(torch.int32).max
@@ -30,8 +31,10 @@ class Timeline:
 
     stack = ()  # no hand-made commits: a run's cache is edited by its policy only
 
-    def __init__(self, cache: Cache, layers: int, kv_heads: int, kivi: Kivi | None = None,
+    def __init__(self, cache: Cache, layers: int, kv_heads: int, kivi: Kivi | WrittenCache | None = None,
                  rotary: Rotary | None = None):
+        """``kivi``: the run's quantization schedule — KIVI, or a scheme written slot by slot (kvviz.quant.written),
+        whose first-pass scales are fixed here when the first slots are rounded."""
         self.cache, self.layers, self.kv_heads, self.kivi, self.rotary = cache, layers, kv_heads, kivi, rotary
         self.computed: torch.Tensor | None = None  # re-rotated runs: (L, KV, n, D) keys at the position computed at
         self.processed: list[int] = []  # re-rotated runs: the position each slot was computed at
@@ -64,7 +67,7 @@ class Timeline:
             quantized = self.kivi.edit(range(self.quantized[k])) if self.kivi and self.quantized[k] else Edit()
             parts = [part for j, part in self.parts if j <= k]
             self._edits[k] = Edit(evictions=evictions, key_bits=quantized.key_bits, value_bits=quantized.value_bits,
-                                  keys=quantized.keys, values=quantized.values,
+                                  keys=quantized.keys, values=quantized.values, exact_layers=quantized.exact_layers,
                                   prunings=tuple(p for part in parts for p in part.prunings),
                                   merges=tuple(m for part in parts for m in part.merges),
                                   merge_rule=parts[0].merge_rule if parts else "average")
@@ -270,6 +273,8 @@ class Timeline:
         added = tuple(torch.stack([kv[i][0, :, old:new] for kv in live]) for i in (0, 1))  # (L, KV, new-old, D)
         self.originals = added if self.originals is None else tuple(
             torch.cat([o, a], dim=2) for o, a in zip(self.originals, added))
+        if not old and getattr(self.kivi, "first_pass", False):  # a written scheme's scales fixed by the first pass
+            self.kivi = self.kivi.fixed(*added)
         first = old if self.kivi.grouping == "blocks" else 0  # shared scales: the whole prefix again
         edit = self.kivi.edit(range(first, new))
         for layer, (keys, values) in enumerate(live):

@@ -74,7 +74,7 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike, workers: int = 1, ray: st
     cases = spec.cases()
     for name in spec.policies:  # refuse an unknown policy or scheme before anything runs
         make_policy(available(), name, {})
-    from kvviz.quant.catalogue import run_cache
+    from kvviz.quant.written import run_cache
 
     for name in spec.schemes:
         run_cache(name)

@@ -1,0 +1,133 @@
+"""A scheme as a run's cache (:func:`run_cache`): KIVI's, QuantizedCache's, or — :class:`WrittenCache` — as the
+engines keep theirs: each slot quantized once, when it is written, never again.
+
+vLLM, SGLang and TensorRT-LLM quantize a token's K/V as they write it to the cache (``reshape_and_cache``), with the
+format's scales: per slot (int per token, FP4 blocks, per token and KV head) or fixed beforehand (static FP8 scales,
+1.0). A scale that would span slots — FP8's dynamic one per KV head or per layer, NVFP4's tensor scale — is fixed at
+the first pass from the K/V it wrote (the prompt's) and kept for every later slot, as vLLM's
+``--calculate-kv-scales`` does; a later value past that range saturates. Layers kept exact by a ``+skip`` rule stay
+as computed.
+
+kvviz runs it like KIVI without a window (kvviz.runs.timeline): before each step the slots written since the last
+one are rounded in place, their originals kept. Where the imitation stops: the step's own K/V attend at full
+precision in the pass that computed them (the engines write, then attend, so the step sees its own K/V rounded too),
+and a prompt's rows attend to each other unrounded (as in a first prefill, where the engines attend on the fresh
+K/V). Schemes whose scales span the slots quantized together are refused: per channel (``int*-channel``, ``mix``:
+the run form of per-channel keys is ``kivi-N``), outlier channels (chosen over the slots).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from kvviz.edit.edit import Edit
+from kvviz.errors import KvvizError
+from kvviz.quant.calibration import CALIBRATION_TEXT, calibrate
+from kvviz.quant.catalogue import Scheme
+from kvviz.quant.fp4 import E2M1_MAX, E4M3_MAX
+from kvviz.quant.kivi import Kivi
+from kvviz.quant.names import WRITTEN_FAMILIES, run_family
+from kvviz.quant.quanto import QuantoCache
+from kvviz.quant.quantizer import Quantizer
+from kvviz.rope import rope_frequencies
+
+_TINY = torch.finfo(torch.float32).tiny
+
+
+@dataclass(frozen=True)
+class WrittenCache:
+    """Scheme ``scheme`` (kvviz.quant.catalogue) as a run's cache. :meth:`for_model` resolves what it needs from the
+    model (its quantizers, widths and layers kept exact); :meth:`fixed` its first-pass scales. Provides what a run's
+    timeline asks of a quantization schedule: :meth:`quantized_prefix`, :meth:`edit`, ``grouping``, :attr:`label`."""
+
+    scheme: str
+    template: Edit | None = field(default=None, compare=False)  # the scheme's quantization of one slot, resolved
+    grouping: str = "blocks"  # each write rounded on its own, never again (kvviz.runs.timeline)
+
+    def __post_init__(self) -> None:
+        if run_family(self.scheme) not in WRITTEN_FAMILIES:
+            raise KvvizError(f"{self.scheme} is a run cache of its own (kivi-N, quanto-N, hqq-N), not written slot by "
+                             "slot")
+
+    def for_model(self, lm) -> WrittenCache:
+        """This cache with the scheme's quantizers for ``lm`` (RoPE frequencies, calibrated static scales, the layers
+        its ``+skip`` rules keep exact)."""
+        scheme = Scheme(self.scheme)
+        calibration = calibrate(lm, CALIBRATION_TEXT) if scheme.static else None
+        rope = rope_frequencies(lm) if scheme.pre_rope else None
+        windows = lm.attention.windows or (None,) * lm.layers
+        template = scheme.edit([1], 1, calibration, rope, None, windows)
+        for quantizer in (template.keys, template.values):
+            quantizer.check_model(lm.layers, lm.kv_heads, lm.head_dim)
+        return replace(self, template=template)
+
+    @property
+    def first_pass(self) -> bool:
+        """Whether a scale spans slots and is fixed from the first pass (dynamic FP8 per KV head or layer, NVFP4)."""
+        return any(_spans(q) for q in (self._template.keys, self._template.values))
+
+    def fixed(self, keys: torch.Tensor, values: torch.Tensor) -> WrittenCache:
+        """This cache with the scales that span slots fixed from the first pass's K/V (each ``(L, KV, n, D)``); the
+        others as they are."""
+        template = self._template
+        settings = {"keys": _fixed(template.keys, keys), "values": _fixed(template.values, values)}
+        return replace(self, template=replace(template, **settings))
+
+    @property
+    def _template(self) -> Edit:
+        if self.template is None:
+            raise ValueError("a written cache needs its model first: WrittenCache.for_model(lm)")
+        return self.template
+
+    def quantized_prefix(self, cached: int) -> int:
+        """Every slot written before the step is rounded."""
+        return cached
+
+    def edit(self, slots: range) -> Edit:
+        """The rounding of ``slots`` as an :class:`Edit` (each slot on its own scales, or the fixed ones)."""
+        template = self._template
+        return replace(template, key_bits=dict.fromkeys(slots, template.key_bits[0]),
+                       value_bits=dict.fromkeys(slots, template.value_bits[0]))
+
+    def settings(self) -> dict:
+        return {"scheme": self.scheme}
+
+    @property
+    def label(self) -> str:
+        scheme = Scheme(self.scheme)
+        fixed = scheme.family == "fp8" or scheme.base.startswith("nvfp4")  # dynamic scales that span slots
+        return f"{scheme.label}, each slot rounded when written" + (", the scales fixed by the first pass" if fixed else "")
+
+
+def _spans(quantizer: Quantizer) -> bool:
+    return quantizer.scales is None and (quantizer.axis in ("head", "tensor") and quantizer.fp8 is not None
+                                         or quantizer.format.startswith("nvfp4"))
+
+
+def _fixed(quantizer: Quantizer, x: torch.Tensor) -> Quantizer:
+    """``quantizer`` with static scales from ``x`` ``(L, KV, n, D)`` if its dynamic scale spans slots: FP8's
+    ``amax / max(format)`` per KV head or per layer, NVFP4's tensor scale ``amax / (448 · 6)`` per layer."""
+    if not _spans(quantizer):
+        return quantizer
+    amax = x.detach().float().abs().amax((2, 3))  # (L, KV)
+    if quantizer.axis == "tensor" or quantizer.fp4:
+        amax = amax.amax(1, keepdim=True).expand_as(amax)
+    top = E4M3_MAX * E2M1_MAX if quantizer.fp4 else torch.finfo(quantizer.fp8).max
+    return replace(quantizer, scales=(amax / top).clamp(min=_TINY).tolist())
+
+
+def run_cache(name: str, q_group_size: int = 64, residual: int = 128, axis: int = 0) -> dict:
+    """The cache a policy run keeps for scheme ``name``, as :class:`~kvviz.runs.compressed.RunSettings` fields:
+    ``kivi`` (``kivi-N``), ``quanto`` (``quanto-N``, ``hqq-N``; ``axis``: QuantizedCache's, for keys and values) or
+    ``written`` (the per-slot schemes, each slot rounded when written: kvviz.quant.written); ``fp16`` is the model's
+    own cache. Per-channel and mixed schemes are refused in one line (their scales span the slots)."""
+    family, bits = run_family(name), name.rpartition("-")[2]
+    if family == "fp16":
+        return {}
+    if family == "kivi":
+        return {"kivi": Kivi(int(bits), int(bits))}
+    if family in ("quanto", "hqq"):
+        return {"quanto": QuantoCache(int(bits), q_group_size, residual, axis, axis, backend=family)}
+    return {"written": WrittenCache(name)}
