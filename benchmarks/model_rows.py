@@ -110,8 +110,8 @@ class Bench:
         quantizers and bit-width (kvviz.quant.catalogue), on the whole history."""
         session = self._context(count)
         at = len(session) - 1
-        bits, settings = ((8, 8), {"keys": Quantizer("head", format="e4m3"), "values": Quantizer("head", format="e4m3")}) \
-            if fp8 else ((4, 4), {})
+        fp8_settings = {"keys": Quantizer("head", format="e4m3"), "values": Quantizer("head", format="e4m3")}
+        bits, settings = ((8, 8), fp8_settings) if fp8 else ((4, 4), {})
         if scheme is not None:
             from kvviz.quant.catalogue import Scheme
 

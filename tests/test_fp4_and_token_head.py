@@ -100,7 +100,8 @@ def test_four_over_six_keeps_per_block_the_scale_that_errs_less():
     chosen = torch.where((errors[1] < errors[0])[..., None], blocks(four), blocks(six))
     assert torch.equal(blocks(out)[clear], chosen[clear])
     tied = blocks(out)[~clear]
-    assert all(torch.equal(b, s) or torch.equal(b, f) for b, s, f in zip(tied, blocks(six)[~clear], blocks(four)[~clear]))
+    candidates = zip(tied, blocks(six)[~clear], blocks(four)[~clear])
+    assert all(torch.equal(b, s) or torch.equal(b, f) for b, s, f in candidates)
     assert bool((errors[1] < errors[0]).any() and (errors[0] < errors[1]).any())  # both choices happen
     assert (out - x).square().sum() < (six - x).square().sum()
 

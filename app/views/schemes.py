@@ -62,7 +62,8 @@ def render(session, at: int) -> None:
             HEADERS["tv"]: st.column_config.NumberColumn(format="%.4g"),
             HEADERS["bytes"]: st.column_config.NumberColumn(format="%d"),
             HEADERS["ratio"]: st.column_config.NumberColumn(
-                format="%.3g×", help="the 16-bit cache's bytes over this scheme's, every scale and zero point counted"),
+                format="%.3g×",
+                help="the 16-bit cache's bytes over this scheme's, every scale and zero point counted"),
             HEADERS["nominal"]: st.column_config.NumberColumn(
                 format="%.3g×", help="16 over the bits per element the format's name promises (scales not counted)"),
             HEADERS["saturated"]: st.column_config.NumberColumn(

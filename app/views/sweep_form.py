@@ -1,6 +1,6 @@
 """Running a sweep from the Sweeps tab: prompts (a built-in set or an uploaded JSONL file), policies, budgets, cache
-formats and a reply length, run on this page's model in the page's run (progress, Stop); the rows are the ones ``python -m kvviz
-sweep`` writes (:func:`kvviz.sweeps.cases.run_cases`), shown below and offered as a CSV download."""
+formats and a reply length, run on this page's model in the page's run (progress, Stop); the rows are the ones
+``python -m kvviz sweep`` writes (:func:`kvviz.sweeps.cases.run_cases`), shown below and offered as a CSV download."""
 
 from __future__ import annotations
 

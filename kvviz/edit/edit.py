@@ -105,7 +105,8 @@ class Edit:
                          key_bits={**self.key_bits, **other.key_bits}, value_bits={**self.value_bits, **other.value_bits},
                          prunings=self.prunings + other.prunings, merges=self.merges + other.merges,
                          keys=settings.keys, values=settings.values, head_widths=settings.head_widths,
-                         exact_layers=settings.exact_layers, merge_rule=other.merge_rule if other.merges else self.merge_rule)
+                         exact_layers=settings.exact_layers,
+                         merge_rule=other.merge_rule if other.merges else self.merge_rule)
         if merged.head_widths is not None and merged.reshapes:
             raise KvvizError("widths per KV head and pruned or merged slots cannot be combined: undo one first")
         return merged
@@ -164,8 +165,8 @@ class Edit:
             if eviction.heads and eviction.heads[-1] >= kv_heads:
                 raise KvvizError(f"KV head {eviction.heads[-1]} does not exist (the model has {kv_heads})")
         if self.exact_layers and self.exact_layers[-1] >= layers:
-            raise KvvizError(f"layer {self.exact_layers[-1]} does not exist (the model has {layers}): it cannot be kept "
-                             "exact")
+            raise KvvizError(f"layer {self.exact_layers[-1]} does not exist (the model has {layers}): it cannot be "
+                             "kept exact")
         self.keys.check_model(layers, kv_heads, head_dim)
         self.values.check_model(layers, kv_heads, head_dim)
         for quantizer, table in ((self.keys, self.key_bits), (self.values, self.value_bits)):

@@ -231,7 +231,8 @@ class Scheme:
             return Edit.quantize(slots, 8, keys=Quantizer(parts[2], format=parts[1], **key_extra),
                                  values=Quantizer(parts[2], format=parts[1], **extra))
         if family == "fp4":
-            quantizer = Quantizer("token", 16 if self.base == "mxfp4-b16" else None, format=self.base.removesuffix("-b16"))
+            block = 16 if self.base == "mxfp4-b16" else None  # SGLang's blocks of 16; else the format's own
+            quantizer = Quantizer("token", block, format=self.base.removesuffix("-b16"))
             return Edit.quantize(slots, 4, keys=quantizer, values=quantizer)
         if family == "tokenhead":
             quantizer = (Quantizer("token", format="e4m3") if self.base.startswith("fp8") else

@@ -44,7 +44,7 @@ class Quantizer:
     group_size: int | None = None
     symmetric: bool = False
     block: int | None = None
-    format: str = "int"  # "int", FP8 "e4m3" / "e5m2", or E2M1 blocks (kvviz.quant.fp4) "nvfp4" / "nvfp4-4over6" / "mxfp4"
+    format: str = "int"  # "int", FP8 "e4m3" / "e5m2", E2M1 blocks (kvviz.quant.fp4) "nvfp4" / "nvfp4-4over6" / "mxfp4"
     rotation: str = "none"  # "hadamard": rounded in the basis of a normalised Hadamard matrix (QuaRot), then back
     outliers: int = 0  # channels per KV head kept exact: the largest max |x| over the slots quantized together
     scales: tuple[tuple[float, ...], ...] | None = None  # FP8 static scales, per layer one per KV head (else dynamic)

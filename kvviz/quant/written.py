@@ -98,7 +98,7 @@ class WrittenCache:
     def label(self) -> str:
         scheme = Scheme(self.scheme)
         fixed = scheme.family == "fp8" or scheme.base.startswith("nvfp4")  # dynamic scales that span slots
-        return f"{scheme.label}, each slot rounded when written" + (", the scales fixed by the first pass" if fixed else "")
+        return f"{scheme.label}, each slot rounded when written" + (", scales fixed by the first pass" if fixed else "")
 
 
 def _spans(quantizer: Quantizer) -> bool:
