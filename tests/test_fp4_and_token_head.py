@@ -54,6 +54,7 @@ def test_e2m1_rounds_to_the_nearest_value_ties_to_an_even_mantissa():
     assert torch.equal(e2m1_(grid.clone()), grid)
 
 
+@pytest.mark.numeric
 @pytest.mark.parametrize("scale", [1e-3, 1.0, 30.0])
 @pytest.mark.parametrize("name, reference", [("nvfp4", ao.nvfp4), ("mxfp4", ao.mxfp4),
                                              ("mxfp4-b16", lambda x: ao.mxfp4(x, 16))])
@@ -65,6 +66,7 @@ def test_the_round_trip_is_torchaos_bit_for_bit(name, reference, scale):
     assert not torch.equal(out, x)
 
 
+@pytest.mark.numeric
 def test_the_round_trip_of_the_models_own_keys_and_values_is_torchaos(chat):
     for layer in (0, 14, 29):
         keys, values = chat.commits.step_kv(layer, len(chat) - 1)  # (KV, n, D) float32
@@ -91,6 +93,7 @@ def four_over_six(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     return *candidates, torch.stack(errors)
 
 
+@pytest.mark.numeric
 def test_four_over_six_keeps_per_block_the_scale_that_errs_less():
     x = random_kv(5, 2.0).reshape(-1, 64)
     out = fake_quantize(x[None], 4, Quantizer("token", format="nvfp4-4over6"))[0]
@@ -106,6 +109,7 @@ def test_four_over_six_keeps_per_block_the_scale_that_errs_less():
     assert (out - x).square().sum() < (six - x).square().sum()
 
 
+@pytest.mark.numeric
 @pytest.mark.parametrize("bits", [8, 4, 2])
 def test_int_per_token_head_is_one_symmetric_float32_scale_per_slot_and_head(bits):
     x = random_kv(7, 3.0)
@@ -118,6 +122,7 @@ def test_int_per_token_head_is_one_symmetric_float32_scale_per_slot_and_head(bit
             assert torch.equal(out[head, slot], torch.round(row / scale) * scale)
 
 
+@pytest.mark.numeric
 def test_fp8_per_token_head_is_one_float32_scale_per_slot_and_head():
     x = random_kv(8, 3.0)
     out = fake_quantize(x, 8, Scheme("fp8-token-head").edit([40], 40).keys)
@@ -128,6 +133,7 @@ def test_fp8_per_token_head_is_one_float32_scale_per_slot_and_head():
             assert torch.equal(out[head, slot], (row / scale).to(torch.float8_e4m3fn).float() * scale)
 
 
+@pytest.mark.numeric
 @pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "k8v4-token-head", "int4-token-head+skip-first2+skip-9,20"])
 def test_a_what_if_with_the_scheme_is_a_step_on_a_cache_holding_the_tests_own_rounding(chat, name):
     at = len(chat) - 1

@@ -45,6 +45,7 @@ def rounded(name: str, x: torch.Tensor, first: torch.Tensor, value: bool) -> tor
     return torch.round(x / scale) * scale
 
 
+@pytest.mark.numeric
 @pytest.mark.parametrize("name", ["nvfp4", "int4-token-head", "k8v4-token-head+skip-first2"])
 def test_each_step_is_a_step_on_the_tests_own_rounding_of_what_the_run_computed(lm, eps, name):
     run = CompressedSession(lm, RunSettings(**run_cache(name)))
@@ -70,6 +71,7 @@ def test_each_step_is_a_step_on_the_tests_own_rounding_of_what_the_run_computed(
         assert float((out.logits[0, -1].float() - logits).abs().max()) <= eps
 
 
+@pytest.mark.numeric
 @pytest.mark.parametrize("name", ["nvfp4", "fp8-e4m3-head", "mxfp4"])
 def test_the_first_step_is_the_what_if_of_the_same_scheme(lm, make_chat, eps, name):
     result = run_policy(lm, [PROMPT], RunSettings(**run_cache(name)), 2).last
