@@ -60,16 +60,15 @@ class RunSettings:
     written: WrittenCache | None = None  # a scheme's cache, each slot rounded when written (kvviz.quant.written)
 
     def __post_init__(self) -> None:
-        if self.written is not None and (self.kivi is not None or self.quanto is not None or self.positions ==
-                                         "rerotated" or (self.reshape is not None and (self.reshape.think or
-                                                                                       self.reshape.merge))):
+        rewrites = self.reshape is not None and (self.reshape.think or self.reshape.merge)  # prunes or merges
+        if self.written is not None and (self.kivi is not None or self.quanto is not None
+                                         or self.positions == "rerotated" or rewrites):
             raise KvvizError(f"a {self.written.scheme} cache runs alone: without KIVI, QuantizedCache, pruning or "
                              "merging, at original positions")
-        if self.quanto is not None and (self.kivi is not None or self.positions == "rerotated" or (
-                self.reshape is not None and (self.reshape.think or self.reshape.merge))):
+        if self.quanto is not None and (self.kivi is not None or self.positions == "rerotated" or rewrites):
             raise KvvizError("a QuantizedCache run quantizes as transformers' QuantizedCache does: without KIVI, "
                              "pruning or merging, at original positions")
-        if self.reshape is not None and (self.reshape.think or self.reshape.merge):
+        if rewrites:
             if self.kivi is not None or self.positions == "rerotated":
                 raise KvvizError("pruning or merging runs without KIVI and with original positions (both rewrite the "
                                  "cache kvviz keeps for them)")

@@ -273,7 +273,7 @@ class Timeline:
         added = tuple(torch.stack([kv[i][0, :, old:new] for kv in live]) for i in (0, 1))  # (L, KV, new-old, D)
         self.originals = added if self.originals is None else tuple(
             torch.cat([o, a], dim=2) for o, a in zip(self.originals, added))
-        if not old and getattr(self.kivi, "first_pass", False):  # a written scheme's scales fixed by the first pass
+        if not old and isinstance(self.kivi, WrittenCache) and self.kivi.first_pass:  # its scales fixed by the first pass
             self.kivi = self.kivi.fixed(*added)
         first = old if self.kivi.grouping == "blocks" else 0  # shared scales: the whole prefix again
         edit = self.kivi.edit(range(first, new))
