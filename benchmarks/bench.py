@@ -43,7 +43,8 @@ def planned(quick: bool = False, browser: bool = True) -> dict[str, Callable[[Be
              f"memory {memory}": lambda b: b.memory(memory)}
     rows |= {"policy run decode 64, h2o, 1k": policy_rows.policy_run, "blame 32 slots at 1k": policy_rows.blame_row,
              "run nvfp4 decode 64, 1k": lambda b: policy_rows.scheme_run(b, "nvfp4"),
-             "run int4-token-head decode 64, 1k": lambda b: policy_rows.scheme_run(b, "int4-token-head")}
+             "run int4-token-head decode 64, 1k": lambda b: policy_rows.scheme_run(b, "int4-token-head"),
+             "run quantized-fp8 decode 64, 1k": lambda b: policy_rows.scheme_run(b, "quantized-fp8")}
     rows |= {} if quick else {"policy run decode 64, key_diff, 1k": policy_rows.key_diff_run,
                               "policy run decode 64, lag_kv, 1k": policy_rows.lag_kv_run,
                               "policy run decode 64, chunk_kv, 1k": policy_rows.chunk_kv_run,

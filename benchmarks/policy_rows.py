@@ -8,7 +8,8 @@
   expected attention over 512 future positions), each scoring every alive slot before every step; also ``… cur, 1k``
   and ``… critical_kv, 1k`` (over key norms).
 - ``run nvfp4 decode 64, 1k`` and ``run int4-token-head decode 64, 1k``: no policy, the cache in that format, each
-  slot rounded when written (kvviz.quant.written), vs plain ``generate``.
+  slot rounded when written (kvviz.quant.written), vs plain ``generate``; ``run quantized-fp8 decode 64, 1k``:
+  transformers' fp8 QuantizedCache, each step's own K/V rounded as the cache writes them.
 - ``policy run prefill 64, kv_zip, 1k``: KVzip compressing the prompt once (its reconstruction pass over the 1k
   context included), then 64 decode steps, vs plain ``generate``.
 - ``blame 32 slots at 1k``: ranking the evicted slots of one step and re-running it with each of the 32 most attended

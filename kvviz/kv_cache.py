@@ -3,11 +3,14 @@ stored post-RoPE. Everything else in kvviz goes through these functions."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import torch
 from transformers import Cache, DynamicCache, PretrainedConfig
 from transformers.cache_utils import DynamicLayer
 
 KV = tuple[torch.Tensor, torch.Tensor]
+Writer = Callable[[torch.Tensor, torch.Tensor], KV]  # new keys, values (B, KV, q, D) → as the cache stores them
 
 
 class RoomyLayer(DynamicLayer):
@@ -15,15 +18,16 @@ class RoomyLayer(DynamicLayer):
     of larger buffers, and :meth:`update` writes the new slots into that room instead of concatenating everything
     into new tensors (on CPU, a decode step's ``torch.cat`` of every layer into fresh memory costs about a quarter of
     the step at 1k slots). Out of room — or when ``keys``/``values`` were replaced by other tensors — the buffers are
-    reallocated with a quarter more room."""
+    reallocated with a quarter more room. ``written``: when set, what the layer stores (and the pass attends to) in
+    place of the new keys and values — a cache that rounds each slot as it is written (kvviz.quant.written)."""
 
     def __init__(self, keys: torch.Tensor | None = None, values: torch.Tensor | None = None, length: int = 0,
-                 cached: tuple[KV, KV] | None = None):
+                 cached: tuple[KV, KV] | None = None, written: Writer | None = None):
         """Over given buffers ``(B, KV, capacity, D)`` whose first ``length`` slots are the cached ones (not copied:
         updates write into them); ``cached``: when made before (:func:`leading`), those slots' views and the views of
         slot ``length``, which the next update of one slot writes; empty without buffers."""
         super().__init__()
-        self._buffers, self._next = None, None
+        self._buffers, self._next, self.written = None, None, written
         if keys is not None:  # initialized as lazy_initialization would, without its two placeholder tensors
             self.device, self.is_initialized = keys.device, True
             self._buffers = keys, values
@@ -44,6 +48,8 @@ class RoomyLayer(DynamicLayer):
         """Append ``key_states``/``value_states`` ``(B, KV, q, D)``; returns the whole keys and values."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        if self.written is not None:
+            key_states, value_states = self.written(key_states, value_states)
         start = self.get_seq_length()
         stop = start + key_states.shape[2]
         if not self._fits(stop):
@@ -183,13 +189,17 @@ def roomy(config: PretrainedConfig) -> DynamicCache:
     return _every_slot(config, RoomyLayer)
 
 
-def over(buffers: list[KV], length: int, cached: list[tuple[KV, KV]] | None = None) -> Cache:
+def over(buffers: list[KV], length: int, cached: list[tuple[KV, KV]] | None = None,
+         written: Sequence[Writer] | None = None) -> Cache:
     """A cache over the first ``length`` slots of per-layer buffers ``(B, KV, capacity, D)``: a forward pass writes
     its new slots into the buffers (slots ``length..``), without copying the cached ones. ``cached``: the views of
     those slots and of the next one (:func:`leading`) when made before: a cache made over the same buffers again
-    costs no operation, and a decode step on it writes its slot without making views."""
+    costs no operation, and a decode step on it writes its slot without making views. ``written``: per layer, how
+    the new slots are stored (:class:`RoomyLayer`)."""
     cached = cached or [None] * len(buffers)
-    return Cache(layers=[RoomyLayer(keys, values, length, views) for (keys, values), views in zip(buffers, cached)])
+    written = written or [None] * len(buffers)
+    return Cache(layers=[RoomyLayer(keys, values, length, views, writer)
+                         for (keys, values), views, writer in zip(buffers, cached, written)])
 
 
 def leading(buffers: list[KV], length: int) -> list[tuple[KV, KV]]:

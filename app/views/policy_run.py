@@ -25,7 +25,7 @@ from kvviz.quant.kivi import Kivi
 from kvviz.runs.policy_run import held_slots, run_policy
 from kvviz.spelling import spell
 from kvviz.quant.quanto import QuantoCache
-from kvviz.quant.written import WrittenCache
+from kvviz.quant.written import QUANTIZED_FP8, WrittenCache
 from kvviz.edit.reshape import Reshape
 from kvviz.whatif.metrics import compare
 
@@ -69,10 +69,12 @@ def render() -> None:
         group = quant[2].number_input("KIVI group G", min_value=1, value=32, disabled=not kivi_on)
         residual = quant[3].number_input("Full-precision R", min_value=0, value=128)
         quanto_bits = quant[0].selectbox("QuantizedCache", ["off", "quanto 4 bits", "quanto 2 bits", "hqq 8 bits",
-                                                            "hqq 4 bits", "hqq 2 bits"],
-                                         help="The run's cache as transformers' QuantizedCache with the quanto or HQQ "
-                                              "backend: the prompt quantized at once, then every R new slots all "
-                                              "quantized again together (R: Full-precision R; groups of 64, axis 0)")
+                                                            "hqq 4 bits", "hqq 2 bits", "fp8"],
+                                         help="The run's cache as transformers' QuantizedCache. quanto, HQQ: the "
+                                              "prompt quantized at once, then every R new slots all quantized again "
+                                              "together (R: Full-precision R; groups of 64, axis 0). fp8: one E4M3 "
+                                              "scale per layer frozen at the first pass; every later slot rounded "
+                                              "when written, and the step attends to its own K/V rounded")
         written = st.selectbox("Cache format", WRITTEN, key="run-written",
                                help="The run's cache in an engine's format, each slot rounded once when it is written "
                                     "(vLLM's kv_cache_dtype); FP8's dynamic and NVFP4's tensor scales are fixed by the "
@@ -105,11 +107,13 @@ def render() -> None:
             kivi = Kivi(bits, bits, int(group), int(residual), grouping) if kivi_on else None
             reshape = Reshape(float(think_share), merge=merge_on, merge_rule=rule) if think_share or merge_on else None
             backend, _, width = quanto_bits.partition(" ")
-            quanto = None if quanto_bits == "off" else QuantoCache(int(width.split()[0]), 64, max(int(residual), 1),
-                                                                   backend=backend)
+            quanto = None if quanto_bits in ("off", "fp8") else QuantoCache(int(width.split()[0]), 64,
+                                                                            max(int(residual), 1), backend=backend)
+            if quanto_bits == "fp8" and written != WRITTEN[0]:
+                raise KvvizError("a run holds one cache: QuantizedCache fp8 or a cache format, not both")
+            cache = QUANTIZED_FP8 if quanto_bits == "fp8" else None if written == WRITTEN[0] else WrittenCache(written)
             run_budget = None if policy is None else Ratio(float(ratio)) if ratio > 0 or press else int(budget)
-            settings = RunSettings(policy, run_budget, mode, int(every), kivi, positions, reshape, quanto,
-                                   None if written == WRITTEN[0] else WrittenCache(written))
+            settings = RunSettings(policy, run_budget, mode, int(every), kivi, positions, reshape, quanto, cache)
             lines = [line for line in prompt.splitlines() if line.strip()]
             state.make_room(held_slots(session.lm, lines, int(max_new)))
             lm, count = session.lm, int(max_new)
@@ -221,23 +225,30 @@ def _step(result, turn: int, step: int) -> None:
     st.dataframe(pd.DataFrame({"full run": [spell(c.text) for c in table.full], "p full": [c.prob for c in table.full],
                                "policy cache": [spell(c.text) for c in table.edited],
                                "p policy": [c.prob for c in table.edited]}), hide_index=True)
-    if result.settings.policy is None:
+    settings = result.settings
+    kinds = (["evicted"] if settings.policy is not None else []) + (
+        ["rounded"] if settings.kivi is not None or settings.written is not None else [])
+    if not kinds:
         return
-    cols = st.columns(3)
+    cols = st.columns(4)
     unit = cols[0].radio("Blame unit", ["slot", "word"], horizontal=True, key="run-unit")
+    of = cols[3].radio("Put back", kinds, horizontal=True, key="run-blame-of",
+                       help="evicted: each evicted slot back alone; rounded: each rounded slot back at full "
+                            "precision alone") if len(kinds) > 1 else kinds[0]
     if cols[1].button("Blame this step", key="run-blame"):
         try:
-            state.keep("policy_blame", blame(result, turn=turn, step=step, unit=unit))
+            state.keep("policy_blame", blame(result, turn=turn, step=step, unit=unit, of=of))
         except KvvizError as exc:
             warn(exc)
     ranked = state.kept("policy_blame")
     if ranked is None or (ranked.turn, ranked.step) != (turn, step):
         return
     mark("blame")
-    st.markdown(f"Restoring one evicted {ranked.unit} at a time into the policy's cache of this step, KL(full ‖ "
-                f"policy) in nats: **{ranked.kl:.4f}** with nothing restored, **{ranked.kl_all_restored:.4f}** with "
-                "every evicted slot back.")
-    if ranked.kl_all_restored > 0.5 * ranked.kl:
+    what, back = (("evicted", "back") if ranked.of == "evicted" else ("rounded", "at full precision"))
+    st.markdown(f"Restoring one {what} {ranked.unit} at a time {back} into the policy's cache of this step, "
+                f"KL(full ‖ policy) in nats: **{ranked.kl:.4f}** with nothing restored, "
+                f"**{ranked.kl_all_restored:.4f}** with every {what} slot {back}.")
+    if ranked.of == "evicted" and ranked.kl_all_restored > 0.5 * ranked.kl:
         st.caption("Putting everything back leaves much of the gap: the slots this run wrote itself (its reply so far, "
                    "a later turn's prompt) hold keys and values computed on its compressed cache, which eviction at "
                    "this step cannot explain.")
@@ -261,7 +272,7 @@ def _step(result, turn: int, step: int) -> None:
                    "distribution, its most likely token can come back while the rest moves further away.")
     if cols[2].button("Restore the top 3", key="run-top3") and ranked.rows:
         slots = sorted({s for r in ranked.rows[:3] for s in r.slots})
-        row = restore(result, slots, turn=turn, step=step)
+        row = restore(result, slots, turn=turn, step=step, of=ranked.of)
         words = " · ".join(spell(session.transcript.text_of(r.slots)) for r in ranked.rows[:3])
         st.success(f"{plain(words)} (slots {slots}) restored together: KL {row.kl_after_restore:.4f}, "
                    f"top-1 {'back' if row.top1_restored else 'still different'}")

@@ -22,7 +22,8 @@ FRACTIONS = [0.1, 0.25, 0.5, 0.75]  # of the slots kept
 MODES = ["decode", "prefill"]
 BATCH = 4  # cases of a prompt decoded together, as the CLI does
 CACHES = ["16 bits (as computed)", "nvfp4", "nvfp4-4over6", "mxfp4", "fp8-e4m3-head", "fp8-e4m3-unit",
-          "int8-token-head", "int4-token-head", "k8v4-token-head", "kivi-2", "quanto-4"]  # the cases' caches
+          "int8-token-head", "int4-token-head", "k8v4-token-head", "kivi-2", "quanto-4",
+          "quantized-fp8"]  # the cases' caches
 
 
 def render() -> None:

@@ -12,7 +12,7 @@ from kvviz.cli.common import add_chat_arguments, positive, ratio
 from kvviz.cli.whatif import _budget
 from kvviz.errors import KvvizError
 from kvviz.numbers import press_budgets
-from kvviz.quant.names import run_family
+from kvviz.quant.names import WRITTEN_FAMILIES, run_family
 from kvviz.spelling import spell
 
 
@@ -50,7 +50,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "backend, with --residual, --q-group-size and --axis), hqq-8/4/3/2 (its HQQ backend), "
                              "kivi-4 / kivi-2 (KIVI, G 32, R 128), or a per-slot scheme rounded as each slot is "
                              "written: int*-token, fp8-* (a dynamic scale fixed by the first pass), nvfp4, mxfp4, "
-                             "*-token-head, with +skip rules")
+                             "*-token-head, with +skip rules; quantized-fp8: transformers' QuantizedCache with its "
+                             "fp8 backend (one scale per layer frozen at the first pass, each step's own K/V rounded "
+                             "before it attends)")
+    parser.add_argument("--round-own", action="store_true",
+                        help="a per-slot --scheme: every pass after the first attends to its own K/V rounded, as the "
+                             "engines write, then attend (default: as computed, as a what-if of the scheme)")
     parser.add_argument("--residual", type=positive, default=128, help="QuantizedCache's residual_length")
     parser.add_argument("--q-group-size", type=positive, default=64, help="QuantizedCache's q_group_size")
     parser.add_argument("--axis", type=int, choices=(0, -1, 1), default=0,
@@ -139,8 +144,13 @@ def run(args: argparse.Namespace) -> None:
         run_family(args.scheme)  # the flags are refused before torch loads
         if args.scheme.startswith("kivi") and args.kivi_bits is not None:
             raise KvvizError("give --scheme kivi-N or --kivi-bits, not both")
-    if args.blame_step is not None and args.policy is None and args.press_file is None:
-        raise KvvizError("--blame-step needs a policy: blame puts evicted slots back")
+    if args.round_own and (args.scheme is None or run_family(args.scheme) not in WRITTEN_FAMILIES):
+        raise KvvizError("--round-own is for a per-slot --scheme (int*-token, fp8-*, nvfp4, mxfp4, *-token-head)")
+    rounds = args.kivi_bits is not None or args.scheme is not None and run_family(args.scheme) in (
+        "kivi", "quantized", *WRITTEN_FAMILIES)  # slot by slot: blame can put rounded slots back
+    if args.blame_step is not None and args.policy is None and args.press_file is None and not rounds:
+        raise KvvizError("--blame-step needs a policy (blame puts evicted slots back) or a cache that rounds slot by "
+                         "slot (KIVI, a per-slot --scheme: blame puts rounded slots back at full precision)")
     if _press(args):
         press_budgets(_params(args.param), f"kvpress' {_press(args)}")
     from kvviz.model import load_model
@@ -164,7 +174,7 @@ def run(args: argparse.Namespace) -> None:
     if args.scheme is not None:
         from kvviz.quant.written import run_cache
 
-        cache = run_cache(args.scheme, args.q_group_size, args.residual, args.axis)
+        cache = run_cache(args.scheme, args.q_group_size, args.residual, args.axis, args.round_own)
         kivi = kivi or cache.pop("kivi", None)
     settings = RunSettings(policy, budget, mode, every, kivi, positions, reshape, **cache)
     lm = load_model(args.model)
@@ -176,7 +186,7 @@ def run(args: argparse.Namespace) -> None:
     if args.blame_step is not None:
         last.record(args.blame_step)  # refuses a step the turn does not have, in one line
     ranked = blame(result, step=args.blame_step, unit=args.blame_unit, limit=args.blame_limit) \
-        if settings.policy is not None else None
+        if settings.policy is not None or args.blame_step is not None else None
     report = document(result, ranked)
     cached = len(last.forced.session)
     if any(not 0 <= slot < cached for slot in args.why):
@@ -205,8 +215,9 @@ def run(args: argparse.Namespace) -> None:
         _print_why(int(slot), rows, result)
     if ranked is not None:
         transcript = last.forced.session.transcript
+        back = "evicted slot back" if ranked.of == "evicted" else "rounded slot at full precision"
         print(f"\nblame at {_step_name(ranked.step)} (KL {ranked.kl:.3f} with nothing restored, "
-              f"{ranked.kl_all_restored:.3f} with every evicted slot back): restoring one candidate at a time")
+              f"{ranked.kl_all_restored:.3f} with every {back}): restoring one candidate at a time")
         for row in ranked.rows[:10]:
             words = transcript.text_of(row.slots)
             print(f"  {spell(words)} (slots {row.slots}): KL {row.kl_after_restore:.3f}, "

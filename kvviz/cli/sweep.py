@@ -27,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scheme", action="append", default=[], metavar="NAME",
                         help="the run's cache as a quantization scheme (repeatable, an axis beside --policy): "
                              "fp16, kivi-4, kivi-2, quanto-4, quanto-2, hqq-8/4/3/2, or a per-slot scheme (int*-token, "
-                             "fp8-*, nvfp4, mxfp4, *-token-head, +skip rules)")
+                             "fp8-*, nvfp4, mxfp4, *-token-head, +skip rules), quantized-fp8 (transformers' fp8 "
+                             "QuantizedCache)")
     parser.add_argument("--mode", choices=("prefill", "decode", "both", "after_steps"), default="decode")
     parser.add_argument("--every", type=positive, default=1, help="compress every N decode steps")
     parser.add_argument("--max-new-tokens", type=positive, default=32, metavar="N")

@@ -75,6 +75,11 @@ class Commits(Protocol):
         """Keys ``(KV, stop, D)`` of ``layer`` as the step of slot ``slot`` saw them."""
         ...
 
+    def writes(self, slot: int) -> list | None:
+        """Per layer, how the pass of slot ``slot`` stored its own new K/V (kvviz.kv_cache.Writer); None: as
+        computed."""
+        ...
+
     def key_version(self, slot: int) -> int:
         """Equal for slots whose steps saw the same keys."""
         ...
@@ -137,6 +142,10 @@ class CommitLog:
     def keys_at(self, layer: int, slot: int, stop: int) -> torch.Tensor:
         """Keys ``(KV, stop, D)`` of ``layer`` as the step of slot ``slot`` saw them (quantized as committed then)."""
         return self.edit_at(slot).quantized_keys(self.original_kv(layer, stop)[0], layer)
+
+    def writes(self, slot: int) -> None:
+        """A pass stores its new K/V as computed (commits edit the slots before a step, not the step's own)."""
+        return None
 
     def key_version(self, slot: int) -> int:
         """Equal for slots whose steps saw the same keys (the commit in force)."""

@@ -40,11 +40,14 @@ def check_names(names: list[str]) -> None:
 
 WRITTEN_FAMILIES = ("int", "fp8", "fp8static", "fp4", "tokenhead")  # rounded slot by slot as written (quant.written)
 RUN_FAMILIES = ("fp16", "kivi", "quanto", "hqq", *WRITTEN_FAMILIES)  # caches a policy run holds as it goes
+RUN_ONLY = {"quantized-fp8": "quantized"}  # run caches that are no what-if scheme: transformers' fp8 QuantizedCache
 
 
 def run_family(name: str) -> str:
     """The family of scheme ``name`` if a policy run can hold it as its cache (:data:`RUN_FAMILIES`; an int scheme
-    per token, no outlier channels); one line otherwise."""
+    per token, no outlier channels) or of a run-only cache (:data:`RUN_ONLY`); one line otherwise."""
+    if name in RUN_ONLY:
+        return RUN_ONLY[name]
     family = scheme_family(name)
     base, *suffixes = name.split("+")
     if family not in RUN_FAMILIES or (family == "int" and base.endswith("channel")) or any(
@@ -52,7 +55,7 @@ def run_family(name: str) -> str:
         raise KvvizError(f"{name} is not a cache a run writes slot by slot: its scales span the slots rounded "
                          "together (per channel, outlier channels, mixed widths); a run takes kivi-N for keys per "
                          "channel, quanto-N, hqq-N, or a per-slot scheme (int*-token, fp8-*, nvfp4, mxfp4, "
-                         "*-token-head)")
+                         "*-token-head, quantized-fp8)")
     return family
 
 

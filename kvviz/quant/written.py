@@ -9,11 +9,14 @@ the first pass from the K/V it wrote (the prompt's) and kept for every later slo
 as computed.
 
 kvviz runs it like KIVI without a window (kvviz.runs.timeline): before each step the slots written since the last
-one are rounded in place, their originals kept. Where the imitation stops: the step's own K/V attend at full
-precision in the pass that computed them (the engines write, then attend, so the step sees its own K/V rounded too),
-and a prompt's rows attend to each other unrounded (as in a first prefill, where the engines attend on the fresh
-K/V). Schemes whose scales span the slots quantized together are refused: per channel (``int*-channel``, ``mix``:
-the run form of per-channel keys is ``kivi-N``), outlier channels (chosen over the slots).
+one are rounded in place, their originals kept. By default the step's own K/V attend at full precision in the pass
+that computed them, so that a run's step equals the what-if of the same scheme on the same cache. With ``own``
+(the engines' order: write, then attend) every pass after the first rounds its new K/V as the cache writes them and
+attends to them rounded — a second turn's prompt too; the first pass attends to the fresh K/V. ``quantized-fp8`` is
+transformers' ``QuantizedCache(backend="fp8")`` (``cache_utils.Fp8QuantizedLayer``): ``fp8-e4m3-tensor`` with its
+per-layer scale ``amax / 448`` frozen at the first update, ``own`` (checked step by step against transformers).
+Schemes whose scales span the slots quantized together are refused: per channel (``int*-channel``, ``mix``: the run
+form of per-channel keys is ``kivi-N``), outlier channels (chosen over the slots).
 """
 
 from __future__ import annotations
@@ -40,9 +43,11 @@ _TINY = torch.finfo(torch.float32).tiny
 class WrittenCache:
     """Scheme ``scheme`` (kvviz.quant.catalogue) as a run's cache. :meth:`for_model` resolves what it needs from the
     model (its quantizers, widths and layers kept exact); :meth:`fixed` its first-pass scales. Provides what a run's
-    timeline asks of a quantization schedule: :meth:`quantized_prefix`, :meth:`edit`, ``grouping``, :attr:`label`."""
+    timeline asks of a quantization schedule: :meth:`quantized_prefix`, :meth:`edit`, ``grouping``, :attr:`label`;
+    with ``own``, :meth:`rounded` — how a pass stores (and attends to) its new K/V."""
 
     scheme: str
+    own: bool = False  # the passes after the first attend to their own K/V rounded (the engines', transformers' fp8)
     template: Edit | None = field(default=None, compare=False)  # the scheme's quantization of one slot, resolved
     grouping: str = "blocks"  # each write rounded on its own, never again (kvviz.runs.timeline)
 
@@ -91,14 +96,30 @@ class WrittenCache:
         return replace(template, key_bits=dict.fromkeys(slots, template.key_bits[0]),
                        value_bits=dict.fromkeys(slots, template.value_bits[0]))
 
+    def rounded(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """New keys and values ``(B, KV, q, D)`` of ``layer`` as the cache writes them (new tensors)."""
+        edit = self.edit(range(keys.shape[2]))
+        pairs = [edit.quantized(k, v, layer) for k, v in zip(keys, values)]
+        return torch.stack([k for k, _ in pairs]), torch.stack([v for _, v in pairs])
+
     def settings(self) -> dict:
-        return {"scheme": self.scheme}
+        return {"scheme": self.scheme, "own": self.own}
+
+    @property
+    def name(self) -> str:
+        """Its name in a run's words: the scheme, or ``quantized-fp8``."""
+        return "quantized-fp8" if self == QUANTIZED_FP8 else self.scheme + (" (own K/V rounded)" if self.own else "")
 
     @property
     def label(self) -> str:
         scheme = Scheme(self.scheme)
+        if self == QUANTIZED_FP8:
+            return ("transformers' QuantizedCache (fp8): FP8 e4m3, one scale per layer frozen at the first pass, "
+                    "each slot rounded when written, the step's own K/V too")
         fixed = scheme.family == "fp8" or scheme.base.startswith("nvfp4")  # dynamic scales that span slots
-        return f"{scheme.label}, each slot rounded when written" + (", scales fixed by the first pass" if fixed else "")
+        parts = [scheme.label, "each slot rounded when written"] + ["scales fixed by the first pass"] * fixed + [
+            "the step's own K/V too"] * self.own
+        return ", ".join(parts)
 
 
 def _spans(quantizer: Quantizer) -> bool:
@@ -118,16 +139,22 @@ def _fixed(quantizer: Quantizer, x: torch.Tensor) -> Quantizer:
     return replace(quantizer, scales=(amax / top).clamp(min=_TINY).tolist())
 
 
-def run_cache(name: str, q_group_size: int = 64, residual: int = 128, axis: int = 0) -> dict:
+QUANTIZED_FP8 = WrittenCache("fp8-e4m3-tensor", own=True)  # transformers' QuantizedCache(backend="fp8")
+
+
+def run_cache(name: str, q_group_size: int = 64, residual: int = 128, axis: int = 0, own: bool = False) -> dict:
     """The cache a policy run keeps for scheme ``name``, as :class:`~kvviz.runs.compressed.RunSettings` fields:
     ``kivi`` (``kivi-N``), ``quanto`` (``quanto-N``, ``hqq-N``; ``axis``: QuantizedCache's, for keys and values) or
-    ``written`` (the per-slot schemes, each slot rounded when written: kvviz.quant.written); ``fp16`` is the model's
-    own cache. Per-channel and mixed schemes are refused in one line (their scales span the slots)."""
+    ``written`` (the per-slot schemes, each slot rounded when written — with ``own`` the step's own K/V too;
+    ``quantized-fp8``: transformers' fp8 QuantizedCache); ``fp16`` is the model's own cache. Per-channel and mixed
+    schemes are refused in one line (their scales span the slots)."""
     family, bits = run_family(name), name.rpartition("-")[2]
     if family == "fp16":
         return {}
+    if family == "quantized":
+        return {"written": QUANTIZED_FP8}
     if family == "kivi":
         return {"kivi": Kivi(int(bits), int(bits))}
     if family in ("quanto", "hqq"):
         return {"quanto": QuantoCache(int(bits), q_group_size, residual, axis, axis, backend=family)}
-    return {"written": WrittenCache(name)}
+    return {"written": WrittenCache(name, own)}

@@ -13,6 +13,11 @@ nothing gives the run's own KL at that step. Restoring everything gives KL 0 at 
 compression of the prompt; later, the slots the run wrote itself hold K/V computed on the compressed cache, and the
 KL left with everything restored (``kl_all_restored``) is what eviction at this step cannot explain. Quantization, if
 the run had any, stays as the run had it.
+
+In a run that rounds its cache (KIVI, a written scheme) the candidates may be the rounded slots instead
+(``of="rounded"``): each is put back at full precision alone. The step's cache then holds its slots as the run stored
+them followed by a copy of each as computed (keys are cached after RoPE, so a copy attends as its slot does), and each
+variant's mask picks, per slot, which of the two it sees.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ class Blame:
     top1_policy: int
     rows: list[BlameRow]  # best restore first
     unit: str = "slot"  # what a row restores: one slot, or a word
+    of: str = "evicted"  # what is restored: evicted slots, or rounded ones at full precision
 
 
 def _slot_of(run: TurnRun, step: int) -> int:
@@ -71,8 +77,39 @@ def variants(run: TurnRun, step: int, restores: list[set[int]]) -> tuple[torch.T
     timeline, cache = run.forced.timeline, None  # None: the session's own
     if run.forced.settings.kivi or run.forced.settings.written or timeline.rotary or timeline.flushes or timeline.parts:
         cache = kv_cache.over(layer_views(stacked(prefix_kv(session, at, session.commits.edit_at(at)), len(visible))),
-                              at)
+                              at, written=session.commits.writes(at))
     return rerun(session, at, visible, cache), hidden
+
+
+def rounding_variants(run: TurnRun, step: int, restores: list[set[int]]) -> torch.Tensor:
+    """Re-run step ``step`` once with every slot it saw at full precision and once per set in ``restores`` with those
+    slots at full precision, the others as the run stored them (rounded), batched; returns the logits
+    ``(1 + len(restores), V)``."""
+    session = run.forced.session
+    lm, at = session.lm, _slot_of(run, step)
+    seen = ~session.commits.hidden(at, at).cpu() & ~lm.attention.outside(at, at)[:, None]  # (L, KV, at)
+    both = [(torch.cat([sk, k], 1), torch.cat([sv, v], 1)) for (sk, sv), (k, v) in
+            zip(prefix_kv(session, at, session.commits.edit_at(at)), prefix_kv(session, at))]
+    visible = torch.zeros(1 + len(restores), lm.layers, lm.kv_heads, 2 * at, dtype=torch.bool)
+    visible[0, :, :, at:] = seen  # everything as computed
+    for row, slots in enumerate(restores, start=1):
+        back = sorted(slots)
+        visible[row, :, :, :at] = seen
+        visible[row, :, :, back] = False
+        visible[row, :, :, [at + s for s in back]] = seen[:, :, back]
+    cache = kv_cache.over(layer_views(stacked(both, len(visible))), 2 * at, written=session.commits.writes(at))
+    return rerun(session, at, visible, cache)
+
+
+def rounded_slots(run: TurnRun, step: int) -> torch.Tensor:
+    """Bool ``(L, KV, at)``: the slots the step saw rounded (KIVI's or a written scheme's), in the layers it rounds."""
+    session, at = run.forced.session, _slot_of(run, step)
+    edit = session.commits.edit_at(at)
+    mask = torch.zeros(session.lm.layers, session.lm.kv_heads, at, dtype=torch.bool)
+    slots = sorted(s for s in set(edit.key_bits) | set(edit.value_bits) if s < at)
+    layers = [layer for layer in range(session.lm.layers) if layer not in edit.exact_layers]
+    mask[torch.tensor(layers, dtype=torch.long)[:, None], :, torch.tensor(slots, dtype=torch.long)[None]] = True
+    return mask & ~session.commits.hidden(at, at).cpu() & ~session.lm.attention.outside(at, at)[:, None]
 
 
 def attention_mass(run: TurnRun, step: int) -> torch.Tensor:
@@ -86,8 +123,8 @@ def attention_mass(run: TurnRun, step: int) -> torch.Tensor:
 
 
 def units(run: TurnRun, hidden: torch.Tensor, unit: str) -> list[list[int]]:
-    """The evicted slots of a step (hidden anywhere in ``hidden`` ``(L, KV, at)``) as candidates: one per slot, or
-    per word (a word starts at a piece that begins with a space or a line break)."""
+    """The candidate slots of a step (evicted or rounded: True anywhere in ``hidden`` ``(L, KV, at)``): one per slot,
+    or per word (a word starts at a piece that begins with a space or a line break)."""
     slots = hidden.any(0).any(0).nonzero()[:, 0].tolist()
     if unit == "slot":
         return [[s] for s in slots]
@@ -104,26 +141,47 @@ def units(run: TurnRun, hidden: torch.Tensor, unit: str) -> list[list[int]]:
     return words
 
 
-def blame(result: PolicyRun, turn: int = -1, step: int | None = None, unit: str = "slot", limit: int = 32) -> Blame:
+def blame(result: PolicyRun, turn: int = -1, step: int | None = None, unit: str = "slot", limit: int = 32,
+          of: str | None = None) -> Blame:
     """Rank the evicted candidates of ``step`` (-1: the prefill's last row; default: the divergence, else the step of
-    largest KL) by the KL left after restoring each alone; the ``limit`` candidates the step's query attends to most
-    with nothing hidden are re-run, all in one batched pass with the variants "everything back" and "nothing back"."""
+    largest KL) by the KL left after restoring each alone — or, ``of="rounded"``, the rounded slots by the KL left
+    with each at full precision (default: evicted in a policy's run, rounded in a quantized cache's alone); the
+    ``limit`` candidates the step's query attends to most with nothing hidden are re-run, all in one batched pass
+    with the variants "everything back" and "nothing back"."""
     run = result.turns[turn]
+    of = _restorable(result, of or ("evicted" if result.settings.policy is not None else "rounded"))
     if step is None:
         step = run.divergence if run.divergence is not None else max(run.records, key=lambda r: r.kl).step
-    hidden = run.forced.session.commits.hidden(_slot_of(run, step), _slot_of(run, step))
+    at = _slot_of(run, step)
+    candidates = rounded_slots(run, step) if of == "rounded" else run.forced.session.commits.hidden(at, at)
     mass = attention_mass(run, step)
     paid = mass.tolist()
-    candidates = sorted(units(run, hidden, unit), key=lambda slots: -sum(paid[s] for s in slots))[:limit]
-    logits, _ = variants(run, step, [set(), *(set(c) for c in candidates)])
+    candidates = sorted(units(run, candidates, unit), key=lambda slots: -sum(paid[s] for s in slots))[:limit]
+    restores = [set(), *(set(c) for c in candidates)]
+    logits = rounding_variants(run, step, restores) if of == "rounded" else variants(run, step, restores)[0]
     kl = kl_divergence(run.full_logits[step + 1], logits).tolist()  # all variants at once
     top1 = logits.argmax(-1).tolist()
     target = run.full_ids[step + 1]
     rows = [BlameRow(sorted(c), kl[2 + i], top1[2 + i] == target, sum(paid[s] for s in c))
             for i, c in enumerate(candidates)]
     rows.sort(key=lambda r: (r.kl_after_restore, -r.mass))
-    return Blame(turn if turn >= 0 else len(result.turns) + turn, step, _slot_of(run, step), kl[1], kl[0], target,
-                 top1[1], rows, unit)
+    return Blame(turn if turn >= 0 else len(result.turns) + turn, step, at, kl[1], kl[0], target, top1[1], rows, unit,
+                 of)
+
+
+def _restorable(result: PolicyRun, of: str) -> str:
+    """``of`` if the run has such slots to put back; one line otherwise."""
+    settings = result.settings
+    if of not in ("evicted", "rounded"):
+        raise KvvizError(f"blame restores 'evicted' or 'rounded' slots, got {of!r}")
+    if of == "evicted" and settings.policy is None:
+        raise KvvizError("this run evicts nothing: blame its rounded slots (of='rounded')")
+    if of == "rounded" and settings.quanto is not None:
+        raise KvvizError("QuantizedCache's flushes round the whole prefix again together: a slot's rounding cannot be "
+                         "put back alone")
+    if of == "rounded" and settings.kivi is None and settings.written is None:
+        raise KvvizError("this run rounds nothing (KIVI or a written cache format do): blame its evicted slots")
+    return of
 
 
 def _row(run: TurnRun, step: int, slots: list[int], logits: torch.Tensor, mass: torch.Tensor) -> BlameRow:
@@ -132,8 +190,10 @@ def _row(run: TurnRun, step: int, slots: list[int], logits: torch.Tensor, mass: 
                     int(logits.argmax()) == run.full_ids[step + 1], float(mass[sorted(slots)].sum()))
 
 
-def restore(result: PolicyRun, slots: list[int], turn: int = -1, step: int = 0) -> BlameRow:
-    """The step re-run with ``slots`` restored together (e.g. the top 3 of a blame)."""
+def restore(result: PolicyRun, slots: list[int], turn: int = -1, step: int = 0, of: str = "evicted") -> BlameRow:
+    """The step re-run with ``slots`` restored together (e.g. the top 3 of a blame; ``of="rounded"``: at full
+    precision)."""
     run = result.turns[turn]
-    logits, _ = variants(run, step, [set(slots)])
+    _restorable(result, of)
+    logits = rounding_variants(run, step, [set(slots)]) if of == "rounded" else variants(run, step, [set(slots)])[0]
     return _row(run, step, slots, logits[1], attention_mass(run, step))

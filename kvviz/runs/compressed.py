@@ -63,7 +63,7 @@ class RunSettings:
         rewrites = self.reshape is not None and (self.reshape.think or self.reshape.merge)  # prunes or merges
         if self.written is not None and (self.kivi is not None or self.quanto is not None
                                          or self.positions == "rerotated" or rewrites):
-            raise KvvizError(f"a {self.written.scheme} cache runs alone: without KIVI, QuantizedCache, pruning or "
+            raise KvvizError(f"a {self.written.name} cache runs alone: without KIVI, QuantizedCache, pruning or "
                              "merging, at original positions")
         if self.quanto is not None and (self.kivi is not None or self.positions == "rerotated" or rewrites):
             raise KvvizError("a QuantizedCache run quantizes as transformers' QuantizedCache does: without KIVI, "

@@ -101,6 +101,7 @@ def document(result: PolicyRun, blame: Blame | None = None) -> dict:
         "blame": [] if blame is None else [{"slots": r.slots, "kl_after_restore": r.kl_after_restore,
                                             "top1_restored": r.top1_restored, "mass": r.mass} for r in blame.rows],
         "blame_step": None if blame is None else blame.step,
+        "blame_of": None if blame is None else blame.of,
         "blame_kl": None if blame is None else {"none_restored": blame.kl, "all_restored": blame.kl_all_restored},
         "turns": [_turn(run) | {"recency_only": list(result.recency_only(index))}
                   for index, run in enumerate(result.turns)],

@@ -12,6 +12,7 @@ holds the quantized K/V, the originals are kept to reproduce any step exactly. W
 from __future__ import annotations
 
 import bisect
+from functools import partial
 
 import torch
 from transformers import Cache
@@ -48,6 +49,8 @@ class Timeline:
         self.quanto = None  # a QuantizedCache run's settings (kvviz.quant.quanto)
         self.flushes: list[tuple[int, int]] = []  # (commit, slots 0..upto-1 quantized again then)
         self.unshaped: tuple[torch.Tensor, torch.Tensor] | None = None  # (L, KV, m, D): slots 0..m-1 as computed
+        self.own_from: int | None = None  # written ``own`` runs: the first slot whose pass attended to its K/V rounded
+        self._fresh: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(layers)]  # … and as computed
 
     # --- the read side of Commits (kvviz.edit.commits) ------------------------------------------------------
 
@@ -94,10 +97,13 @@ class Timeline:
 
     def key_version(self, slot: int) -> int:
         """Equal for slots whose steps saw the same keys: how many slots were quantized then (re-rotated: the commit,
-        as every one moves keys)."""
+        as every one moves keys; written ``own`` runs after their first pass: every slot, as the live cache holds
+        them)."""
         k = self.index(slot)
         if self.rotary is not None:
             return k
+        if self.own_from is not None and slot >= self.own_from:  # every slot up to its own, rounded
+            return NEVER
         if self.flushes:
             return sum(j <= k for j, _ in self.flushes)
         if self.parts:  # pruned keys (no KIVI then): the prunings in force
@@ -111,6 +117,13 @@ class Timeline:
             return self.quanto_kv(layer, self.index(at), at)
         keys, values = self.original_kv(layer, at)
         return (self._placed_keys(layer, at, at), values) if self.rotary is not None else (keys, values)
+
+    def writes(self, slot: int) -> list | None:
+        """Per layer, how the pass of slot ``slot`` stores (and attends to) its own new K/V (kvviz.kv_cache.Writer),
+        or None when as computed: written ``own`` runs after their first pass."""
+        if self.own_from is None or slot < self.own_from:
+            return None
+        return [partial(self.kivi.rounded, layer) for layer in range(self.layers)]
 
     def _placed_keys(self, layer: int, slot: int, stop: int) -> torch.Tensor:
         """Re-rotated runs: keys ``(KV, stop, D)`` at the positions in force for the step of ``slot``."""
@@ -149,7 +162,8 @@ class Timeline:
             m = min(self.unshaped[0].shape[2], stop)
             return tuple(torch.cat([kept[layer, :, :m], live[:, m:]], dim=1) for kept, live in zip(self.unshaped,
                                                                                                    (keys, values)))
-        q = min(self.quantized[-1] if self.quantized else 0, stop)
+        self._settle()
+        q = min(0 if self.originals is None else self.originals[0].shape[2], stop)
         if not q:
             return keys, values
         return tuple(torch.cat([original[layer, :, :q], live[:, q:]], dim=1)
@@ -268,7 +282,11 @@ class Timeline:
         return int((~self.hidden(at, at))[0, 0].sum())
 
     def _quantize(self, old: int, new: int) -> None:
-        """Keep the originals of slots ``old..new-1`` and write the quantized K/V of the prefix into the live cache."""
+        """Keep the originals of slots ``old..new-1`` and write the quantized K/V of the prefix into the live cache
+        (written ``own`` runs: the slots their passes rounded as written are kept already)."""
+        self._settle()
+        if self.originals is not None and self.originals[0].shape[2] >= new:
+            return
         live = [kv_cache.layer_kv(self.cache, layer) for layer in range(self.layers)]
         added = tuple(torch.stack([kv[i][0, :, old:new] for kv in live]) for i in (0, 1))  # (L, KV, new-old, D)
         self.originals = added if self.originals is None else tuple(
@@ -280,3 +298,30 @@ class Timeline:
         for layer, (keys, values) in enumerate(live):
             edit.quantize_(keys[0, :, :new], values[0, :, :new],
                            source=(self.originals[0][layer], self.originals[1][layer]), layer=layer)
+        if isinstance(self.kivi, WrittenCache) and self.kivi.own and self.own_from is None:
+            self.own_from = new  # from now on the cache rounds what it is written, keeping it as computed here
+            for layer, entry in enumerate(self.cache.layers):
+                entry.written = partial(self._write, layer)
+
+    def _write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The live cache's writer of ``layer`` in written ``own`` runs: new keys and values ``(1, KV, q, D)`` kept as
+        computed, returned rounded."""
+        if layer == 0:  # a new pass
+            self._settle()
+        self._fresh[layer].append((keys[0].detach().clone(), values[0].detach().clone()))
+        return self.kivi.rounded(layer, keys, values)
+
+    def _settle(self) -> None:
+        """Between passes: the K/V as computed that the live cache's writers kept move to :attr:`originals` (a pass
+        that failed midway left some layers only: dropped), which keep the slots the live cache holds (a pass cut
+        back, as a blame's variants are, leaves none)."""
+        if self._fresh[-1]:
+            added = tuple(torch.stack([torch.cat([pair[i] for pair in chunks], dim=1) for chunks in self._fresh])
+                          for i in (0, 1))  # (L, KV, q, D)
+            self.originals = tuple(torch.cat([o, a], dim=2) for o, a in zip(self.originals, added))
+        if any(self._fresh):
+            self._fresh = [[] for _ in range(self.layers)]
+        if self.originals is not None and self.own_from is not None:
+            length = self.cache.layers[0].get_seq_length()
+            if self.originals[0].shape[2] > length:
+                self.originals = tuple(t[:, :, :length] for t in self.originals)

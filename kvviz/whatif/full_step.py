@@ -72,6 +72,7 @@ class FullStep:
     finished: bool = False  # whether that writing finished: the buffers then hold all of it
     edited: KV | None = None  # the buffers the last edited run read: ``buffers`` (lent) or ``scratch``
     views: dict = field(default_factory=dict)  # per-layer views of ``buffers`` / ``scratch``, made once
+    writes: list | None = None  # per layer, how the step stores its own K/V (Commits.writes; None: as computed)
     _reference: Reference | None = None
 
     @property
@@ -88,7 +89,7 @@ class FullStep:
             layers = layer_views(getattr(self, name))
             self.views[name] = layers, kv_cache.leading(layers, self.at)
         layers, cached = self.views[name]
-        return kv_cache.over(layers, self.at, cached)
+        return kv_cache.over(layers, self.at, cached, self.writes)
 
     def plan(self, edit: Edit) -> tuple:
         """What ``edit`` writes into the cache: per kind, its quantizer with its widths per head and its ``(bit-width,
@@ -197,10 +198,11 @@ def kept_full_step(session: Session, at: int, full: Edit, hidden: torch.Tensor |
         slot = session.transcript.slots[at]
         buffers = stacked(prefix_kv(session, at, full), room=1)
         probe = FullStepProbe(hidden, session.lm.attention)
-        out, _ = run(session, kv_cache.over(layer_views(buffers), at), slot.id, slot.position, probe)
+        writes = session.commits.writes(at)
+        out, _ = run(session, kv_cache.over(layer_views(buffers), at, written=writes), slot.id, slot.position, probe)
         probe.finish(buffers)
         return FullStep(at, slot.position, probe, out.logits[0, -1].float(), out.hidden_states, hidden,
-                        session.transcript.segments()[:at], full, buffers)
+                        session.transcript.segments()[:at], full, buffers, writes=writes)
 
     return session.memoized("full_steps", (at, full.key, hidden is not None), compute, keep=2)
 
