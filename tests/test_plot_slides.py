@@ -163,3 +163,24 @@ def test_the_channel_slide_shows_the_channel_views_numbers(chat):
     assert cells == {(s, c): shown[s][c] for s in range(at) for c in range(chat.lm.head_dim)}
     assert [v["channel"] for v in _values(spec, 1)] == view.outliers and view.outliers
     _check_renders(spec, caption)
+
+
+def test_the_channel_error_slide_shows_the_charts_numbers_with_the_fp4_blocks(chat):
+    """At 4 bits the chart carries NVFP4's and MXFP4's per-block errors; the slide has the app figure's numbers, one
+    line per quantizer in the same colours, and renders."""
+    from kvviz.channels import channels
+    from kvviz.figures.channel_maps import channel_errors
+
+    at = len(chat) - 1
+    view = channels(chat, 18, 2, at, 4)
+    assert {"NVFP4", "MXFP4"} <= {name.split()[0] for name in view.errors}
+    caption = plot_slides.caption(chat.lm.name, at, chat.commits.edit_at(at))
+    spec = plot_slides.channel_errors_slide(view.key_peaks.numpy(), {k: v.numpy() for k, v in view.errors.items()},
+                                            view.outliers, 4, "Key error per channel at 4 bits", caption)
+    figure = channel_errors(view)
+    assert [v["peak"] for v in _values(spec, 0)] == pytest.approx(list(figure.data[0].y))
+    assert [v["channel"] for v in _values(spec, 0) if v["outlier"]] == view.outliers
+    for trace, colour in zip(figure.data[1:], spec["layer"][1]["encoding"]["color"]["scale"]["range"]):
+        line = [v["error"] for v in _values(spec, 1) if v["quantizer"] == trace.name]
+        assert line == pytest.approx(list(trace.y)) and trace.line.color == colour
+    _check_renders(spec, caption)

@@ -51,6 +51,10 @@ def render() -> None:
                "A per-token scale must stretch to reach them, so the other channels get few codes; a per-channel "
                "scale gives each its own range — why KIVI quantizes keys per channel.")
     st.plotly_chart(channel_errors(view), key="channels_errors", config=PLOTLY_CONFIG)
+    slide_popover("channel-errors", lambda: plot_slides.channel_errors_slide(
+        view.key_peaks.numpy(), {name: error.numpy() for name, error in view.errors.items()}, view.outliers,
+        view.bits, f"Key error per channel at {view.bits} bits: layer {view.layer}, KV head {view.kv_head}", caption),
+        f"kvviz-channel-errors-{view.layer}-{view.kv_head}-{view.bits}")
     with st.expander("Outlier key channels, every layer"):
         found = session.memoized("outliers", at, lambda: outliers_by_layer(session, at), keep=1)
         st.dataframe([{"layer": layer, **{f"KV head {h}": ", ".join(map(str, c)) or "—" for h, c in enumerate(row)}}

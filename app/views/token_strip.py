@@ -163,7 +163,7 @@ def apply_quantizers() -> str | None:
     what-if is computed first); returns why they do not fit the model, or None."""
     ss, draft, lm = state.quantizer_settings(), state.draft(), state.session().lm
     try:
-        if ss.number_format != "int" and ss.fp8_scales != "dynamic":  # static: vLLM's calibrated k_scale / v_scale
+        if ss.number_format in ("e4m3", "e5m2") and ss.fp8_scales != "dynamic":  # static: vLLM's k_scale / v_scale
             calibration = calibrate(lm)
             unit = ss.fp8_scales == "1.0"
             draft.keys = calibration.quantizers(ss.number_format, "unit" if unit else ss.key_axis)[0]
@@ -190,12 +190,14 @@ def _quantizer_settings(head_dim: int) -> None:
         cols[3].toggle("Pre-RoPE keys", key="pre_rope",
                        help="KVQuant: each key is rotated back to before RoPE, rounded there and rotated forward "
                             "again; per-channel scales fit keys better before RoPE mixes their channel pairs")
-        cols[4].selectbox("Format", ["int", "e4m3", "e5m2"], key="number_format",
+        cols[4].selectbox("Format", ["int", "e4m3", "e5m2", "nvfp4", "mxfp4"], key="number_format",
                           help="int: uniform codes at the chosen bits · e4m3 / e5m2: FP8 as vLLM and SGLang cache it "
                                "(kv_cache_dtype fp8_e4m3 / fp8_e5m2), 8 bits, one float32 scale per group, scaled "
-                               "to the group's largest value")
+                               "to the group's largest value · nvfp4 / mxfp4: 4-bit E2M1 in blocks of 16 / 32 "
+                               "channels of a slot (axis token), with E4M3 block scales and a tensor scale (NVFP4) or "
+                               "power-of-two ones (MXFP4); Group size sets the block")
         cols[5].selectbox("FP8 scales", ["dynamic", "calibrated", "1.0"], key="fp8_scales",
-                          disabled=st.session_state.number_format == "int",
+                          disabled=st.session_state.number_format not in ("e4m3", "e5m2"),
                           help="dynamic: each group scaled to its largest value · calibrated: static scales per KV "
                                "head or per layer from a calibration text, as vLLM reads k_scale / v_scale from a "
                                "checkpoint (larger values saturate) · 1.0: vLLM's scale without calibration")

@@ -7,6 +7,7 @@ import plotly.graph_objects as go
 import torch
 
 from kvviz.channels import Channels
+from kvviz.figures.slides import QUANTIZER_COLOURS
 from kvviz.spelling import spell_slot
 
 LAYOUT = dict(margin=dict(l=10, r=10, t=40, b=10))
@@ -35,8 +36,7 @@ def channel_errors(view: Channels) -> go.Figure:
     colours = ["#b0b0b0" if c not in view.outliers else "#d62728" for c in channels]
     data = [dict(type="bar", x=channels, y=view.key_peaks.tolist(), marker=dict(color=colours), name="max |k|",
                  yaxis="y2", opacity=0.45, hovertemplate="channel %{x}<br>max |k| %{y:.3f}<extra></extra>")]
-    palette = ["#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2"]  # one per quantizer (6 at 4 bits)
-    for (name, error), colour in zip(view.errors.items(), palette):
+    for (name, error), colour in zip(view.errors.items(), QUANTIZER_COLOURS):  # one per quantizer (6 at 4 bits)
         data.append(dict(type="scatter", mode="lines", x=channels, y=error.tolist(), name=f"{view.bits}-bit {name}",
                          line=dict(color=colour),
                          hovertemplate=f"{name}<br>channel %{{x}}<br>RMS error %{{y:.4f}}<extra></extra>"))

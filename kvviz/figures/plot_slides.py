@@ -1,5 +1,6 @@
 """Slide versions of the figures the app draws with plotly (cache growth, the attention overview, one head's map, the
-current row, and a policy run's KL, cache size, eviction timeline and bit-widths), as Vega-Lite specs that
+current row, a policy run's KL, cache size, eviction timeline and bit-widths, and the channel view's map and error
+per key channel), as Vega-Lite specs that
 :func:`kvviz.figures.slides.to_png` / :func:`~kvviz.figures.slides.to_svg` render offline.
 
 plotly's own static export needs a Chrome browser (kaleido); these specs are built from the same numbers as the app's
@@ -12,7 +13,8 @@ import numpy as np
 
 from kvviz.edit.edit import Edit
 from kvviz.figures.policy_run_charts import STEP_TITLE, bits_grid, seen_grid, timeline_title
-from kvviz.figures.slides import SEGMENT_SCALE, THEME, TOKEN_AXIS, WIDTH, describe, heading, token_labels
+from kvviz.figures.slides import (QUANTIZER_COLOURS, SEGMENT_SCALE, THEME, TOKEN_AXIS, WIDTH, describe, heading,
+                                  token_labels)
 from kvviz.runs.policy_run import PolicyRun
 from kvviz.transcript import SEGMENTS, Transcript
 
@@ -220,3 +222,28 @@ def channel_slide(magnitudes: np.ndarray, texts: list[str], outliers: list[int],
                                "size": 120, "yOffset": -10},
                       "encoding": {"x": {"field": "channel", "type": "ordinal"}, "y": {"datum": 0, "type": "ordinal"}}})
     return _framed({"width": PLOT_WIDTH, "height": PLOT_HEIGHT, "layer": marks}, title, caption_text)
+
+
+def channel_errors_slide(peaks: np.ndarray, errors: dict[str, np.ndarray], outliers: list[int], bits: int, title: str,
+                         caption_text: str) -> dict:
+    """The Channels view's error chart for a slide: per key channel its largest magnitude ``peaks`` ``(D,)`` (bars,
+    red for the outlier channels, right axis) and the RMS error each quantizer of ``errors`` leaves there (``(D,)``
+    each, lines, left axis) — at 4 bits NVFP4's and MXFP4's blocks of consecutive channels show as steps."""
+    bars = [{"channel": c, "peak": float(p), "outlier": c in outliers} for c, p in enumerate(peaks)]
+    lines = [{"channel": c, "error": float(e), "quantizer": f"{bits}-bit {name}"}
+             for name, error in errors.items() for c, e in enumerate(error)]
+    names = [f"{bits}-bit {name}" for name in errors]
+    x = {"field": "channel", "type": "quantitative", "axis": {"title": "channel", "tickMinStep": 8}}
+    layers = [
+        {"data": {"values": bars}, "mark": {"type": "bar", "opacity": 0.45}, "encoding": {
+            "x": x, "y": {"field": "peak", "type": "quantitative", "axis": {"title": "max |k|", "orient": "right"}},
+            "color": {"field": "outlier", "type": "nominal", "legend": None,
+                      "scale": {"domain": [False, True], "range": ["#b0b0b0", "#d62728"]}}}},
+        {"data": {"values": lines}, "mark": {"type": "line", "strokeWidth": 2}, "encoding": {
+            "x": x, "y": {"field": "error", "type": "quantitative", "axis": {"title": "RMS error of k̂ − k"}},
+            "color": {"field": "quantizer", "type": "nominal", "title": None, "sort": names,
+                      "scale": {"domain": names, "range": QUANTIZER_COLOURS[:len(names)]},
+                      "legend": {"orient": "bottom", "columns": 3}}}},
+    ]
+    return _framed({"width": PLOT_WIDTH, "height": PLOT_HEIGHT - 60, "layer": layers,
+                    "resolve": {"scale": {"y": "independent", "color": "independent"}}}, title, caption_text)

@@ -33,6 +33,7 @@ THEME = {"background": "white", "font": "DejaVu Sans", "padding": 24,
 # the browser (no request); their slide versions (light theme, captioned, PNG or SVG) are in figures/plot_slides.py
 PLOTLY_CONFIG = {"toImageButtonOptions": {"format": "png", "width": WIDTH, "height": HEIGHT, "scale": 1,
                                           "filename": "kvviz-figure"}, "displaylogo": False}
+QUANTIZER_COLOURS = ["#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2"]  # the channel errors' lines
 SEGMENT_SCALE = {"domain": list(SEGMENT_COLOURS), "range": list(SEGMENT_COLOURS.values())}  # the app's colours
 
 

@@ -85,10 +85,9 @@ class Quantizer:
                 raise KvvizError("the RoPE frequencies of pre-RoPE keys must be positive and finite")
 
     def _check_scales(self) -> None:
-        if self.format.startswith("nvfp4") and self.rotation == "none" and not self.outliers and self.rope is None:
-            pass  # NVFP4's tensor scale, static (per layer, one per KV head: the same in a layer for a tensor scale)
-        elif self.fp8 is None or self.axis not in ("head", "tensor") or self.rotation != "none" or self.outliers \
-                or self.rope is not None:  # scales calibrated on the cached keys, which are post-RoPE
+        # FP8's per KV head or per layer, or NVFP4's tensor scale (per layer, one per KV head: the same in a layer)
+        scaled = self.format.startswith("nvfp4") or self.fp8 is not None and self.axis in ("head", "tensor")
+        if not scaled or self.rotation != "none" or self.outliers or self.rope is not None:  # calibrated post-RoPE
             raise KvvizError("static scales are for FP8 (e4m3 / e5m2) per KV head or per layer and NVFP4's tensor "
                              "scale, without a rotation, "
                              "outlier channels or pre-RoPE keys: the engines calibrate one scale per layer or KV head "
