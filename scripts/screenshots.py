@@ -5,6 +5,7 @@ Usage: .venv/bin/python scripts/screenshots.py   (writes assets/screenshot-*.png
        .venv/bin/python scripts/screenshots.py --sweep DIR   (a sweep's folder: screenshot-sweeps.png)
        .venv/bin/python scripts/screenshots.py --schemes   (the quantizer settings and the schemes compared)
        .venv/bin/python scripts/screenshots.py --where   (an eviction and the step where it matters most)
+       .venv/bin/python scripts/screenshots.py --rounded-blame   (an NVFP4 cache's run and the blame of its rounding)
 """
 
 from __future__ import annotations
@@ -146,14 +147,52 @@ def schemes_shot() -> None:
         shoot(page, "schemes", top="text=Quantizer settings", bottom="text=Cache bytes as computed", height=0)
 
 
+def rounded_blame_shot() -> None:
+    """A run whose cache is NVFP4 (no policy), its divergence step opened and blamed: which slots' rounding did it."""
+    import re
+
+    with running_app() as url, browser_page(url, width=1440, height=3600) as page:
+        page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=120_000)
+        page.fill("[data-testid=stChatInputTextArea]", "My cat is called Whiskers. What is my cat called?")
+        page.keyboard.press("Enter")
+        page.wait_for_selector(".kv-chip", timeout=300_000)
+        wait_idle(page, 2)
+        page.get_by_role("tab", name="Policy run", exact=True).click()
+        form = page.get_by_role("tabpanel", name="Policy run").locator("[data-testid=stForm]")
+        form.wait_for(timeout=60_000)
+        for label, option in (("Policy", "(none: a quantized cache only)"), ("Cache format", "nvfp4")):
+            box = page.locator("[data-testid=stSelectbox]").filter(
+                has=page.locator("label", has_text=re.compile(f"^{re.escape(label)}$"))).first
+            box.click()
+            page.keyboard.type(option)
+            page.keyboard.press("Enter")
+            wait_idle(page, 1)
+        form.get_by_label("New tokens per turn").fill("6")
+        form.get_by_role("button", name="Run the policy").click()
+        page.get_by_text("Turn 1 · full cache").wait_for(timeout=300_000)
+        wait_idle(page, 2)
+        page.get_by_role("spinbutton", name="Open step").fill("2")
+        page.get_by_role("spinbutton", name="Open step").press("Enter")
+        page.get_by_text("Step 2 processes slot").wait_for(timeout=60_000)
+        wait_idle(page, 1)
+        page.get_by_role("button", name="Blame this step").click()
+        page.get_by_text("Restoring one rounded slot").wait_for(timeout=300_000)
+        page.mouse.move(1400, 20)
+        wait_idle(page, 3)
+        shoot(page, "rounded-blame", top="text=Step 2 processes slot", bottom=None, height=760)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="a sliding-window model (e.g. the Gemma 3 270M GGUF): its window shots")
     parser.add_argument("--sweep", help="a sweep's folder: the Sweeps tab")
     parser.add_argument("--schemes", action="store_true", help="the quantizer settings and the schemes compared")
     parser.add_argument("--where", action="store_true", help="an eviction and the step where it matters most")
+    parser.add_argument("--rounded-blame", action="store_true", help="an NVFP4 run's step blamed on its rounding")
     arguments = parser.parse_args()
-    if arguments.where:
+    if arguments.rounded_blame:
+        rounded_blame_shot()
+    elif arguments.where:
         where_shot()
     elif arguments.schemes:
         schemes_shot()

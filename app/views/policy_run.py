@@ -245,7 +245,7 @@ def _step(result, turn: int, step: int) -> None:
         return
     mark("blame")
     what, back = (("evicted", "back") if ranked.of == "evicted" else ("rounded", "at full precision"))
-    st.markdown(f"Restoring one {what} {ranked.unit} at a time {back} into the policy's cache of this step, "
+    st.markdown(f"Restoring one {what} {ranked.unit} at a time {back} into the run's cache of this step, "
                 f"KL(full ‖ policy) in nats: **{ranked.kl:.4f}** with nothing restored, "
                 f"**{ranked.kl_all_restored:.4f}** with every {what} slot {back}.")
     if ranked.of == "evicted" and ranked.kl_all_restored > 0.5 * ranked.kl:
