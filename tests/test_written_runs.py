@@ -223,10 +223,13 @@ def test_transformers_fp8_quantized_cache_as_a_run_steps_as_transformers(lm, eps
 
 
 @pytest.mark.numeric
-def test_a_what_if_at_a_step_of_a_quantized_fp8_run_replays_that_step(lm, eps):
+def test_a_what_if_at_a_step_of_a_quantized_fp8_run_replays_that_step(lm, eps, monkeypatch):
     """The what-if's unedited run of a decode step (and of the second turn's first step) rebuilds the cache as it
-    stood and rounds the step's own K/V as the run's cache did: the run's logits within ε_z."""
+    stood and rounds the step's own K/V as the run's cache did: the run's logits within ε_z; its continuation stores
+    the next token's K/V as the run did."""
     from kvviz.edit.edit import Edit
+    from kvviz.whatif import full_step as full_step_module
+    from kvviz.whatif.continuation import greedy
     from kvviz.whatif.full_step import kept_full_step
 
     run = CompressedSession(lm, RunSettings(**run_cache("quantized-fp8")))
@@ -243,6 +246,14 @@ def test_a_what_if_at_a_step_of_a_quantized_fp8_run_replays_that_step(lm, eps):
         replay = kept_full_step(run.session, at, full, None)
         assert replay.writes is not None
         assert float((replay.logits - logits).abs().max()) <= eps, at
+    first = min(seen)  # the what-if's continuations from a step go on as the run did: each new slot rounded
+    caches = []
+    monkeypatch.setattr(full_step_module, "greedy", lambda session, cache, *rest: caches.append(cache) or greedy(
+        session, cache, *rest))
+    follow = what_if(run.session, Edit(), first, continuation=2).continuation
+    assert follow.full_ids == follow.edited_ids == run.session.transcript.ids[first + 1:first + 3]
+    keys = kv_cache.layer_kv(caches[0], 0)[0][0, :, first + 1]  # layer 0: the next token's key, as the run stored it
+    assert torch.equal(keys, run.session.layer_kv(0)[0][:, first + 1])
     plain = CompressedSession(lm, RunSettings(**run_cache("fp8-e4m3-tensor")))  # its step's own K/V as computed
     plain.add_turn(PROMPT)
     at, logits = len(plain), plain.step()

@@ -179,8 +179,11 @@ class FullStep:
                     head_widths=edit.head_widths, exact_layers=edit.exact_layers)
 
     def continuation(self, session: Session, steps: int) -> list[int]:
+        """The full run's greedy continuation of ``steps`` tokens, on a cache that stores its new slots as this step
+        stored its own (a full cache of ``at + 1`` slots: the first new slot reallocates, ``buffers`` stay as they
+        are)."""
         if steps not in self.continuations:
-            cache = kv_cache.build(session.lm.config, layer_views(self.buffers))
+            cache = kv_cache.over(layer_views(self.buffers), self.at + 1, written=self.writes)
             self.continuations[steps] = greedy(session, cache, self.hidden, self.logits, self.position, steps)
         return self.continuations[steps]
 
