@@ -18,7 +18,7 @@ from kvviz.figures import plot_slides
 from kvviz.figures.slides import PLOTLY_CONFIG
 from kvviz.errors import KvvizError
 from kvviz.policies.base import Ratio
-from kvviz.runs.blame import blame, restore, variants
+from kvviz.runs.blame import blame, restorable, restore, variants
 from kvviz.runs.compressed import RunSettings
 from kvviz.runs.forecast import first_compression
 from kvviz.quant.kivi import Kivi
@@ -225,9 +225,7 @@ def _step(result, turn: int, step: int) -> None:
     st.dataframe(pd.DataFrame({"full run": [spell(c.text) for c in table.full], "p full": [c.prob for c in table.full],
                                "policy cache": [spell(c.text) for c in table.edited],
                                "p policy": [c.prob for c in table.edited]}), hide_index=True)
-    settings = result.settings
-    kinds = (["evicted"] if settings.policy is not None else []) + (
-        ["rounded"] if settings.kivi is not None or settings.written is not None else [])
+    kinds = restorable(result)
     if not kinds:
         return
     cols = st.columns(4)

@@ -87,7 +87,7 @@ def rounding_variants(run: TurnRun, step: int, restores: list[set[int]]) -> torc
     ``(1 + len(restores), V)``."""
     session = run.forced.session
     lm, at = session.lm, _slot_of(run, step)
-    seen = ~session.commits.hidden(at, at).cpu() & ~lm.attention.outside(at, at)[:, None]  # (L, KV, at)
+    seen = run.forced.visible_to(at).cpu()  # (L, KV, at)
     both = [(torch.cat([sk, k], 1), torch.cat([sv, v], 1)) for (sk, sv), (k, v) in
             zip(prefix_kv(session, at, session.commits.edit_at(at)), prefix_kv(session, at))]
     visible = torch.zeros(1 + len(restores), lm.layers, lm.kv_heads, 2 * at, dtype=torch.bool)
@@ -109,7 +109,7 @@ def rounded_slots(run: TurnRun, step: int) -> torch.Tensor:
     slots = sorted(s for s in set(edit.key_bits) | set(edit.value_bits) if s < at)
     layers = [layer for layer in range(session.lm.layers) if layer not in edit.exact_layers]
     mask[torch.tensor(layers, dtype=torch.long)[:, None], :, torch.tensor(slots, dtype=torch.long)[None]] = True
-    return mask & ~session.commits.hidden(at, at).cpu() & ~session.lm.attention.outside(at, at)[:, None]
+    return mask & run.forced.visible_to(at).cpu()
 
 
 def attention_mass(run: TurnRun, step: int) -> torch.Tensor:
@@ -169,9 +169,19 @@ def blame(result: PolicyRun, turn: int = -1, step: int | None = None, unit: str 
                  of)
 
 
-def _restorable(result: PolicyRun, of: str) -> str:
-    """``of`` if the run has such slots to put back; one line otherwise."""
+def restorable(result: PolicyRun) -> list[str]:
+    """What a blame of this run can put back: ``evicted`` slots (a policy's run), ``rounded`` ones (KIVI's or a
+    written cache format's, at full precision)."""
     settings = result.settings
+    return ["evicted"] * (settings.policy is not None) + ["rounded"] * (
+        settings.kivi is not None or settings.written is not None)
+
+
+def _restorable(result: PolicyRun, of: str) -> str:
+    """``of`` if the run has such slots to put back (:func:`restorable`); why not in one line otherwise."""
+    settings = result.settings
+    if of in restorable(result):
+        return of
     if of not in ("evicted", "rounded"):
         raise KvvizError(f"blame restores 'evicted' or 'rounded' slots, got {of!r}")
     if of == "evicted" and settings.policy is None:
@@ -179,9 +189,7 @@ def _restorable(result: PolicyRun, of: str) -> str:
     if of == "rounded" and settings.quanto is not None:
         raise KvvizError("QuantizedCache's flushes round the whole prefix again together: a slot's rounding cannot be "
                          "put back alone")
-    if of == "rounded" and settings.kivi is None and settings.written is None:
-        raise KvvizError("this run rounds nothing (KIVI or a written cache format do): blame its evicted slots")
-    return of
+    raise KvvizError("this run rounds nothing (KIVI or a written cache format do): blame its evicted slots")
 
 
 def _row(run: TurnRun, step: int, slots: list[int], logits: torch.Tensor, mass: torch.Tensor) -> BlameRow:

@@ -315,13 +315,15 @@ class Timeline:
         """Between passes: the K/V as computed that the live cache's writers kept move to :attr:`originals` (a pass
         that failed midway left some layers only: dropped), which keep the slots the live cache holds (a pass cut
         back, as a blame's variants are, leaves none)."""
+        if self.own_from is None:  # only the writers of own runs keep K/V here
+            return
         if self._fresh[-1]:
             added = tuple(torch.stack([torch.cat([pair[i] for pair in chunks], dim=1) for chunks in self._fresh])
                           for i in (0, 1))  # (L, KV, q, D)
             self.originals = tuple(torch.cat([o, a], dim=2) for o, a in zip(self.originals, added))
         if any(self._fresh):
             self._fresh = [[] for _ in range(self.layers)]
-        if self.originals is not None and self.own_from is not None:
+        if self.originals is not None:
             length = self.cache.layers[0].get_seq_length()
             if self.originals[0].shape[2] > length:
                 self.originals = tuple(t[:, :, :length] for t in self.originals)
