@@ -11,6 +11,9 @@ The public API, for notebooks and scripts (the dashboard in ``app/`` uses the sa
     result = what_if(session, Edit.evict(range(10, 20)))
     result.next_token.kl, result.heads["rho"]   # KL(full ‖ edited), ρ per layer × query head
 
+In a notebook the session, a what-if, a policy run, a blame and a sweep show themselves (``kvviz.notebook.reprs``),
+and ``kvviz.widget(session)`` is a live strip with the what-if of the clicked edit (``docs/notebook.md``).
+
 The library never imports streamlit; ``app/`` lays out what it computes. How the pieces fit: ``docs/architecture.md``;
 the formulas: ``docs/math.md``.
 """
@@ -18,6 +21,7 @@ the formulas: ``docs/math.md``.
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what editors and type checkers resolve; at run time each name loads on first use (below)
@@ -27,6 +31,7 @@ if TYPE_CHECKING:  # what editors and type checkers resolve; at run time each na
     from kvviz.figures import (alpha_chart, figures_html, growth, head_grid_chart, head_map_figure, hidden_chart,
                                overview_figure, row_figure, topk_frame)
     from kvviz.model import LoadedModel, load_model
+    from kvviz.notebook import CacheWidget, widget
     from kvviz.policies import (H2O, POLICIES, TOVA, AdaKV, Candidates, KeyNorm, Policy, PyramidKV, RandomPolicy,
                                 SnapKV, StreamingLLM)
     from kvviz.quant.kivi import Kivi
@@ -43,7 +48,8 @@ _EXPORTS = {
     "EditDraft": "kvviz.edit.draft", "Edit": "kvviz.edit.edit", "Eviction": "kvviz.edit.edit",
     "KvvizError": "kvviz.errors", "ModelLoadError": "kvviz.errors", "LoadedModel": "kvviz.model",
     "load_model": "kvviz.model", "Kivi": "kvviz.quant.kivi", "Quantizer": "kvviz.quant.quantizer",
-    "Sampling": "kvviz.sampling", "Session": "kvviz.session",
+    "Sampling": "kvviz.sampling", "Session": "kvviz.session", "CacheWidget": "kvviz.notebook",
+    "widget": "kvviz.notebook",
     "export_session": "kvviz.session_file", "import_session": "kvviz.session_file",
     **dict.fromkeys(["POLICIES", "H2O", "TOVA", "AdaKV", "Candidates", "KeyNorm", "Policy", "PyramidKV",
                      "RandomPolicy", "SnapKV", "StreamingLLM"], "kvviz.policies"),
@@ -67,3 +73,25 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_EXPORTS))
+
+
+# In an IPython kernel (Jupyter, VS Code, Colab), kvviz's objects show as HTML: the formatters are told class names,
+# and the renderers load when the first object is shown.
+_VIEWS = {("kvviz.session", "Session"): "session_html", ("kvviz.whatif.step", "WhatIf"): "what_if_html",
+          ("kvviz.runs.run_records", "PolicyRun"): "policy_run_html", ("kvviz.runs.blame", "Blame"): "blame_html",
+          ("kvviz.sweeps.table", "Sweep"): "sweep_html"}
+
+
+def _view(name: str) -> Any:
+    return lambda value: getattr(importlib.import_module("kvviz.notebook.reprs"), name)(value)
+
+
+def _register_views() -> None:
+    shell = sys.modules["IPython"].get_ipython() if "IPython" in sys.modules else None
+    formatters = getattr(getattr(shell, "display_formatter", None), "formatters", {})
+    if "text/html" in formatters:
+        for (module, name), view in _VIEWS.items():
+            formatters["text/html"].for_type_by_name(module, name, _view(view))
+
+
+_register_views()

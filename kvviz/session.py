@@ -64,6 +64,9 @@ class Session:
         self.on_layer: Callable[[int, int], None] | None = None  # told (layers done, layers) as a forward pass runs
         self.prefill_chunk = prefill.CHUNK  # a longer prefill runs as passes of this many tokens (same numbers)
 
+    def __repr__(self) -> str:  # the plain-text output (a notebook shows the strip: kvviz.notebook.reprs)
+        return f"Session({self.lm.name}, {len(self)} slots, {len(self.commits.stack)} committed edits)"
+
     # --- turns -----------------------------------------------------------------------------------------------
 
     def add_user_turn(self, text: str, raw_special_tokens: bool = False,

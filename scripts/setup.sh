@@ -18,4 +18,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install --quiet --no-deps --upgrade --target .venv/reference -r requirements-reference.txt
   echo "$want" > "$stamp"
 fi
+# the repository on the environment's path, so a notebook or script started anywhere (examples/) imports kvviz
+site=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+echo "$PWD" > "$site/kvviz-repository.pth"
 .venv/bin/python -m kvviz prepare

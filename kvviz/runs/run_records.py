@@ -72,6 +72,12 @@ class PolicyRun:
     model: str
     turns: list[TurnRun] = field(default_factory=list)
 
+    def __repr__(self) -> str:  # the plain-text output (a notebook shows HTML: kvviz.notebook.reprs)
+        turns = "; ".join(
+            f"turn {k}: " + ("same reply" if t.divergence is None else f"differs at step {t.divergence}")
+            + f", KL max {max((r.kl for r in t.records), default=0):.4g}" for k, t in enumerate(self.turns))
+        return f"PolicyRun({self.settings.label}, {self.model}: {turns})"
+
     @property
     def last(self) -> TurnRun:
         return self.turns[-1]

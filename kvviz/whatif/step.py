@@ -56,6 +56,13 @@ class WhatIf:
     memory: CacheBytes
     continuation: Continuation | None
 
+    def __repr__(self) -> str:  # the plain-text output (a notebook shows HTML: kvviz.notebook.reprs)
+        nt = self.next_token
+        top1 = f"{nt.full[0].text!r} kept" if nt.full[0].id == nt.edited[0].id else \
+            f"{nt.full[0].text!r} → {nt.edited[0].text!r}"
+        return (f"WhatIf(at={self.at}, kl={nt.kl:.6g}, tv={nt.tv:.4g}, top1 {top1}, "
+                f"bytes {self.memory.edited_bytes:,} of {self.memory.full_bytes:,})")
+
     def rho(self, layer: int, head: int | None) -> float:
         """ρ of query head ``head`` of ``layer`` (the evicted share of its attention), or with ``head`` None the mean
         over the layer's query heads — as the strip's shading reads attention."""

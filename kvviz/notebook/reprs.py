@@ -1,0 +1,185 @@
+"""Rich notebook output for the library's objects: a :class:`~kvviz.session.Session` as its strip, a
+:class:`~kvviz.whatif.WhatIf` as its side-by-side next-token table, a :class:`~kvviz.runs.PolicyRun` as its replies
+and per-step KL, a :class:`~kvviz.runs.Blame` as its table, a sweep's table as its damage-vs-budget chart.
+
+Every output is one piece of static HTML: inline styles, charts as inline SVG (Vega-Lite rendered by vl-convert, the
+same specs the dashboard draws), no script and no URL, so a saved notebook shows it with no kernel and no network.
+Text is escaped, never set as markup. :func:`register` hands the renderers to IPython's display formatters (Jupyter,
+VS Code, Colab); :func:`html` returns an object any front end displays (marimo included).
+"""
+
+from __future__ import annotations
+
+import html as escape
+import re
+import pandas as pd
+
+from kvviz.figures.growth import SEGMENT_COLOURS
+from kvviz.figures.sweep_charts import damage_chart
+from kvviz.figures.whatif_charts import Chart, topk_frame
+from kvviz.edit.draft import EditDraft
+from kvviz.runs import Blame, PolicyRun
+from kvviz.session import Session
+from kvviz.sweeps.table import Sweep
+from kvviz.transcript import SEGMENTS
+from kvviz.view_data import strip_chips
+from kvviz.whatif import WhatIf
+
+BOX = "font-family: system-ui, sans-serif; font-size: 13px; line-height: 1.5; color: #222;"
+CELL = "padding: 2px 8px; text-align: right; border-bottom: 1px solid #eee;"
+BLAME_ROWS = 12  # a blame's best restores shown (the rest: a count; ``result.rows`` holds them all)
+MAX_CHIPS = 2048  # a longer cache shows its newest slots (the header says how many are left out)
+
+
+def _e(value: object) -> str:
+    return escape.escape(str(value), quote=True)
+
+
+def chip_style(segment: str, shade: float, evicted: int, committed: int, bits: int) -> str:
+    """The inline style of a strip chip: its segment's colour as the underline, attention as the red background
+    (``shade`` ∈ [0, 1]), an eviction (tried or committed) struck through and faded, a bit-width dashed."""
+    style = (f"display: inline-block; margin: 1px; padding: 0 3px; border-radius: 3px; white-space: pre; "
+             f"border-bottom: 3px solid {SEGMENT_COLOURS[segment]}; "
+             f"background: rgba(235, 87, 87, {max(0.0, min(1.0, shade)):.3f});")
+    if evicted or committed:
+        style += " text-decoration: line-through; opacity: 0.45;"
+    if bits < 16:
+        style += " outline: 1px dashed #6a1b9a;"
+    return style
+
+
+def session_html(session: Session, at: int | None = None, layer: int = 0, head: int | None = None,
+                 draft: EditDraft | None = None) -> str:
+    """The strip of ``session`` at the step of slot ``at`` (default: the newest): chips coloured by segment, shaded
+    by what that step attended to in ``layer`` (mean of query heads for ``head=None``), committed evictions struck
+    through, a tooltip with slot, token, segment, attention and bits."""
+    n = len(session)
+    if n == 0:
+        return f'<div style="{BOX}"><b>kvviz session</b> · empty cache ({_e(session.lm.name)})</div>'
+    at = n - 1 if at is None else at
+    chips = strip_chips(session, draft or EditDraft(), at, layer, head)
+    bytes_ = session.memory()
+    where = f"layer {layer}, " + ("mean of heads" if head is None else f"head {head}")
+    head_line = (f"<b>kvviz session</b> · {_e(session.lm.name)} · {n} slots · {len(session.commits.stack)} "
+                 f"committed edit(s) · cache {bytes_.kv_bytes / 2**20:.2f} MiB · shaded by the attention of slot "
+                 f"{at} ({where})")
+    legend = " ".join(f'<span style="border-bottom: 3px solid {SEGMENT_COLOURS[s]}; padding: 0 3px">{s}</span>'
+                      for s in SEGMENTS)
+    shown = chips[-MAX_CHIPS:]
+    spans = []
+    for c in shown:
+        slot, text, segment, shade, evicted, key_bits, committed = c[0], c[1], SEGMENTS[c[2]], c[4], c[5], c[6], c[11]
+        bits = min(key_bits, c[12])
+        tip = f"slot {slot} · {text!r} · {segment} · attention {shade:.3f} (of the strongest)" + \
+              (" · evicted" if evicted or committed else "") + (f" · {bits} bits" if bits < 16 else "")
+        spans.append(f'<span title="{_e(tip)}" style="{chip_style(segment, shade, evicted, committed, bits)}">'
+                     f"{_e(text)}</span>")
+    left_out = f"<div>… {len(chips) - len(shown)} earlier slots not shown</div>" if len(chips) > len(shown) else ""
+    return (f'<div class="kvviz-session" style="{BOX}"><div>{head_line}</div><div>{legend}</div>{left_out}'
+            f'<div style="margin-top: 4px">{"".join(spans)}</div></div>')
+
+
+def _table(frame: pd.DataFrame, title: str, digits: int = 4) -> str:
+    head = "".join(f'<th style="{CELL}">{_e(c)}</th>' for c in frame.columns)
+    rows = []
+    for values in frame.itertuples(index=False):
+        cells = [f"{v:.{digits}g}" if isinstance(v, float) else str(v) for v in values]
+        rows.append("<tr>" + "".join(f'<td style="{CELL}">{_e(v)}</td>' for v in cells) + "</tr>")
+    return (f'<table style="border-collapse: collapse; margin: 4px 12px 4px 0; display: inline-table">'
+            f'<caption style="text-align: left; font-weight: 600">{_e(title)}</caption>'
+            f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
+
+
+def what_if_html(result: WhatIf) -> str:
+    """A what-if as the dashboard's side-by-side next-token tables (full cache, edited cache) under a line with KL,
+    total variation, whether the top-1 token changed, the mean evicted mass ρ and the bytes kept."""
+    nt = result.next_token
+    changed = nt.full[0].id != nt.edited[0].id
+    rho = result.heads["rho"].float()
+    memory = result.memory
+    top1 = f"changed: {_e(repr(nt.full[0].text))} → {_e(repr(nt.edited[0].text))}" if changed else "kept"
+    line = (f"<b>what-if</b> at slot {result.at} · KL(full ‖ edited) <b>{nt.kl:.6g}</b> nats · TV {nt.tv:.4g} · "
+            f"top-1 {top1} · ρ mean {float(rho.mean()):.4g}, max {float(rho.max()):.4g} · cache "
+            f"{memory.edited_bytes:,} of {memory.full_bytes:,} bytes")
+    tables = "".join(_table(topk_frame(nt, side), f"{side} cache") for side in ("full", "edited"))
+    return f'<div class="kvviz-whatif" style="{BOX}"><div>{line}</div><div>{tables}</div></div>'
+
+
+def _bars(values: list[float], labels: list[str], top: float) -> str:
+    """A row of vertical bars (inline SVG), one per value, scaled to ``top``; each with a tooltip."""
+    width, height = 8, 60
+    bars = []
+    for i, (value, label) in enumerate(zip(values, labels)):
+        h = 0 if top <= 0 else max(1.0, height * min(value, top) / top) if value > 0 else 0
+        bars.append(f'<rect x="{i * width}" y="{height - h:.1f}" width="{width - 1}" height="{h:.1f}" fill="#2f80ed">'
+                    f"<title>{_e(label)}</title></rect>")
+    return (f'<svg width="{max(1, len(values)) * width}" height="{height}" role="img">'
+            f'<rect width="100%" height="100%" fill="#fcfcfc"/>{"".join(bars)}</svg>')
+
+
+def policy_run_html(result: PolicyRun) -> str:
+    """Each turn of a policy run: the full cache's reply and the policy's side by side, where they diverge, and the
+    teacher-forced KL of every step as bars (hover for the step, its KL and the top-1 tokens)."""
+    parts = [f"<b>policy run</b> · {_e(result.settings.label)} · {_e(result.model)}"]
+    for k, run in enumerate(result.turns):
+        kls = [r.kl for r in run.records]
+        labels = [f"step {r.step}: KL {r.kl:.4g}" + ("" if r.top1_agree else " · top-1 differs") for r in run.records]
+        where = "same reply" if run.divergence is None else f"first differs at step {run.divergence}"
+        parts.append(
+            f'<div style="margin-top: 6px"><b>turn {k}</b> · {_e(run.user[:120])} · {where} · KL mean '
+            f"{sum(kls) / max(len(kls), 1):.4g}, max {max(kls, default=0):.4g}</div>"
+            f'<div style="display: flex; gap: 12px">'
+            f'<div style="flex: 1"><i>full cache</i><div>{_e(run.full_text)}</div></div>'
+            f'<div style="flex: 1"><i>policy</i><div>{_e(run.policy_text)}</div></div></div>'
+            f"<div>KL per step {_bars(kls, labels, max(kls, default=0))}</div>")
+    return f'<div class="kvviz-run" style="{BOX}">{"".join(parts)}</div>'
+
+
+def blame_html(result: Blame) -> str:
+    """A blame: the step's KL with nothing and everything put back, then each restore's KL, top-1 and mass."""
+    line = (f"<b>blame</b> of turn {result.turn}, step {result.step} (slot {result.slot}) · restores {result.of} "
+            f"{result.unit}s · KL {result.kl:.4g} with nothing back, {result.kl_all_restored:.4g} with everything")
+    rows = result.rows[:BLAME_ROWS]
+    frame = pd.DataFrame({"slots": [", ".join(map(str, r.slots)) for r in rows],
+                          "KL after restore": [r.kl_after_restore for r in rows],
+                          "top-1 back": ["yes" if r.top1_restored else "no" for r in rows],
+                          "attention mass": [r.mass for r in rows]})
+    more = f"<div>… {len(result.rows) - len(rows)} more in .rows</div>" if len(result.rows) > len(rows) else ""
+    table = _table(frame, "restores, best first")
+    return f'<div class="kvviz-blame" style="{BOX}"><div>{line}</div>{table}{more}</div>'
+
+
+def chart_svg(chart: Chart) -> str:
+    """A Vega-Lite chart as inline SVG (vl-convert renders it in process: no browser, no network). The namespace
+    declarations go: HTML needs none for inline SVG, and so the output names no URL at all."""
+    import vl_convert
+
+    return re.sub(r'\sxmlns(:\w+)?="[^"]*"', "", vl_convert.vegalite_to_svg(chart.to_dict()))
+
+
+def sweep_html(sweep: Sweep | pd.DataFrame, measure: str = "kl_mean") -> str:
+    """A sweep's table as the damage-vs-budget chart (the Sweeps tab's), with its number of cases."""
+    table = sweep.table if isinstance(sweep, Sweep) else sweep
+    line = f"<b>sweep</b> · {len(table)} cases · {table['policy'].nunique()} policies"
+    return f'<div class="kvviz-sweep" style="{BOX}"><div>{line}</div>{chart_svg(damage_chart(table, measure))}</div>'
+
+
+class Html:
+    """Static HTML any notebook front end displays (``_repr_html_``; marimo and Jupyter alike)."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def _repr_html_(self) -> str:
+        return self.text
+
+
+def html(value: object, **settings) -> Html:
+    """The rich output of a Session, WhatIf, PolicyRun, Blame or Sweep, as an object any front end displays (marimo
+    too); ``settings`` go to the renderer (e.g. ``at``, ``layer``, ``head`` for a session)."""
+    renderers = {Session: session_html, WhatIf: what_if_html, PolicyRun: policy_run_html, Blame: blame_html,
+                 Sweep: sweep_html, pd.DataFrame: sweep_html}
+    for kind, render in renderers.items():
+        if isinstance(value, kind):
+            return Html(render(value, **settings))
+    raise TypeError(f"kvviz has no notebook view of {type(value).__name__}")
