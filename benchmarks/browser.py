@@ -3,7 +3,9 @@ tests and the README's screenshots. Only the loopback interface is used."""
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -82,3 +84,64 @@ def browser_page(url: str, width: int = 1500, height: int = 1400, args: tuple[st
             yield page
         finally:
             browser.close()
+
+
+# --- JupyterLab, for the notebook widget's browser test and screenshot -------------------------------------------
+
+SETTINGS = {  # every cell in the page (Lab draws only the visible ones by default), no news prompt
+    "notebook-extension/tracker": {"windowingMode": "none"},
+    "apputils-extension/notification": {"fetchNews": "false"},
+}
+
+
+def start_lab(folder: Path) -> tuple[subprocess.Popen, str, str]:
+    """JupyterLab on ``folder``, on 127.0.0.1 with a token and settings of its own (beside ``folder``), once it
+    answers: (process, URL, token). The caller terminates the process."""
+    port, token = free_port(), secrets.token_hex(16)
+    lab = folder.parent / f"{folder.name}-lab"
+    for name, values in SETTINGS.items():
+        where = lab / "settings" / "@jupyterlab" / f"{name}.jupyterlab-settings"
+        where.parent.mkdir(parents=True, exist_ok=True)
+        where.write_text(json.dumps(values))
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(lab / "config"), "JUPYTER_RUNTIME_DIR": str(lab / "run"),
+           "JUPYTERLAB_WORKSPACES_DIR": str(lab / "workspaces"), "JUPYTERLAB_SETTINGS_DIR": str(lab / "settings"),
+           "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", "--ip=127.0.0.1", f"--port={port}",
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={folder}", "--LabApp.news_url=",
+         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
+        cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=1)
+            return process, url, token
+        except OSError:
+            if time.monotonic() > deadline or process.poll() is not None:
+                process.terminate()
+                raise RuntimeError("JupyterLab did not start") from None
+            time.sleep(0.5)
+
+
+def run_all(page) -> None:
+    """Run > Run All Cells, asked again until the first cell is queued (a run asked while Lab is still setting the
+    notebook up is dropped; a queued cell shows ``[*]`` at once, so a run is never asked twice)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=90_000)
+    first = page.locator(".jp-Notebook .jp-CodeCell .jp-InputPrompt").first
+    for _ in range(24):
+        dialog = page.locator(".jp-Dialog")
+        if dialog.count():  # the kernel chooser takes its default (the notebook's python3); anything else: no
+            kind = ".jp-mod-accept" if "Select Kernel" in dialog.inner_text() else ".jp-mod-reject"
+            dialog.locator(kind).first.click()
+        page.locator(".lm-MenuBar-itemLabel").get_by_text("Run", exact=True).click()
+        page.locator(".lm-Menu-itemLabel").get_by_text("Run All Cells", exact=True).click()
+        try:
+            page.wait_for_function("p => /\\[(\\*|\\d+)\\]/.test(p.textContent)", arg=first.element_handle(),
+                                   timeout=5_000)
+            return
+        except PlaywrightTimeout:
+            continue  # asked again
+    raise AssertionError("the notebook's cells never started")

@@ -1,0 +1,94 @@
+"""The widget as a person uses it: JupyterLab (started here on 127.0.0.1 with a token) opens the explore notebook in
+headless Chromium, runs every cell, a click on a chip shows the KL, and a cell run afterwards finds the widget's edit
+and its KL equal to ``what_if`` for the same slot. Nothing leaves 127.0.0.1 and the console shows no error. A saved
+notebook's HTML outputs (the reprs) show the strip with no kernel and no network."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+from playwright.sync_api import sync_playwright
+
+from benchmarks.browser import CHROMIUM, CHROMIUM_ARGS, run_all, start_lab
+
+pytestmark = pytest.mark.browser
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+SLOT = 14
+CHECK = f"""from kvviz import Edit, what_if
+r = w.result
+print("check", r is not None and w.edit == Edit.evict([{SLOT}]), repr(r and r.next_token.kl),
+      repr(what_if(session, Edit.evict([{SLOT}])).next_token.kl))"""
+
+
+def _browser_page(p, outside: list[str], errors: list[str]):
+    browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+
+    def route(request_route):
+        if request_route.request.url.startswith(("http://127.0.0.1", "ws://127.0.0.1", "data:", "blob:", "file://")):
+            request_route.continue_()
+        else:
+            outside.append(request_route.request.url)
+            request_route.abort()
+
+    page.route("**/*", route)
+    page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    return browser, page
+
+
+def test_jupyterlab_runs_the_explore_notebook_and_a_click_shows_the_kl(tmp_path):
+    book = nbformat.read(EXAMPLES / "explore.ipynb", as_version=4)
+    book.cells.append(nbformat.v4.new_code_cell(CHECK, id="check"))
+    nbformat.write(book, tmp_path / "explore.ipynb")
+    process, url, token = start_lab(tmp_path)
+    outside, errors = [], []
+    try:
+        with sync_playwright() as p:
+            browser, page = _browser_page(p, outside, errors)
+            page.goto(f"{url}/lab/tree/explore.ipynb?token={token}")
+            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
+            run_all(page)
+            last = page.locator(".jp-Notebook .jp-CodeCell").filter(has_text='print("check"')
+            last.locator(".jp-OutputArea-output", has_text="check False").wait_for(timeout=240_000)  # nothing tried yet
+            chip = page.locator(f".kvviz-widget .kvviz-chip[data-slot='{SLOT}']").first
+            chip.click()
+            status = page.locator(".kvviz-widget .kvviz-status").first
+            page.wait_for_function("s => s.dataset.kl !== ''", arg=status.element_handle(), timeout=120_000)
+            shown_kl = float(status.get_attribute("data-kl"))
+            assert "KL(full ‖ edited)" in status.inner_text()
+            assert "line-through" in chip.evaluate("c => getComputedStyle(c).textDecorationLine")
+            last.locator(".jp-InputArea-editor").click()
+            page.keyboard.press("Control+Enter")  # run it again, in place
+            output = last.locator(".jp-OutputArea-output", has_text="check True")
+            output.wait_for(timeout=120_000)
+            _, same_edit, widget_kl, reference_kl = output.inner_text().split()
+            assert same_edit == "True" and float(widget_kl) == float(reference_kl) == shown_kl
+            browser.close()
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    assert not outside, outside
+    assert not errors, errors
+
+
+def test_a_saved_notebook_shows_its_outputs_with_no_kernel_and_no_network(tmp_path):
+    book = nbformat.read(EXAMPLES / "debug_policy.ipynb", as_version=4)
+    NotebookClient(book, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(EXAMPLES)}}).execute()
+    parts = [out["data"]["text/html"] for cell in book.cells if cell.cell_type == "code" for out in cell.outputs
+             if "text/html" in out.get("data", {})]
+    page_file = tmp_path / "saved.html"
+    page_file.write_text("<!doctype html><meta charset=utf-8><body>" + "<hr>".join(parts) + "</body>")
+    outside, errors = [], []
+    with sync_playwright() as p:
+        browser, page = _browser_page(p, outside, errors)
+        page.goto(page_file.as_uri())
+        assert page.locator(".kvviz-run").count() == 1 and page.locator(".kvviz-blame").count() == 1
+        assert page.locator(".kvviz-run svg rect").count() > 1 and "KL per step" in page.inner_text(".kvviz-run")
+        assert page.locator(".kvviz-run").bounding_box()["height"] > 50
+        assert page.locator(".kvviz-blame tbody tr").count() >= 1
+        browser.close()
+    assert not outside and not errors, (outside, errors)
