@@ -6,6 +6,7 @@ Usage: .venv/bin/python scripts/screenshots.py   (writes assets/screenshot-*.png
        .venv/bin/python scripts/screenshots.py --schemes   (the quantizer settings and the schemes compared)
        .venv/bin/python scripts/screenshots.py --where   (an eviction and the step where it matters most)
        .venv/bin/python scripts/screenshots.py --rounded-blame   (an NVFP4 cache's run and the blame of its rounding)
+       .venv/bin/python scripts/screenshots.py --notebook   (the widget in JupyterLab: screenshot-notebook.png)
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.browser import browser_page, running_app  # noqa: E402
+from benchmarks.browser import CHROMIUM, CHROMIUM_ARGS, browser_page, run_all, running_app, start_lab  # noqa: E402
 
 
 VIEWS = "[data-testid=stTabs]:has-text('Cache growth')"  # the page's views (the what-if's chart tabs come first)
@@ -182,6 +183,44 @@ def rounded_blame_shot() -> None:
         shoot(page, "rounded-blame", top="text=Step 2 processes slot", bottom=None, height=760)
 
 
+def notebook_shot() -> None:
+    """The explore notebook run in JupyterLab, the name in the first turn evicted (the second asks for it) and the
+    city quantized to 2 bits: the widget's strip and what-if."""
+    import shutil
+    import tempfile
+
+    from playwright.sync_api import sync_playwright
+
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch) / "notebooks"
+        folder.mkdir()
+        shutil.copy(ROOT / "examples" / "explore.ipynb", folder)
+        process, url, token = start_lab(folder)
+        try:
+            with sync_playwright() as playwright:
+                browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+                page = browser.new_page(viewport={"width": 1440, "height": 1000})
+                page.goto(f"{url}/lab/tree/explore.ipynb?token={token}")
+                run_all(page)
+                page.locator(".jp-CodeCell").last.locator(".jp-OutputArea-output").last.wait_for(timeout=300_000)
+                widget = page.locator(".kvviz-widget").first
+                widget.locator(".kvviz-chip", has_text="\u2423Ada").first.click()
+                page.wait_for_function("s => s.dataset.kl !== ''", arg=widget.locator(".kvviz-status")
+                                       .element_handle(), timeout=120_000)
+                widget.locator(".kvviz-chip", has_text="\u2423Lisbon").first.click(modifiers=["Shift"])
+                widget.get_by_text("2 bits", exact=True).click()
+                page.wait_for_function("() => document.querySelector('.kvviz-widget .kvviz-bits')", timeout=120_000)
+                time.sleep(2)
+                widget.scroll_into_view_if_needed()
+                box = widget.bounding_box()
+                page.set_viewport_size({"width": 1440, "height": int(box["height"]) + 200})
+                widget.screenshot(path=str(ROOT / "assets" / "screenshot-notebook.png"))
+                browser.close()
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="a sliding-window model (e.g. the Gemma 3 270M GGUF): its window shots")
@@ -189,8 +228,11 @@ if __name__ == "__main__":
     parser.add_argument("--schemes", action="store_true", help="the quantizer settings and the schemes compared")
     parser.add_argument("--where", action="store_true", help="an eviction and the step where it matters most")
     parser.add_argument("--rounded-blame", action="store_true", help="an NVFP4 run's step blamed on its rounding")
+    parser.add_argument("--notebook", action="store_true", help="the notebook widget in JupyterLab")
     arguments = parser.parse_args()
-    if arguments.rounded_blame:
+    if arguments.notebook:
+        notebook_shot()
+    elif arguments.rounded_blame:
         rounded_blame_shot()
     elif arguments.where:
         where_shot()
