@@ -124,24 +124,45 @@ def start_lab(folder: Path) -> tuple[subprocess.Popen, str, str]:
             time.sleep(0.5)
 
 
-def run_all(page) -> None:
-    """Run > Run All Cells, asked again until the first cell is queued (a run asked while Lab is still setting the
-    notebook up is dropped; a queued cell shows ``[*]`` at once, so a run is never asked twice)."""
+def notebook_url(url: str, token: str, path: str) -> str:
+    """The Lab URL of notebook ``path`` with its kernel already started through the server's REST API (Lab then
+    joins that session instead of asking which kernel to start)."""
+    request = urllib.request.Request(
+        f"{url}/api/sessions", method="POST", headers={"Authorization": f"token {token}",
+                                                       "Content-Type": "application/json"},
+        data=json.dumps({"path": path, "name": path, "type": "notebook", "kernel": {"name": "python3"}}).encode())
+    urllib.request.urlopen(request, timeout=60).read()
+    return f"{url}/lab/tree/{path}?token={token}"
+
+
+def run_all(page, cells: int, timeout_s: float = 300) -> None:
+    """Run the notebook's ``cells`` code cells in order as a person would: select one, Ctrl+Enter, wait for its
+    number (Lab draws a notebook's cells a few at a time: the count is the file's). A run asked before
+    Lab has joined the kernel is dropped (the prompt stays ``[ ]``), so it is asked again until the cell starts (a
+    started cell shows ``[*]`` at once: no cell runs twice)."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-    page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=90_000)
-    first = page.locator(".jp-Notebook .jp-CodeCell .jp-InputPrompt").first
-    for _ in range(24):
-        dialog = page.locator(".jp-Dialog")
-        if dialog.count():  # the kernel chooser takes its default (the notebook's python3); anything else: no
-            kind = ".jp-mod-accept" if "Select Kernel" in dialog.inner_text() else ".jp-mod-reject"
-            dialog.locator(kind).first.click()
-        page.locator(".lm-MenuBar-itemLabel").get_by_text("Run", exact=True).click()
-        page.locator(".lm-Menu-itemLabel").get_by_text("Run All Cells", exact=True).click()
-        try:
-            page.wait_for_function("p => /\\[(\\*|\\d+)\\]/.test(p.textContent)", arg=first.element_handle(),
-                                   timeout=5_000)
-            return
-        except PlaywrightTimeout:
-            continue  # asked again
-    raise AssertionError("the notebook's cells never started")
+    prompts = page.locator(".jp-Notebook .jp-CodeCell .jp-InputPrompt")
+    page.wait_for_function(f"() => document.querySelectorAll('.jp-Notebook .jp-CodeCell').length >= {cells}",
+                           timeout=90_000)
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+    for index in range(cells):
+        prompt = prompts.nth(index)
+        for _ in range(24):
+            dialog = page.locator(".jp-Dialog")
+            if dialog.count():  # Lab had not joined the kernel yet and asks which to start: its default, python3
+                dialog.locator(".jp-mod-accept").first.click()
+                dialog.first.wait_for(state="detached", timeout=30_000)
+                page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+            prompt.click()
+            page.keyboard.press("Control+Enter")
+            try:
+                page.wait_for_function("p => /\\[(\\*|\\d+)\\]/.test(p.textContent)", arg=prompt.element_handle(),
+                                       timeout=5_000)
+                break
+            except PlaywrightTimeout:
+                continue  # asked again (after the kernel chooser, if Lab opened it)
+        else:
+            raise AssertionError(f"code cell {index} never started")
+        page.wait_for_function("p => /\\[\\d+\\]/.test(p.textContent)", arg=prompt.element_handle(),
+                               timeout=timeout_s * 1000)

@@ -12,6 +12,7 @@ Usage: .venv/bin/python scripts/screenshots.py   (writes assets/screenshot-*.png
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -19,7 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.browser import CHROMIUM, CHROMIUM_ARGS, browser_page, run_all, running_app, start_lab  # noqa: E402
+from benchmarks.browser import (CHROMIUM, CHROMIUM_ARGS, browser_page, notebook_url, run_all,  # noqa: E402
+                                running_app, start_lab)
 
 
 VIEWS = "[data-testid=stTabs]:has-text('Cache growth')"  # the page's views (the what-if's chart tabs come first)
@@ -200,8 +202,9 @@ def notebook_shot() -> None:
             with sync_playwright() as playwright:
                 browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
                 page = browser.new_page(viewport={"width": 1440, "height": 1000})
-                page.goto(f"{url}/lab/tree/explore.ipynb?token={token}")
-                run_all(page)
+                page.goto(notebook_url(url, token, "explore.ipynb"))
+                cells = json.loads((folder / "explore.ipynb").read_text())["cells"]
+                run_all(page, sum(cell["cell_type"] == "code" for cell in cells))
                 page.locator(".jp-CodeCell").last.locator(".jp-OutputArea-output").last.wait_for(timeout=300_000)
                 widget = page.locator(".kvviz-widget").first
                 widget.locator(".kvviz-chip", has_text="\u2423Ada").first.click()

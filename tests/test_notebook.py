@@ -155,7 +155,8 @@ def test_policy_run_blame_and_sweep_reprs(lm):
     shown = reprs.policy_run_html(run)
     static(shown)
     turn = run.turns[0]
-    assert shown.count("<rect x=") == len(turn.records) and f"{max(r.kl for r in turn.records):.4g}" in shown
+    assert f"{max(r.kl for r in turn.records):.4g}" in shown and turn.policy_text.split()[0] in shown
+    assert shown.count("<svg") == 2  # the KL per step and the eviction timeline
     found = blame(run)
     text = reprs.blame_html(found)
     static(text)

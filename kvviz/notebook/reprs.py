@@ -15,8 +15,10 @@ import re
 import pandas as pd
 
 from kvviz.figures.growth import SEGMENT_COLOURS
+from kvviz.figures.plot_slides import kl_slide, run_caption, timeline_slide
+from kvviz.figures.slides import THEME, to_svg
 from kvviz.figures.sweep_charts import damage_chart
-from kvviz.figures.whatif_charts import Chart, topk_frame
+from kvviz.figures.whatif_charts import topk_frame
 from kvviz.edit.draft import EditDraft
 from kvviz.runs import Blame, PolicyRun
 from kvviz.session import Session
@@ -105,25 +107,29 @@ def what_if_html(result: WhatIf) -> str:
     return f'<div class="kvviz-whatif" style="{BOX}"><div>{line}</div><div>{tables}</div></div>'
 
 
-def _bars(values: list[float], labels: list[str], top: float) -> str:
-    """A row of vertical bars (inline SVG), one per value, scaled to ``top``; each with a tooltip."""
-    width, height = 8, 60
-    bars = []
-    for i, (value, label) in enumerate(zip(values, labels)):
-        h = 0 if top <= 0 else max(1.0, height * min(value, top) / top) if value > 0 else 0
-        bars.append(f'<rect x="{i * width}" y="{height - h:.1f}" width="{width - 1}" height="{h:.1f}" fill="#2f80ed">'
-                    f"<title>{_e(label)}</title></rect>")
-    return (f'<svg width="{max(1, len(values)) * width}" height="{height}" role="img">'
-            f'<rect width="100%" height="100%" fill="#fcfcfc"/>{"".join(bars)}</svg>')
+NOTEBOOK_THEME = {**THEME, "padding": 8, "axis": {"labelFontSize": 11, "titleFontSize": 12},
+                  "title": {**THEME["title"], "fontSize": 14, "subtitleFontSize": 11},
+                  "legend": {"labelFontSize": 11, "titleFontSize": 11}}
+
+
+def _sized(spec: dict, width: int, height: int) -> str:
+    """A slide's Vega-Lite spec (:mod:`kvviz.figures.plot_slides`: the numbers of the app's plotly figures) drawn at
+    a notebook's size and type, as inline SVG."""
+    return _svg({**spec, "config": NOTEBOOK_THEME, "width": width, "height": height})
 
 
 def policy_run_html(result: PolicyRun) -> str:
-    """Each turn of a policy run: the full cache's reply and the policy's side by side, where they diverge, and the
-    teacher-forced KL of every step as bars (hover for the step, its KL and the top-1 tokens)."""
+    """Each turn of a policy run: the full cache's reply and the policy's side by side, where they diverge, then the
+    teacher-forced KL of every step and the eviction timeline (the Policy run tab's figures, as SVG)."""
     parts = [f"<b>policy run</b> · {_e(result.settings.label)} · {_e(result.model)}"]
     for k, run in enumerate(result.turns):
         kls = [r.kl for r in run.records]
-        labels = [f"step {r.step}: KL {r.kl:.4g}" + ("" if r.top1_agree else " · top-1 differs") for r in run.records]
+        caption = run_caption(result.model, result, k)
+        pieces = [slot.text for slot in run.forced.session.transcript.slots]
+        figures = _sized(kl_slide(result, k, caption), 560, 160)
+        if result.settings.policy is not None:
+            n = run.end
+            figures += _sized(timeline_slide(result, pieces, k, caption), 560, min(480, max(160, 6 * n)))
         where = "same reply" if run.divergence is None else f"first differs at step {run.divergence}"
         parts.append(
             f'<div style="margin-top: 6px"><b>turn {k}</b> · {_e(run.user[:120])} · {where} · KL mean '
@@ -131,7 +137,7 @@ def policy_run_html(result: PolicyRun) -> str:
             f'<div style="display: flex; gap: 12px">'
             f'<div style="flex: 1"><i>full cache</i><div>{_e(run.full_text)}</div></div>'
             f'<div style="flex: 1"><i>policy</i><div>{_e(run.policy_text)}</div></div></div>'
-            f"<div>KL per step {_bars(kls, labels, max(kls, default=0))}</div>")
+            f'<div class="kvviz-figures">{figures}</div>')
     return f'<div class="kvviz-run" style="{BOX}">{"".join(parts)}</div>'
 
 
@@ -149,19 +155,18 @@ def blame_html(result: Blame) -> str:
     return f'<div class="kvviz-blame" style="{BOX}"><div>{line}</div>{table}{more}</div>'
 
 
-def chart_svg(chart: Chart) -> str:
-    """A Vega-Lite chart as inline SVG (vl-convert renders it in process: no browser, no network). The namespace
+def _svg(spec: dict) -> str:
+    """A Vega-Lite spec as inline SVG (vl-convert renders it in process: no browser, no network). The namespace
     declarations go: HTML needs none for inline SVG, and so the output names no URL at all."""
-    import vl_convert
-
-    return re.sub(r'\sxmlns(:\w+)?="[^"]*"', "", vl_convert.vegalite_to_svg(chart.to_dict()))
+    return re.sub(r'\sxmlns(:\w+)?="[^"]*"', "", to_svg(spec))
 
 
 def sweep_html(sweep: Sweep | pd.DataFrame, measure: str = "kl_mean") -> str:
     """A sweep's table as the damage-vs-budget chart (the Sweeps tab's), with its number of cases."""
     table = sweep.table if isinstance(sweep, Sweep) else sweep
     line = f"<b>sweep</b> · {len(table)} cases · {table['policy'].nunique()} policies"
-    return f'<div class="kvviz-sweep" style="{BOX}"><div>{line}</div>{chart_svg(damage_chart(table, measure))}</div>'
+    chart = _svg(damage_chart(table, measure).to_dict())
+    return f'<div class="kvviz-sweep" style="{BOX}"><div>{line}</div>{chart}</div>'
 
 
 class Html:
