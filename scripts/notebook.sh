@@ -4,4 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/jupyter lab --ip=127.0.0.1 --notebook-dir=examples "$@"
+root=()
+[ "$(id -u)" = 0 ] && root=(--allow-root)  # Jupyter refuses root unless told (a container's usual user)
+exec .venv/bin/jupyter lab --ip=127.0.0.1 --ServerApp.root_dir=examples "${root[@]}" "$@"
