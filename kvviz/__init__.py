@@ -75,23 +75,22 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_EXPORTS))
 
 
-# In an IPython kernel (Jupyter, VS Code, Colab), kvviz's objects show as HTML: the formatters are told class names,
-# and the renderers load when the first object is shown.
-_VIEWS = {("kvviz.session", "Session"): "session_html", ("kvviz.whatif.step", "WhatIf"): "what_if_html",
-          ("kvviz.runs.run_records", "PolicyRun"): "policy_run_html", ("kvviz.runs.blame", "Blame"): "blame_html",
-          ("kvviz.sweeps.table", "Sweep"): "sweep_html"}
+# In an IPython kernel (Jupyter, VS Code, Colab), kvviz's objects show as HTML: the formatter is told these classes by
+# name (kvviz.notebook.reprs.RENDERERS holds their renderers), and the renderers load when the first object is shown.
+_VIEWS = (("kvviz.session", "Session"), ("kvviz.whatif.step", "WhatIf"), ("kvviz.runs.run_records", "PolicyRun"),
+          ("kvviz.runs.blame", "Blame"), ("kvviz.sweeps.table", "Sweep"))
 
 
-def _view(name: str) -> Any:
-    return lambda value: getattr(importlib.import_module("kvviz.notebook.reprs"), name)(value)
+def _view(value: Any) -> str:
+    return importlib.import_module("kvviz.notebook.reprs").html(value).text
 
 
 def _register_views() -> None:
     shell = sys.modules["IPython"].get_ipython() if "IPython" in sys.modules else None
     formatters = getattr(getattr(shell, "display_formatter", None), "formatters", {})
     if "text/html" in formatters:
-        for (module, name), view in _VIEWS.items():
-            formatters["text/html"].for_type_by_name(module, name, _view(view))
+        for module, name in _VIEWS:
+            formatters["text/html"].for_type_by_name(module, name, _view)
 
 
 _register_views()

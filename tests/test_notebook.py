@@ -101,6 +101,18 @@ def test_refused_changes_leave_everything_as_it_was(session, lm, monkeypatch):
     assert w.error == "" and w.kl == what_if(session, Edit.evict([12]), at=40).next_token.kl
 
 
+def test_a_new_step_reruns_the_what_if_once(session, monkeypatch):
+    w = widget(session)
+    click(w, "evict", slot=12)
+    runs = []
+    monkeypatch.setattr(widget_module, "what_if", lambda *args, **kw: runs.append(args) or what_if(*args, **kw))
+    session.step()
+    w.refresh()  # the step moves to the new slot: one what-if there
+    assert len(runs) == 1 and runs[0][2] == w.at == len(session) - 1
+    w.refresh()  # nothing moved: the what-if of the same step again, once
+    assert len(runs) == 2
+
+
 def test_commit_undo_and_a_turn_from_the_widget(session):
     w = widget(session)
     click(w, "evict", slot=12)
@@ -141,6 +153,8 @@ def test_reprs_are_static_html_with_the_objects_numbers(session, lm):
 def test_ipython_shows_the_objects_as_html(session):
     from IPython.core.interactiveshell import InteractiveShell
 
+    named = {(kind.__module__, kind.__name__) for kind in reprs.RENDERERS if kind is not pd.DataFrame}
+    assert set(kvviz._VIEWS) == named  # the formatter knows every object html() shows (but pandas' own tables)
     shell = InteractiveShell.instance()
     try:
         kvviz._register_views()

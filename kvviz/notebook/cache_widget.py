@@ -29,7 +29,6 @@ from kvviz.whatif import WhatIf, what_if
 
 _HERE = Path(__file__).parent
 SCOPES = ("everywhere", "layer", "kv head")
-BITS = (2, 4, 8, 16)  # 16: back to the model's precision
 
 
 class CacheWidget(anywidget.AnyWidget):
@@ -107,9 +106,8 @@ class CacheWidget(anywidget.AnyWidget):
 
     def policy(self, policy: Policy, budget: int | float) -> None:
         """Start from ``policy``'s decision at the shown step (kvviz's, a kvpress press's — ``from_press(press)``'s
-        ``.policy`` — or your own class): its
-        evictions, per layer and KV head, become the edit being tried (hand evictions cleared, bit-widths kept), as
-        the dashboard's Policies tab seeds the strip; clicks then change it."""
+        ``.policy`` — or your own class): its evictions, per layer and KV head, become the edit being tried (hand
+        evictions cleared, bit-widths kept), as the dashboard's Policies tab seeds the strip; clicks then change it."""
         self._change(lambda: self.draft.seed(policy.edit(self.session, budget, self.at), policy.name,
                                              decided_by=(policy, budget, self.at)))
 
@@ -151,13 +149,13 @@ class CacheWidget(anywidget.AnyWidget):
     def refresh(self) -> None:
         """Redraw after the session changed outside the widget (a new turn, a decode step): the step moves to the
         newest slot."""
-        n = len(self.session)
-        lm = self.session.lm
+        n, lm, at = len(self.session), self.session.lm, self.at
         with self.hold_trait_notifications():
             self.slots, self.layers, self.heads = n, lm.layers, lm.heads
             self.commits = len(self.session.commits.stack)
             self.at = max(n - 1, 0)
-        self._update(run=True)
+        if self.at == at:  # else the step's observer has redrawn it
+            self._update(run=True)
 
     # --- inside ------------------------------------------------------------------------------------------------
 
@@ -184,8 +182,6 @@ class CacheWidget(anywidget.AnyWidget):
         if slot in self.draft.evicted_somewhere() or self.scope == "everywhere":
             self.draft.toggle_evicted(slot)
             return
-        if self.scope not in SCOPES:
-            raise KvvizError(f"unknown scope {self.scope!r}: one of {', '.join(SCOPES)}")
         if self.scope == "kv head" and self.head < 0:
             raise KvvizError("evicting in one KV head needs a head: pick a query head (not the mean of heads)")
         lm = self.session.lm
@@ -202,7 +198,7 @@ class CacheWidget(anywidget.AnyWidget):
             self.draft = before
             self.error = _one_line(error)
             return
-        if self.at > len(self.session) - 1 or self.commits != len(self.session.commits.stack):
+        if self.commits != len(self.session.commits.stack):  # a commit or an undo: the step goes to the newest
             self.refresh()
         else:
             self._update(run)

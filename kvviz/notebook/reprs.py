@@ -179,12 +179,14 @@ class Html:
         return self.text
 
 
+RENDERERS = {Session: session_html, WhatIf: what_if_html, PolicyRun: policy_run_html, Blame: blame_html,
+             Sweep: sweep_html, pd.DataFrame: sweep_html}  # kvviz/__init__.py's _VIEWS names the first five
+
+
 def html(value: object, **settings) -> Html:
-    """The rich output of a Session, WhatIf, PolicyRun, Blame or Sweep, as an object any front end displays (marimo
-    too); ``settings`` go to the renderer (e.g. ``at``, ``layer``, ``head`` for a session)."""
-    renderers = {Session: session_html, WhatIf: what_if_html, PolicyRun: policy_run_html, Blame: blame_html,
-                 Sweep: sweep_html, pd.DataFrame: sweep_html}
-    for kind, render in renderers.items():
+    """The rich output of a Session, WhatIf, PolicyRun, Blame or Sweep (or a sweep's table), as an object any front
+    end displays (marimo too); ``settings`` go to the renderer (e.g. ``at``, ``layer``, ``head`` for a session)."""
+    for kind, render in RENDERERS.items():
         if isinstance(value, kind):
             return Html(render(value, **settings))
     raise TypeError(f"kvviz has no notebook view of {type(value).__name__}")
