@@ -94,9 +94,10 @@ SETTINGS = {  # every cell in the page (Lab draws only the visible ones by defau
 }
 
 
-def start_lab(folder: Path) -> tuple[subprocess.Popen, str, str]:
+@contextmanager
+def running_lab(folder: Path) -> Iterator[tuple[str, str]]:
     """JupyterLab on ``folder``, on 127.0.0.1 with a token and settings of its own (beside ``folder``), once it
-    answers: (process, URL, token). The caller terminates the process."""
+    answers: yields its URL and token, and stops it after."""
     port, token = free_port(), secrets.token_hex(16)
     lab = folder.parent / f"{folder.name}-lab"
     for name, values in SETTINGS.items():
@@ -112,16 +113,20 @@ def start_lab(folder: Path) -> tuple[subprocess.Popen, str, str]:
          "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
         cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=1)
-            return process, url, token
-        except OSError:
-            if time.monotonic() > deadline or process.poll() is not None:
-                process.terminate()
-                raise RuntimeError("JupyterLab did not start") from None
-            time.sleep(0.5)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=1)
+                break
+            except OSError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise RuntimeError("JupyterLab did not start") from None
+                time.sleep(0.5)
+        yield url, token
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
 
 
 def notebook_url(url: str, token: str, path: str) -> str:
@@ -135,13 +140,15 @@ def notebook_url(url: str, token: str, path: str) -> str:
     return f"{url}/lab/tree/{path}?token={token}"
 
 
-def run_all(page, cells: int, timeout_s: float = 300) -> None:
-    """Run the notebook's ``cells`` code cells in order as a person would: select one, Ctrl+Enter, wait for its
-    number (Lab draws a notebook's cells a few at a time: the count is the file's). A run asked before
+def run_all(page, notebook: Path, timeout_s: float = 300) -> None:
+    """Run the code cells of ``notebook`` (the file the page shows) in order as a person would: select one,
+    Ctrl+Enter, wait for its number (Lab draws a notebook's cells a few at a time: the count is the file's). A run
+    asked before
     Lab has joined the kernel is dropped (the prompt stays ``[ ]``), so it is asked again until the cell starts (a
     started cell shows ``[*]`` at once: no cell runs twice)."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
+    cells = sum(cell["cell_type"] == "code" for cell in json.loads(notebook.read_text())["cells"])
     prompts = page.locator(".jp-Notebook .jp-CodeCell .jp-InputPrompt")
     page.wait_for_function(f"() => document.querySelectorAll('.jp-Notebook .jp-CodeCell').length >= {cells}",
                            timeout=90_000)

@@ -12,7 +12,6 @@ Usage: .venv/bin/python scripts/screenshots.py   (writes assets/screenshot-*.png
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.browser import (CHROMIUM, CHROMIUM_ARGS, browser_page, notebook_url, run_all,  # noqa: E402
-                                running_app, start_lab)
+                                running_app, running_lab)
 
 
 VIEWS = "[data-testid=stTabs]:has-text('Cache growth')"  # the page's views (the what-if's chart tabs come first)
@@ -197,32 +196,25 @@ def notebook_shot() -> None:
         folder = Path(scratch) / "notebooks"
         folder.mkdir()
         shutil.copy(ROOT / "examples" / "explore.ipynb", folder)
-        process, url, token = start_lab(folder)
-        try:
-            with sync_playwright() as playwright:
-                browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-                page = browser.new_page(viewport={"width": 1440, "height": 1000})
-                page.goto(notebook_url(url, token, "explore.ipynb"))
-                cells = json.loads((folder / "explore.ipynb").read_text())["cells"]
-                run_all(page, sum(cell["cell_type"] == "code" for cell in cells))
-                page.locator(".jp-CodeCell").last.locator(".jp-OutputArea-output").last.wait_for(timeout=300_000)
-                widget = page.locator(".kvviz-widget").first
-                widget.locator(".kvviz-chip", has_text="\u2423Ada").first.click()
-                page.wait_for_function("s => s.dataset.kl !== ''", arg=widget.locator(".kvviz-status")
-                                       .element_handle(), timeout=120_000)
-                widget.locator(".kvviz-chip", has_text="\u2423Lisbon").first.click(modifiers=["Shift"])
-                widget.get_by_text("2 bits", exact=True).click()
-                page.wait_for_function("() => document.querySelector('.kvviz-widget .kvviz-bits')", timeout=120_000)
-                time.sleep(2)
-                widget.scroll_into_view_if_needed()
-                box = widget.bounding_box()
-                page.set_viewport_size({"width": 1440, "height": int(box["height"]) + 200})
-                widget.screenshot(path=str(ROOT / "assets" / "screenshot-notebook.png"))
-                browser.close()
-        finally:
-            process.terminate()
-            process.wait(timeout=30)
-
+        with running_lab(folder) as (url, token), sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1440, "height": 1000})
+            page.goto(notebook_url(url, token, "explore.ipynb"))
+            run_all(page, folder / "explore.ipynb")
+            page.locator(".jp-CodeCell").last.locator(".jp-OutputArea-output").last.wait_for(timeout=300_000)
+            widget = page.locator(".kvviz-widget").first
+            widget.locator(".kvviz-chip", has_text="\u2423Ada").first.click()
+            page.wait_for_function("s => s.dataset.kl !== ''", arg=widget.locator(".kvviz-status").element_handle(),
+                                   timeout=120_000)
+            widget.locator(".kvviz-chip", has_text="\u2423Lisbon").first.click(modifiers=["Shift"])
+            widget.get_by_text("2 bits", exact=True).click()
+            page.wait_for_function("() => document.querySelector('.kvviz-widget .kvviz-bits')", timeout=120_000)
+            time.sleep(2)
+            widget.scroll_into_view_if_needed()
+            box = widget.bounding_box()
+            page.set_viewport_size({"width": 1440, "height": int(box["height"]) + 200})
+            widget.screenshot(path=str(ROOT / "assets" / "screenshot-notebook.png"))
+            browser.close()
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -12,7 +12,7 @@ import pytest
 from nbclient import NotebookClient
 from playwright.sync_api import sync_playwright
 
-from benchmarks.browser import CHROMIUM, CHROMIUM_ARGS, notebook_url, run_all, start_lab
+from benchmarks.browser import CHROMIUM, CHROMIUM_ARGS, notebook_url, run_all, running_lab
 
 pytestmark = pytest.mark.browser
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -44,15 +44,14 @@ def test_jupyterlab_runs_the_explore_notebook_and_a_click_shows_the_kl(tmp_path)
     book = nbformat.read(EXAMPLES / "explore.ipynb", as_version=4)
     book.cells.append(nbformat.v4.new_code_cell(CHECK, id="check"))
     nbformat.write(book, tmp_path / "explore.ipynb")
-    process, url, token = start_lab(tmp_path)
     outside, errors = [], []
-    try:
+    with running_lab(tmp_path) as (url, token):
         with sync_playwright() as p:
             browser, page = _browser_page(p, outside, errors)
             try:
                 page.goto(notebook_url(url, token, "explore.ipynb"))
                 page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
-                run_all(page, sum(cell.cell_type == "code" for cell in book.cells))
+                run_all(page, tmp_path / "explore.ipynb")
                 last = page.locator(".jp-Notebook .jp-CodeCell").filter(has_text='print("check"')
                 last.locator(".jp-OutputArea-output", has_text="check False").wait_for(timeout=240_000)  # none tried
                 chip = page.locator(f".kvviz-widget .kvviz-chip[data-slot='{SLOT}']").first
@@ -73,9 +72,6 @@ def test_jupyterlab_runs_the_explore_notebook_and_a_click_shows_the_kl(tmp_path)
                 print(page.locator(".jp-Notebook").inner_text()[-4000:])
                 raise
             browser.close()
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
     assert not outside, outside
     assert not errors, errors
 
