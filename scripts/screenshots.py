@@ -167,7 +167,7 @@ def rounded_blame_shot() -> None:
                 has=page.locator("label", has_text=re.compile(f"^{re.escape(label)}$"))).first
             box.click()
             page.keyboard.type(option)
-            page.keyboard.press("Enter")
+            page.get_by_role("option", name=option, exact=True).click()  # Enter can pick a stale highlight
             wait_idle(page, 1)
         form.get_by_label("New tokens per turn").fill("6")
         form.get_by_role("button", name="Run the policy").click()

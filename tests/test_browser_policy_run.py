@@ -21,6 +21,7 @@ pytestmark = needs_chromium
 @pytest.mark.parametrize("width,height", [(1500, 2200), (1280, 720)])  # one tall page; a projector's screen
 def test_run_a_policy_open_a_step_and_blame_it(tmp_path, width, height):
     from benchmarks.browser import browser_page, running_app
+    from tests.support.browser_page import choose
 
     policy = tmp_path / "mine.py"
     policy.write_text(USER_POLICY)
@@ -38,17 +39,17 @@ def test_run_a_policy_open_a_step_and_blame_it(tmp_path, width, height):
         # above the form: choosing a policy shows its own parameters at once
         choice = page.locator("[data-testid=stSelectbox]").filter(
             has=page.locator("label", has_text=re.compile(r"^Policy$"))).first
-        choice.click()
-        page.keyboard.type("newest")  # the user's policy is offered beside the built-ins
-        page.keyboard.press("Enter")
-        expect(choice.locator("input")).to_have_value("newest", timeout=30_000)  # chosen before the run
-        page.wait_for_function("!document.querySelector('[data-testid=stStatusWidget]')", timeout=300_000)
+        choose(page, choice, "newest")  # the user's policy is offered beside the built-ins
+        expect(form.get_by_text("newest: bonus")).to_have_count(1)  # the server has it: its parameter is shown
         budget = form.get_by_role("spinbutton", name="Budget (slots)")
         budget.fill("16")
         form.get_by_label("New tokens per turn").fill("8")
+        expect(budget).to_have_value("16")
         form.get_by_role("button", name="Run the policy").click()
         page.get_by_text("Turn 1 · full cache").wait_for(timeout=180_000)
-        assert page.get_by_text("newest, budget 16, decode").count() == 1
+        caption = page.get_by_text("newest, budget 16, decode")
+        expect(caption, "the run's caption: " + " | ".join(
+            page.locator("[data-testid=stCaptionContainer]").all_inner_texts())).to_have_count(1)
         page.wait_for_function("document.querySelectorAll('.js-plotly-plot .heatmaplayer, .js-plotly-plot .hm')"
                                ".length >= 1", timeout=60_000)
         page.wait_for_function("!document.querySelector('[data-testid=stStatusWidget]')", timeout=300_000)
@@ -117,7 +118,7 @@ def test_a_press_is_run_as_kvpress_runs_it_and_a_recency_only_run_asks_first(wid
     over a one-sentence prompt would keep recency alone, so the run waits with why; *Run it anyway* runs it, and the
     caption names the press and the warning says what happened."""
     from benchmarks.browser import browser_page, running_app
-    from tests.support.browser_page import click_when_still, idle, send, watch_console
+    from tests.support.browser_page import choose, click_when_still, send, watch_console
 
     with running_app() as url, browser_page(url, width=width, height=height) as page:
         watch_console(page)
@@ -128,11 +129,7 @@ def test_a_press_is_run_as_kvpress_runs_it_and_a_recency_only_run_asks_first(wid
         form.wait_for(timeout=60_000)
         choice = page.locator("[data-testid=stSelectbox]").filter(
             has=page.locator("label", has_text=re.compile(r"^Policy$"))).first
-        choice.click()
-        page.keyboard.type("kvpress:SnapKVPress")
-        page.keyboard.press("Enter")
-        expect(choice.locator("input")).to_have_value("kvpress:SnapKVPress", timeout=30_000)
-        idle(page)
+        choose(page, choice, "kvpress:SnapKVPress")
         expect(form.get_by_role("spinbutton", name="Budget (slots)")).to_be_disabled()
         expect(form.get_by_role("spinbutton", name="or kvpress ratio")).to_have_value("0.50")
         expect(form.locator("[data-testid=stSelectbox]", has_text="Compress").locator("input")).to_have_value("prefill")

@@ -48,6 +48,16 @@ def click_when_still(page, target, **options) -> None:
                 raise
 
 
+def choose(page, select, option: str) -> None:
+    """Pick ``option`` in the Streamlit selectbox ``select``: typed to filter the menu, then the option itself clicked
+    (Enter picks whichever option is highlighted, which on a loaded machine can still be the old choice while the
+    input already shows the typed text); returns once the choice's rerun is over."""
+    select.click()
+    page.keyboard.type(option)
+    page.get_by_role("option", name=option, exact=True).click()
+    idle(page, 2)
+
+
 def send(page, text: str) -> None:
     page.fill("[data-testid=stChatInputTextArea]", text)
     page.keyboard.press("Enter")
