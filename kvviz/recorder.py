@@ -87,13 +87,16 @@ def kvviz_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    scaling: float | None = None,
     dropout: float = 0.0,
+    scaling: float | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """SDPA attention that reports to the active probe; transformers' eager attention when ``output_attentions``
-    asks for the weights or the scores are soft-capped (``softcap``, which SDPA cannot apply). Shapes as in transformers: query ``(B, H, q, D)``, key/value ``(B, KV, n, D)`` (the whole
-    cache after this step's update); returns ``(B, q, H, D)`` and the weights ``(B, H, q, n)`` or None."""
+    asks for the weights or the scores are soft-capped (``softcap``, which SDPA cannot apply). The arguments in the
+    order of transformers' own attention functions (``dropout`` before ``scaling``): a wrapper that passes them on by
+    position, as kvpress' attention patch does, reaches the right ones. Shapes as in transformers: query
+    ``(B, H, q, D)``, key/value ``(B, KV, n, D)`` (the whole cache after this step's update); returns ``(B, q, H, D)``
+    and the weights ``(B, H, q, n)`` or None."""
     probe = _probe.get()
     visible = probe.on_query(module.layer_idx, query, key, value) if probe is not None else None
     if kwargs.pop("output_attentions", False) or kwargs.get("softcap") is not None:

@@ -129,6 +129,34 @@ def test_importing_kvpress_leaves_transformers_attention_as_it_was():
     assert dict(ALL_ATTENTION_FUNCTIONS.items()) == before
 
 
+def test_kvviz_computes_the_same_under_kvpress_own_attention_patch(make_chat):
+    """A notebook that runs ``import kvpress`` itself gets kvpress' patch: every registered attention function, kvviz's
+    too, wrapped by one that passes ``dropout`` on by position. A prefill, decode steps and a what-if under it give
+    bit for bit what they give without it (the wrapper changes nothing when no press set masked keys: the same
+    kernels on the same inputs)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from kvviz import Edit, what_if
+    from kvviz.recorder import ATTENTION_NAME
+
+    kvpress = own_code.kvpress()
+    runs = []
+    for patched in (False, True):
+        session = make_chat(PROMPT, generate=3)
+        if patched:
+            kvpress.attention_patch.patch_attention_functions()
+        try:
+            assert (ALL_ATTENTION_FUNCTIONS[ATTENTION_NAME].__module__ == "kvpress.attention_patch") == patched
+            session.add_user_turn("And who keeps bees?")
+            session.generate(4)
+            result = what_if(session, Edit.evict([2, 5, 9]))
+        finally:
+            own_code.unpatch()
+        runs.append(([slot.id for slot in session.transcript.slots], result.next_token.kl,
+                     [(c.id, c.prob) for c in result.next_token.edited]))
+    assert runs[0] == runs[1]
+
+
 PRESS_FILE = """from dataclasses import dataclass
 
 from kvpress import ScorerPress
