@@ -11,10 +11,12 @@ import pytest
 import traitlets
 
 import kvviz
-from kvviz import H2O, Edit, RunSettings, blame, run_policy, what_if
+from kvviz import H2O, Edit, Kivi, RunSettings, blame, run_policy, what_if
 from kvviz.notebook import html, widget
 from kvviz.notebook import reprs
 from kvviz.notebook import cache_widget as widget_module
+from kvviz.policies.kvpress import own_code
+from kvviz.policies.kvpress.presses import from_press
 
 PROMPT = "My name is Ada and I live in Lisbon. Where do I live?"
 
@@ -170,7 +172,10 @@ def test_policy_run_blame_and_sweep_reprs(lm):
     static(shown)
     turn = run.turns[0]
     assert f"{max(r.kl for r in turn.records):.4g}" in shown and turn.policy_text.split()[0] in shown
-    assert shown.count("<svg") == 2  # the KL per step and the eviction timeline
+    assert shown.count("<svg") == 3  # the KL per step, the slots each step sees, the eviction timeline
+    quantized = run_policy(lm, [PROMPT], RunSettings(kivi=Kivi(group=8, residual=4)), max_new_tokens=3)
+    kivi = reprs.policy_run_html(quantized)
+    assert kivi.count("<svg") == 3 and "key bits" in kivi  # no timeline (nothing evicted); the bit-widths instead
     found = blame(run)
     text = reprs.blame_html(found)
     static(text)
@@ -202,6 +207,23 @@ def test_a_policy_seeds_the_widget_as_it_seeds_the_strip(session):
     before, kl = w.edit, w.kl
     w.policy(policy, -5)  # refused: the draft as it was, the reason in the widget
     assert "budget" in w.error and w.edit == before and w.kl == kl
+
+
+def test_a_kvpress_press_object_seeds_the_widget(session):
+    """A press as its users build it, running its own code (``from_press``), seeds the widget as kvviz's policies
+    do; a press that cannot run on this cache (SnapKVPress' 64-token window over a shorter conversation) is
+    refused in one line and leaves the draft as it was."""
+    kvpress = own_code.kvpress()  # imported as kvviz imports it: transformers' attention registry left alone
+    own = from_press(kvpress.SnapKVPress(compression_ratio=0.5, window_size=8))
+    w = widget(session)
+    w.policy(own.policy, own.ratio)
+    edit = own.policy.edit(session, own.ratio, w.at)
+    assert w.error == "" and w.edit == edit and edit.evicted_slots()
+    assert w.kl == what_if(session, edit).next_token.kl
+    before, kl = w.edit, w.kl
+    too_wide = from_press(kvpress.SnapKVPress(compression_ratio=0.5))
+    w.policy(too_wide.policy, too_wide.ratio)
+    assert w.error and "\n" not in w.error and w.edit == before and w.kl == kl
 
 
 def test_plain_text_for_terminals(session, lm):

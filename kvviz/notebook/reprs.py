@@ -15,7 +15,7 @@ import re
 import pandas as pd
 
 from kvviz.figures.growth import SEGMENT_COLOURS
-from kvviz.figures.plot_slides import kl_slide, run_caption, timeline_slide
+from kvviz.figures.plot_slides import bit_widths_slide, cache_size_slide, kl_slide, run_caption, timeline_slide
 from kvviz.figures.slides import THEME, to_svg
 from kvviz.figures.sweep_charts import damage_chart
 from kvviz.figures.whatif_charts import topk_frame
@@ -120,16 +120,19 @@ def _sized(spec: dict, width: int, height: int) -> str:
 
 def policy_run_html(result: PolicyRun) -> str:
     """Each turn of a policy run: the full cache's reply and the policy's side by side, where they diverge, then the
-    teacher-forced KL of every step and the eviction timeline (the Policy run tab's figures, as SVG)."""
+    Policy run tab's figures as SVG: the teacher-forced KL of every step, the slots each step sees, the eviction
+    timeline (a policy's run) and the key bit-widths (a KIVI run)."""
     parts = [f"<b>policy run</b> · {_e(result.settings.label)} · {_e(result.model)}"]
     for k, run in enumerate(result.turns):
         kls = [r.kl for r in run.records]
         caption = run_caption(result.model, result, k)
         pieces = [slot.text for slot in run.forced.session.transcript.slots]
-        figures = _sized(kl_slide(result, k, caption), 560, 160)
-        if result.settings.policy is not None:
-            n = run.end
-            figures += _sized(timeline_slide(result, pieces, k, caption), 560, min(480, max(160, 6 * n)))
+        figures = "".join(_sized(slide(result, k, caption), 560, 160) for slide in (kl_slide, cache_size_slide))
+        tall = min(480, max(160, 6 * run.end))  # a row per slot
+        if result.settings.policy is not None and run.steps:
+            figures += _sized(timeline_slide(result, pieces, k, caption), 560, tall)
+        if result.settings.kivi is not None and run.steps:
+            figures += _sized(bit_widths_slide(result, pieces, k, caption), 560, tall)
         where = "same reply" if run.divergence is None else f"first differs at step {run.divergence}"
         parts.append(
             f'<div style="margin-top: 6px"><b>turn {k}</b> · {_e(run.user[:120])} · {where} · KL mean '
