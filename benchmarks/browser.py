@@ -27,6 +27,19 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _answers(url: str, process: subprocess.Popen, name: str, timeout_s: float = 120) -> None:
+    """Until ``url`` answers (``name``'s server, ``process``, started)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=1)
+            return
+        except OSError:
+            if time.monotonic() > deadline or process.poll() is not None:
+                raise RuntimeError(f"{name} did not start") from None
+            time.sleep(0.5)
+
+
 @contextmanager
 def app_process(env: dict[str, str] | None = None, startup_s: float = 120, cwd: Path = ROOT,
                 args: tuple[str, ...] = ()) -> Iterator[tuple[str, subprocess.Popen]]:
@@ -39,15 +52,7 @@ def app_process(env: dict[str, str] | None = None, startup_s: float = 120, cwd: 
         env={**os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + startup_s
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/_stcore/health", timeout=1)
-                break
-            except OSError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise RuntimeError("the app did not start") from None
-                time.sleep(0.5)
+        _answers(f"{url}/_stcore/health", process, "the app", startup_s)
         yield url, process
     finally:
         process.terminate()
@@ -114,16 +119,26 @@ def running_lab(folder: Path) -> Iterator[tuple[str, str]]:
         cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=1)
-                break
-            except OSError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise RuntimeError("JupyterLab did not start") from None
-                time.sleep(0.5)
+        _answers(f"{url}/api/status?token={token}", process, "JupyterLab")
         yield url, token
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+@contextmanager
+def running_marimo(notebook: Path) -> Iterator[str]:
+    """``marimo run notebook`` (the app view: every cell run, the code hidden) on 127.0.0.1 with no token, once it
+    answers: yields its URL, and stops it after."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "marimo", "run", str(notebook), "--headless", "--no-token", "--host", "127.0.0.1",
+         "--port", str(port)], cwd=notebook.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "MARIMO_SKIP_UPDATE_CHECK": "1"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _answers(url + "/health", process, "marimo")
+        yield url
     finally:
         process.terminate()
         process.wait(timeout=30)

@@ -35,10 +35,21 @@ def _(kvviz, mo, session):
 
 
 @app.cell
-def _(Edit, session, strip, what_if):
-    strip.widget.evict(12)  # what a click on chip 12 does
-    assert strip.widget.result.next_token.kl == what_if(session, Edit.evict([12])).next_token.kl
-    strip.widget.edit, strip.widget.result.next_token.kl
+def _(mo, session, strip, what_if):
+    strip.value  # this cell reads the widget: marimo runs it again after every click in it
+    w = strip.widget
+    mo.md("Click a chip above to evict it." if w.result is None else
+          f"evicted {sorted(w.edit.evicted_slots())} · KL in the widget {w.kl!r} · "
+          f"`what_if` of the same edit {what_if(session, w.edit).next_token.kl!r}")
+    return
+
+
+@app.cell
+def _(Edit, mo, session, strip, what_if):
+    if mo.app_meta().mode == "script":  # python explore_marimo.py: nobody clicks, so what a click on chip 12 does
+        strip.widget.evict(12)
+        assert strip.widget.result.next_token.kl == what_if(session, Edit.evict([12])).next_token.kl
+        print("evicted [12] · KL", strip.widget.kl)
     return
 
 

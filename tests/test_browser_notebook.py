@@ -1,7 +1,8 @@
 """The widget as a person uses it: JupyterLab (started here on 127.0.0.1 with a token) opens the explore notebook in
 headless Chromium, runs every cell, a click on a chip shows the KL, and a cell run afterwards finds the widget's edit
 and its KL equal to ``what_if`` for the same slot. Nothing leaves 127.0.0.1 and the console shows no error. A saved
-notebook's HTML outputs (the reprs) show the strip with no kernel and no network."""
+notebook's HTML outputs (the reprs) show the strip with no kernel and no network. marimo's app view runs the marimo
+example: a click re-runs the cell that reads the widget."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from nbclient import NotebookClient
 from playwright.sync_api import sync_playwright
 
-from benchmarks.browser import CHROMIUM, CHROMIUM_ARGS, notebook_url, run_all, running_lab
+from benchmarks.browser import CHROMIUM, CHROMIUM_ARGS, notebook_url, run_all, running_lab, running_marimo
 
 pytestmark = pytest.mark.browser
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -88,8 +89,35 @@ def test_a_saved_notebook_shows_its_outputs_with_no_kernel_and_no_network(tmp_pa
         browser, page = _browser_page(p, outside, errors)
         page.goto(page_file.as_uri())
         assert page.locator(".kvviz-run").count() == 1 and page.locator(".kvviz-blame").count() == 1
-        assert page.locator(".kvviz-run svg").count() == 2 and "KL per step" in page.inner_text(".kvviz-run")
+        assert page.locator(".kvviz-run svg").count() == 3 and "KL per step" in page.inner_text(".kvviz-run")
         assert page.locator(".kvviz-run").bounding_box()["height"] > 50
         assert page.locator(".kvviz-blame tbody tr").count() >= 1
         browser.close()
     assert not outside and not errors, (outside, errors)
+
+
+def test_marimo_runs_the_widget_and_a_click_reruns_the_cell_that_reads_it(tmp_path):
+    """``mo.ui.anywidget(kvviz.widget(session))`` in marimo's app view: a click on a chip evicts it, the widget shows
+    the KL, and marimo runs the example's next cell again (it reads the widget), which shows the widget's KL beside
+    ``what_if`` of the same edit: equal, and equal to what the widget shows."""
+    notebook = tmp_path / "explore_marimo.py"
+    notebook.write_text((EXAMPLES / "explore_marimo.py").read_text())
+    outside, errors = [], []
+    with running_marimo(notebook) as url, sync_playwright() as p:
+        browser, page = _browser_page(p, outside, errors)
+        try:
+            page.goto(url)
+            page.get_by_text("Click a chip above to evict it.").wait_for(timeout=240_000)
+            page.locator(f".kvviz-widget .kvviz-chip[data-slot='{SLOT}']").first.click()
+            line = page.get_by_text(f"evicted [{SLOT}] · KL in the widget")
+            line.wait_for(timeout=120_000)
+            words = line.inner_text().split()
+            widget_kl, reference_kl = float(words[words.index("widget") + 1]), float(words[-1])
+            shown_kl = float(page.locator(".kvviz-widget .kvviz-status").first.get_attribute("data-kl"))
+            assert widget_kl == reference_kl == shown_kl > 0
+        except Exception:
+            page.screenshot(path=str(tmp_path / "failure.png"), full_page=True)
+            raise
+        browser.close()
+    assert not outside, outside
+    assert not errors, errors

@@ -42,3 +42,4 @@ def test_marimo_example_runs_as_a_script():
     done = subprocess.run([sys.executable, str(EXAMPLES / "explore_marimo.py")], capture_output=True, text=True,
                           timeout=600, cwd=EXAMPLES, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-2000:]
+    assert "evicted [12] · KL" in done.stdout  # the script's own check ran (its assert compares with what_if)

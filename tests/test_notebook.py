@@ -27,8 +27,9 @@ def session(make_chat):
 
 
 def click(w, kind: str, **content) -> None:
-    """What the front end does: a custom message to the kernel (``model.send``)."""
-    w._on_msg(w, {"kind": kind, **content}, [])
+    """What the front end does: its ``request`` trait set and saved, which the kernel's comm (Jupyter) or marimo
+    hands to ``set_state``; ``n`` counts the requests, as the front end does."""
+    w.set_state({"request": {"kind": kind, **content, "n": w.request.get("n", 0) + 1}})
 
 
 def test_a_clicked_chip_gives_the_what_if_of_its_eviction(session):

@@ -7,7 +7,9 @@ the shown layer's KV head, as ``scope`` says), a shift-click selects it for a bi
 :func:`~kvviz.whatif.what_if` in the kernel and shows it in the same output; ``Commit`` and ``Undo`` change the
 session as :meth:`Session.commit` / :meth:`Session.undo` do. What it holds is readable from Python: ``w.edit`` (the
 :class:`~kvviz.edit.edit.Edit` being tried) and ``w.result`` (its :class:`~kvviz.whatif.WhatIf`). A refused change
-leaves the draft and the session as they were and shows its one-line reason in the widget.
+leaves the draft and the session as they were and shows its one-line reason in the widget. The front end asks for a
+change by setting the ``request`` trait (every front end applies trait changes alike; marimo then re-runs the cells
+that read the widget).
 """
 
 from __future__ import annotations
@@ -54,13 +56,18 @@ class CacheWidget(anywidget.AnyWidget):
     layer = traitlets.Int(0).tag(sync=True)
     head = traitlets.Int(-1).tag(sync=True)  # -1: the mean of the query heads
     scope = traitlets.Unicode("everywhere").tag(sync=True)
+    # a click or a button: {"kind": "evict" | "select" | "bits" | "clear" | "commit" | "undo", "slot" | "bits": …,
+    # "n": the front end's count, so a second click on the same chip is a change too}. A trait, not a custom
+    # message: marimo re-runs the cells that read the widget when the front end changes a trait (after the change
+    # is applied here), as Jupyter's front ends apply it
+    request = traitlets.Dict().tag(sync=True)
 
     def __init__(self, session: Session, topk: int = 10, **settings):
         self.session, self.topk = session, topk  # before the traits: their validation reads the session
         super().__init__(**settings)
         self.draft = EditDraft()
         self._result: WhatIf | None = None
-        self.on_msg(self._on_msg)
+        self.observe(self._on_request, names=["request"])
         self.observe(self._on_view, names=["at", "layer", "head"])
         self.refresh()
 
@@ -85,7 +92,7 @@ class CacheWidget(anywidget.AnyWidget):
         """The what-if of :attr:`edit` (None while it edits nothing)."""
         return self._result
 
-    # --- actions (the front end's messages call these; a notebook cell may too) ----------------------------------
+    # --- actions (the front end's requests call these; a notebook cell may too) ----------------------------------
 
     def evict(self, slot: int) -> None:
         """Evict ``slot`` in the widget's scope, or bring it back if the draft evicts it anywhere."""
@@ -159,14 +166,14 @@ class CacheWidget(anywidget.AnyWidget):
 
     # --- inside ------------------------------------------------------------------------------------------------
 
-    def _on_msg(self, _widget, content: dict, _buffers) -> None:
-        kind = content.get("kind")
+    def _on_request(self, change: dict) -> None:
+        content = change["new"]
         actions = {"evict": lambda: self.evict(int(content["slot"])),
                    "select": lambda: self.select(int(content["slot"])),
                    "bits": lambda: self.set_bits(int(content["bits"])),
                    "clear": self.clear, "commit": self.commit, "undo": self.undo, "refresh": self.refresh}
-        if kind in actions:
-            actions[kind]()
+        if content.get("kind") in actions:
+            actions[content["kind"]]()
 
     def _on_view(self, _change) -> None:
         self._update(run=True)

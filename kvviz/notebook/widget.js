@@ -25,6 +25,11 @@ function select(label, options, value, onChange) {
 
 function render({ model, el: root }) {
   root.classList.add("kvviz-widget");
+  // a click or a button reaches the kernel as the `request` trait (counted, so a repeated click is a change too)
+  const request = (action) => {
+    model.set("request", { ...action, n: (model.get("request").n || 0) + 1 });
+    model.save_changes();
+  };
   const bar = el("div", "kvviz-bar");
   const stepLabel = el("label", "kvviz-field", "step ");
   const step = el("input");
@@ -49,12 +54,12 @@ function render({ model, el: root }) {
   tools.appendChild(el("span", "kvviz-note", "selection:"));
   for (const bits of [2, 4, 8, 16]) {
     const button = el("button", "kvviz-button", bits === 16 ? "16 (undo bits)" : bits + " bits");
-    button.addEventListener("click", () => model.send({ kind: "bits", bits }));
+    button.addEventListener("click", () => request({ kind: "bits", bits }));
     tools.appendChild(button);
   }
   for (const [kind, text] of [["clear", "Clear"], ["commit", "Commit"], ["undo", "Undo"]]) {
     const button = el("button", "kvviz-button kvviz-" + kind, text);
-    button.addEventListener("click", () => model.send({ kind }));
+    button.addEventListener("click", () => request({ kind }));
     tools.appendChild(button);
   }
   const commits = el("span", "kvviz-note");
@@ -66,7 +71,7 @@ function render({ model, el: root }) {
   strip.addEventListener("click", (event) => {
     const chip = event.target.closest("[data-slot]");
     if (!chip) return;
-    model.send({ kind: event.shiftKey ? "select" : "evict", slot: Number(chip.dataset.slot) });
+    request({ kind: event.shiftKey ? "select" : "evict", slot: Number(chip.dataset.slot) });
   });
   const status = el("div", "kvviz-status");
   const error = el("div", "kvviz-error");
