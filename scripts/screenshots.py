@@ -7,12 +7,15 @@ Usage: .venv/bin/python scripts/screenshots.py   (writes assets/screenshot-*.png
        .venv/bin/python scripts/screenshots.py --where   (an eviction and the step where it matters most)
        .venv/bin/python scripts/screenshots.py --rounded-blame   (an NVFP4 cache's run and the blame of its rounding)
        .venv/bin/python scripts/screenshots.py --notebook   (the widget in JupyterLab: screenshot-notebook.png)
+       .venv/bin/python scripts/screenshots.py --marimo   (the marimo example, a chip clicked: screenshot-marimo.png)
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.browser import (CHROMIUM, CHROMIUM_ARGS, browser_page, notebook_url, run_all,  # noqa: E402
-                                running_app, running_lab)
+                                running_app, running_lab, running_marimo)
 
 
 VIEWS = "[data-testid=stTabs]:has-text('Cache growth')"  # the page's views (the what-if's chart tabs come first)
@@ -187,9 +190,6 @@ def rounded_blame_shot() -> None:
 def notebook_shot() -> None:
     """The explore notebook run in JupyterLab, the name in the first turn evicted (the second asks for it) and the
     city quantized to 2 bits: the widget's strip and what-if."""
-    import shutil
-    import tempfile
-
     from playwright.sync_api import sync_playwright
 
     with tempfile.TemporaryDirectory() as scratch:
@@ -216,6 +216,26 @@ def notebook_shot() -> None:
             widget.screenshot(path=str(ROOT / "assets" / "screenshot-notebook.png"))
             browser.close()
 
+
+def marimo_shot() -> None:
+    """The marimo example in marimo's app view, the name evicted by a click: the widget, its what-if, and the cell
+    that reads the widget, run again by marimo with the widget's KL beside what_if's."""
+    from playwright.sync_api import sync_playwright
+
+    with tempfile.TemporaryDirectory() as scratch:
+        notebook = Path(scratch) / "explore_marimo.py"
+        shutil.copy(ROOT / "examples" / "explore_marimo.py", notebook)
+        with running_marimo(notebook) as url, sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1280, "height": 1300})  # marimo scrolls inside its page
+            page.goto(url)
+            page.get_by_text("Click a chip above to evict it.").wait_for(timeout=300_000)
+            page.locator(".kvviz-widget .kvviz-chip", has_text="\u2423Ada").first.click()
+            page.get_by_text("KL in the widget").wait_for(timeout=120_000)
+            time.sleep(2)
+            page.screenshot(path=str(ROOT / "assets" / "screenshot-marimo.png"))
+            browser.close()
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="a sliding-window model (e.g. the Gemma 3 270M GGUF): its window shots")
@@ -224,9 +244,12 @@ if __name__ == "__main__":
     parser.add_argument("--where", action="store_true", help="an eviction and the step where it matters most")
     parser.add_argument("--rounded-blame", action="store_true", help="an NVFP4 run's step blamed on its rounding")
     parser.add_argument("--notebook", action="store_true", help="the notebook widget in JupyterLab")
+    parser.add_argument("--marimo", action="store_true", help="the marimo example in marimo's app view")
     arguments = parser.parse_args()
     if arguments.notebook:
         notebook_shot()
+    elif arguments.marimo:
+        marimo_shot()
     elif arguments.rounded_blame:
         rounded_blame_shot()
     elif arguments.where:
