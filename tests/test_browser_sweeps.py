@@ -8,7 +8,7 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from tests.support.browser_page import click_when_still, idle, needs_chromium, watch_console
+from tests.support.browser_page import choose, click_when_still, idle, needs_chromium, watch_console
 
 pytestmark = needs_chromium
 
@@ -27,9 +27,7 @@ def test_the_sweeps_tab_runs_a_sweep_and_opens_its_worst_case(server, tmp_path, 
         run.wait_for(timeout=60_000)
         if upload:
             prompts = page.get_by_role("combobox", name="Prompts", exact=True)
-            prompts.click()
-            page.keyboard.type("(upload")
-            page.keyboard.press("Enter")
+            choose(page, prompts, "(upload a JSONL file)")
             expect(prompts).to_have_value("(upload a JSONL file)")
             bad = tmp_path / "bad.jsonl"
             bad.write_text('{"prompt": "The capital of France is Paris. What is it?", "expected": "Paris"}\n{oops\n')

@@ -50,12 +50,25 @@ def click_when_still(page, target, **options) -> None:
 
 def choose(page, select, option: str) -> None:
     """Pick ``option`` in the Streamlit selectbox ``select``: typed to filter the menu, then the option itself clicked
-    (Enter picks whichever option is highlighted, which on a loaded machine can still be the old choice while the
-    input already shows the typed text); returns once the choice's rerun is over."""
-    select.click()
-    page.keyboard.type(option)
-    page.get_by_role("option", name=option, exact=True).click()
-    idle(page, 2)
+    (Enter picks whichever option is highlighted — on a loaded machine the old choice, or none while the menu is still
+    closed — and the input shows the typed text either way); returns once the choice's rerun is over."""
+    from playwright.sync_api import TimeoutError as Timeout
+
+    target = page.get_by_role("option", name=option, exact=True)
+    for attempt in range(3):
+        select.click()
+        page.keyboard.press("Control+a")  # a retry replaces what the last one typed
+        page.keyboard.type(option)
+        try:
+            target.wait_for(timeout=20_000)
+        except Timeout:  # the menu did not open under the typing: close it and type again
+            if attempt == 2:
+                raise
+            page.keyboard.press("Escape")
+            continue
+        target.click()
+        idle(page, 2)
+        return
 
 
 def send(page, text: str) -> None:
