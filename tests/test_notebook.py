@@ -124,6 +124,12 @@ def test_commit_undo_and_a_turn_from_the_widget(session):
     assert [c[6] for c in w.chips if c[0] == 12] == [1]  # struck through as committed
     click(w, "undo")
     assert w.commits == 0 and not session.commits.stack
+    click(w, "select", slot=5)
+    click(w, "bits", bits=2)
+    click(w, "commit")  # committed bits stay marked on the chip (the draft is empty again)
+    assert w.edit.is_empty and [c[5] for c in w.chips if c[0] == 5] == [2]
+    click(w, "undo")
+    assert [c[5] for c in w.chips if c[0] == 5] == [16]
     said = []
     w.observe(lambda change: said.append(change["new"]), names="progress")
     n = len(session)

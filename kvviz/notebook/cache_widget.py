@@ -24,7 +24,7 @@ from kvviz.edit.draft import EditDraft
 from kvviz.edit.edit import Edit, Eviction
 from kvviz.errors import KvvizError
 from kvviz.policies.base import Policy
-from kvviz.notebook.reprs import what_if_html
+from kvviz.notebook.reprs import chip_fields, what_if_html
 from kvviz.session import Session
 from kvviz.view_data import strip_chips
 from kvviz.whatif import WhatIf, what_if
@@ -40,8 +40,9 @@ class CacheWidget(anywidget.AnyWidget):
     _css = _HERE / "widget.css"
 
     # drawn by the front end
-    chips = traitlets.List().tag(sync=True)  # per slot up to `at`: [slot, text, segment, shade, evicted, bits,
-    # committed, selected] (evicted: 0 no / 1 everywhere / 2 some layers or KV heads; bits: key bits tried)
+    chips = traitlets.List().tag(sync=True)  # per slot up to `at`: reprs.chip_fields of its strip row — [slot, text,
+    # segment, shade, evicted, bits, committed, selected] (evicted: 0 no / 1 everywhere / 2 some layers or KV heads;
+    # bits: key bits, tried or committed)
     slots = traitlets.Int(0).tag(sync=True)
     layers = traitlets.Int(1).tag(sync=True)
     heads = traitlets.Int(1).tag(sync=True)
@@ -229,8 +230,7 @@ class CacheWidget(anywidget.AnyWidget):
         if not len(self.session):
             return []
         head = None if self.head < 0 else self.head
-        rows = strip_chips(self.session, self.draft, self.at, self.layer, head)
-        return [[c[0], c[1], c[2], c[4], c[5], c[6], c[11], c[8]] for c in rows]
+        return [chip_fields(row) for row in strip_chips(self.session, self.draft, self.at, self.layer, head)]
 
     def _what_if(self, edit: Edit) -> WhatIf:
         self.busy = True

@@ -4,7 +4,7 @@ and per-step KL, a :class:`~kvviz.runs.Blame` as its table, a sweep's table as i
 
 Every output is one piece of static HTML: inline styles, charts as inline SVG (Vega-Lite rendered by vl-convert, the
 same specs the dashboard draws), no script and no URL, so a saved notebook shows it with no kernel and no network.
-Text is escaped, never set as markup. :func:`register` hands the renderers to IPython's display formatters (Jupyter,
+Text is escaped, never set as markup. ``import kvviz`` hands the renderers to IPython's display formatters (Jupyter,
 VS Code, Colab); :func:`html` returns an object any front end displays (marimo included).
 """
 
@@ -50,6 +50,13 @@ def chip_style(segment: str, shade: float, evicted: int, committed: int, bits: i
     return style
 
 
+def chip_fields(row: list) -> list:
+    """What a notebook chip shows of a :func:`~kvviz.view_data.strip_chips` row: ``[slot, text, segment code, shade,
+    evicted in the draft 0/1/2, key bits (the lower of the draft's and the committed), committed eviction 0/1/2,
+    selected 0/1]`` — the static strip's and the widget's alike."""
+    return [row[0], row[1], row[2], row[4], row[5], min(row[6], row[12]), row[11], row[8]]
+
+
 def session_html(session: Session, at: int | None = None, layer: int = 0, head: int | None = None,
                  draft: EditDraft | None = None) -> str:
     """The strip of ``session`` at the step of slot ``at`` (default: the newest): chips coloured by segment, shaded
@@ -69,9 +76,9 @@ def session_html(session: Session, at: int | None = None, layer: int = 0, head: 
                       for s in SEGMENTS)
     shown = chips[-MAX_CHIPS:]
     spans = []
-    for c in shown:
-        slot, text, segment, shade, evicted, key_bits, committed = c[0], c[1], SEGMENTS[c[2]], c[4], c[5], c[6], c[11]
-        bits = min(key_bits, c[12])
+    for row in shown:
+        slot, text, code, shade, evicted, bits, committed, _selected = chip_fields(row)
+        segment = SEGMENTS[code]
         tip = f"slot {slot} · {text!r} · {segment} · attention {shade:.3f} (of the strongest)" + \
               (" · evicted" if evicted or committed else "") + (f" · {bits} bits" if bits < 16 else "")
         spans.append(f'<span title="{_e(tip)}" style="{chip_style(segment, shade, evicted, committed, bits)}">'
