@@ -51,22 +51,22 @@ def click_when_still(page, target, **options) -> None:
 def choose(page, select, option: str) -> None:
     """Pick ``option`` in the Streamlit selectbox ``select``: typed to filter the menu, then the option itself clicked
     (Enter picks whichever option is highlighted — on a loaded machine the old choice, or none while the menu is still
-    closed — and the input shows the typed text either way); returns once the choice's rerun is over."""
+    closed — and the input shows the typed text either way); returns once the choice's rerun is over. A rerun that
+    redraws the menu under the click (the option detached, the menu closed) is met by choosing again."""
     from playwright.sync_api import TimeoutError as Timeout
 
-    target = page.get_by_role("option", name=option, exact=True)
     for attempt in range(3):
+        idle(page)
         select.click()
         page.keyboard.press("Control+a")  # a retry replaces what the last one typed
         page.keyboard.type(option)
         try:
-            target.wait_for(timeout=20_000)
-        except Timeout:  # the menu did not open under the typing: close it and type again
+            page.get_by_role("option", name=option, exact=True).click(timeout=20_000)
+        except Timeout:
             if attempt == 2:
                 raise
             page.keyboard.press("Escape")
             continue
-        target.click()
         idle(page, 2)
         return
 
