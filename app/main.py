@@ -16,6 +16,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from app import housekeeping, launch, long_work, persistence, server_memory, state  # noqa: E402
 from app.components.scroll import mark  # noqa: E402
+from app.components.settled import hide, settled  # noqa: E402
 from app.plain import plain, warn  # noqa: E402
 from app.views import (attention, channels, chat, growth, guide, held, policies, policy_run, sidebar, sweeps,  # noqa: E402
                        token_strip, toy, whatif)
@@ -76,6 +77,7 @@ if st.session_state.large:  # every element scales: prose, widgets, numbers, tab
             "[data-testid=stTable] td, [data-testid=stTable] th {padding: 0.1rem 0.45rem !important;"
             " white-space: nowrap;}</style>")
 
+hide()
 mark("top")  # a page (re)load opens at its title, not at the bottom where Streamlit keeps a chat page
 st.title("kvviz — the KV cache, visible")
 guarded(held)
@@ -122,6 +124,7 @@ def editor() -> None:
         guarded(whatif)
     persistence.save()
     persistence.end_run()
+    settled("editor")
 
 
 VIEWS = {"Attention": attention, "Cache growth": growth, "Channels": channels, "Policies": policies, "Policy run": policy_run,
@@ -143,6 +146,7 @@ def views() -> None:
             with tab:
                 guarded(view)
     persistence.end_run()
+    settled("views")
 
 
 editor()
@@ -150,3 +154,4 @@ mark("views")  # a tour step about a view tab
 views()
 long_work.run_pending()  # a policy run asked for in the views: here, where Stop can interrupt it
 persistence.end_run()
+settled("page")

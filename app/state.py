@@ -1,6 +1,6 @@
 """A page's state, all in ``st.session_state``: its keys and defaults, the getters views read, and every write of it
 (with app/persistence.py, which starts, saves and restores the page's session; no other module writes it by code —
-tests/test_page_state_writers.py — while widgets write their own keys, as Streamlit's widgets do)."""
+tests/unit/test_page_state_writers.py — while widgets write their own keys, as Streamlit's widgets do)."""
 
 from __future__ import annotations
 
@@ -254,6 +254,12 @@ def look_at(place: str) -> None:
 def scrolls(place: str) -> int:
     """How often ``place`` was asked to come into view (see :func:`look_at`)."""
     return st.session_state.get(f"scroll_{place}", 0)
+
+
+def finish_run() -> int:
+    """Count one more finished run of the page or of a fragment; the count (app/components/settled.py shows it)."""
+    st.session_state.kv_runs = st.session_state.get("kv_runs", 0) + 1
+    return st.session_state.kv_runs
 
 
 def hand_over(work: object) -> None:

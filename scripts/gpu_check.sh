@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check (docs/performance.md#the-gpu-check): on a CUDA machine, tests/test_cuda.py and the GPU bench rows
+# The GPU check (docs/performance.md#the-gpu-check): on a CUDA machine, tests/model/test_cuda.py and the GPU bench rows
 # (prefill 4096, generate 64, what-if evict / quant / cold at 1k and 4k, sweep) written as one markdown table,
 # DIR/gpu-check.md, in under 8 minutes.
 #   scripts/gpu_check.sh [--out DIR]   run it (DIR: gpu-check)
@@ -54,7 +54,7 @@ if [ "$dry" = 1 ]; then
 fi
 export PYTHONUNBUFFERED=1
 set +e
-timeout 270 "$py" -m pytest -q -p no:cacheprovider tests/test_cuda.py "${tests[@]}" > "$out/tests.log" 2>&1
+timeout 270 "$py" -m pytest -q -p no:cacheprovider tests/model/test_cuda.py "${tests[@]}" > "$out/tests.log" 2>&1
 tests_rc=$?
 timeout 330 "$py" -m benchmarks --no-browser --repeats "$repeats" "${rows[@]}" > "$out/bench.md" 2> "$out/bench.log"
 bench_rc=$?
@@ -66,7 +66,7 @@ set -e
 print(f'torch {torch.__version__}, transformers {transformers.__version__},',
       torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA device')")."
   echo
-  echo "tests/test_cuda.py (exit $tests_rc): $(tail -n 1 "$out/tests.log")"
+  echo "tests/model/test_cuda.py (exit $tests_rc): $(tail -n 1 "$out/tests.log")"
   echo
   if [ "$bench_rc" = 0 ]; then cat "$out/bench.md"; else echo "bench failed (exit $bench_rc):" && tail -n 5 "$out/bench.log"; fi
 } > "$out/gpu-check.md"

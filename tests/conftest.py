@@ -3,53 +3,46 @@
 from __future__ import annotations
 
 import copy
-import inspect
 import os
-import re
 import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from kvviz import kv_cache
 from kvviz.model import LoadedModel, load_model, resolve_checkpoint
 from kvviz.session import Session
+from tests.support.browser_page import needs_chromium
 from tests.support.rounding import BUNDLED_LOGIT_SCALE, logit_rounding
+from tests.support.session_files import valid_session_file  # noqa: F401 (a fixture several tiers share)
+from tests.support.sweeps import folder_spec, one_by_one, sweep_spec  # noqa: F401 (fixtures several tiers share)
 
 # the app autosaves sessions; tests keep theirs out of the user's cache folder
 os.environ.setdefault("KVVIZ_SESSIONS", tempfile.mkdtemp(prefix="kvviz-test-sessions-"))
-# the suite's references and tolerances are CPU fp32's, also on a machine with a GPU (tests/test_cuda.py covers CUDA)
+# the suite's references and tolerances are CPU fp32's, also on a machine with a GPU (tests/model/test_cuda.py covers
+# CUDA)
 os.environ.setdefault("KVVIZ_DEVICE", "cpu")
 
 
-# The numeric tier: modules whose tests compare floating-point results with a reference under a tolerance argued
-# from the arithmetic. scripts/test.sh runs them again under every other ATen CPU capability the machine has and at
-# one thread, so a bound that holds only for this CPU's summation order fails here, not on the next machine.
-NUMERIC = {f"test_{name}" for name in """math rounding quant model session prefill whatif cache lockstep
-    policy_references sliding_window architectures first_token_step received_attention fp8 fp8_static schemes
-    quanto_cache hqq_cache pre_rope_keys outlier_schemes channels reshaping policy_positions policy_modes kvpress
-    kv_zip cur_critical_kv keydiff_lagkv_chunkkv bit_allocation why policy_run kvpress_code transcript whatif_steps fork
-    """.split()}
-
-
-# The other tiers (docs/tests.md): ``browser`` drives the real app in headless Chromium, ``app`` runs the page under
-# Streamlit's AppTest, ``slow`` starts another process (the command line, a server, a Ray cluster, mypy).
-STARTS_A_PROCESS = re.compile(r"subprocess\.|\brun\(\s*\"|running_app\(|app_process\(|\bray\b|mypy")
+# The tiers are folders (docs/tests.md): each test is marked with its folder's name, so ``-m`` selects a tier as a
+# path does. unit: no bundled weights (tensors, tiny random models, files, text); model: the bundled model in-process
+# (with unit, the numeric tiers scripts/test.sh runs again under every other ATen CPU capability); app: the page under
+# Streamlit's AppTest; process: anything that starts another process; browser: the real app in headless Chromium.
+TESTS = Path(__file__).resolve().parent
+TIERS = ("unit", "model", "app", "process", "browser")
 
 
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
-        module = item.module.__name__.rpartition(".")[2]
-        if module in NUMERIC:
-            item.add_marker(pytest.mark.numeric)
-        if module.startswith("test_browser"):
-            item.add_marker(pytest.mark.browser)
-        elif module.startswith(("test_app", "test_autosave")):
-            item.add_marker(pytest.mark.app)
-        if STARTS_A_PROCESS.search(inspect.getsource(item.function)):
-            item.add_marker(pytest.mark.slow)
+        tier = item.path.relative_to(TESTS).parts[0]
+        if tier not in TIERS:
+            raise pytest.UsageError(f"{item.nodeid}: a test lives in one of the tier folders {', '.join(TIERS)}")
+        item.add_marker(getattr(pytest.mark, tier))
+        if tier == "browser":
+            item.add_marker(needs_chromium)
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +52,12 @@ def server():
 
     with running_app() as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The bundled model's tokenizer alone (no weights loaded), as the tiny random models use it."""
+    return AutoTokenizer.from_pretrained(resolve_checkpoint(None)[0])
 
 
 @pytest.fixture(scope="session")
@@ -103,5 +102,3 @@ def eager_model():
     folder, _ = resolve_checkpoint(None)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
     return model.eval().requires_grad_(False)
-
-

@@ -43,7 +43,13 @@ _JS = """export default function ({ parentElement, data }) {
     held = mark.getBoundingClientRect().top;
   };
   for (const kind of kinds) window.addEventListener(kind, hold, { capture: true, passive: true });
-  const done = () => { for (const kind of kinds) window.removeEventListener(kind, hold, { capture: true }); };
+  // the page's scroll state for whoever drives it (the browser tests): how many of these watchers still hold a place
+  const root = document.documentElement;
+  root.dataset.kvScrolling = String(Number(root.dataset.kvScrolling || 0) + 1);
+  const done = () => {
+    for (const kind of kinds) window.removeEventListener(kind, hold, { capture: true });
+    root.dataset.kvScrolling = String(Number(root.dataset.kvScrolling) - 1);
+  };
   const check = () => {
     if (stopped || mark.dataset.token !== token || area.kvScrollTurn !== turn) return done();
     const now = Date.now(), grown = main ? main.scrollHeight : 0;

@@ -7,7 +7,6 @@ from dataclasses import replace
 
 import streamlit as st
 
-from app import state
 from app.plain import warn
 from kvviz.errors import KvvizError
 from kvviz.policies.reshaping import merge_evicted, think

@@ -1,10 +1,17 @@
-"""A page of the running app in headless Chromium: its console watched, waits until it is idle, a message sent; the
-mark that skips a browser test where Debian's chromium is missing (never on CI)."""
+"""A page of the running app in headless Chromium, waited on through the states the page exposes: its console
+watched, a message sent, an action settled, an option chosen; the mark that skips a browser test where Debian's
+chromium is missing (never on CI).
+
+Every wait is on a state, never on a pause: ``data-kv-runs`` on the document counts the runs of the page and of its
+fragments that have finished (app/components/settled.py), Streamlit's ``data-test-script-state`` on the app says
+whether one runs now, and ``data-kv-scrolling`` counts the scroll marks still holding a place in view
+(app/components/scroll.py). A click's rerun can start seconds after the click on a loaded machine: reading the page
+when nothing runs *yet* read the old page; waiting for a run that finished after the click does not."""
 
 from __future__ import annotations
 
 import os
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,6 +21,12 @@ from benchmarks.browser import CHROMIUM
 needs_chromium = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
                                     reason="Debian's chromium is not installed (scripts/test.sh installs it)")
 
+RUNS = "Number(document.documentElement.dataset.kvRuns || 0)"
+QUIET = ("(document.querySelector('[data-testid=stApp]')?.dataset.testScriptState !== 'running'"
+         " && !document.querySelector('[data-testid=stStatusWidget]'))")
+STILL = "Number(document.documentElement.dataset.kvScrolling || 0) === 0"
+WAIT_MS = 300_000  # a bound on a wait for a state on a loaded machine, not a timing check (none asserts how fast)
+
 
 def watch_console(page) -> None:
     """Collect the page's console warnings and errors in ``page.console`` (a test asserts it stays empty)."""
@@ -22,26 +35,40 @@ def watch_console(page) -> None:
             else None)
 
 
-def idle(page, seconds: float = 1.0) -> None:
-    """Until no rerun runs, and none has started ``seconds`` later (on a loaded machine a rerun can show late)."""
-    for _ in range(30):
-        page.wait_for_function("!document.querySelector('[data-testid=stStatusWidget]')", timeout=300_000)
-        page.wait_for_timeout(seconds * 1000)
-        if not page.locator("[data-testid=stStatusWidget]").count():
-            return
+def runs(page) -> int:
+    """How many runs of the page and of its fragments this browser session has finished."""
+    return page.evaluate(RUNS)
+
+
+def idle(page) -> None:
+    """Until the page has finished a run and none runs now (for a page just opened, or after work that was waited
+    on through its own result)."""
+    page.wait_for_function(f"{RUNS} > 0 && {QUIET}", timeout=WAIT_MS)
+
+
+def settle(page, action: Callable[[], object]) -> None:
+    """Do ``action`` (a click, a key, a fill) and return once a run that finished after it was done and none runs."""
+    before = runs(page)
+    action()
+    page.wait_for_function(f"{RUNS} > {before} && {QUIET}", timeout=WAIT_MS)
+
+
+def still(page) -> None:
+    """Until nothing runs and no scroll mark still holds a place: where the page is now is where it stays."""
+    page.wait_for_function(f"{RUNS} > 0 && {QUIET} && {STILL}", timeout=WAIT_MS)
 
 
 def click_when_still(page, target, **options) -> None:
-    """Click ``target`` once the page has stopped moving under it. Streamlit sticks a chat page to its bottom while
-    charts still draw (late on a loaded machine), so an element scrolled into view can leave it before the click
-    lands; such a click is tried again after the page settles."""
+    """Click ``target`` once the page has stopped moving under it and return once the click's rerun is over.
+    Streamlit sticks a chat page to its bottom while charts still draw, so an element scrolled into view can leave it
+    before the click lands; such a click is tried again after the page settles."""
     from playwright.sync_api import Error
 
     for attempt in range(4):
         target.scroll_into_view_if_needed()
-        idle(page)
+        still(page)
         try:
-            target.click(**options)
+            settle(page, lambda: target.click(**options))
             return
         except Error as error:
             if "outside of the viewport" not in str(error) or attempt == 3:
@@ -61,38 +88,20 @@ def choose(page, select, option: str) -> None:
         page.keyboard.press("Control+a")  # a retry replaces what the last one typed
         page.keyboard.type(option)
         try:
-            page.get_by_role("option", name=option, exact=True).click(timeout=20_000)
+            settle(page, lambda: page.get_by_role("option", name=option, exact=True).click(timeout=20_000))
         except Timeout:
             if attempt == 2:
                 raise
             page.keyboard.press("Escape")
             continue
-        idle(page, 2)
         return
 
 
 def send(page, text: str) -> None:
+    """Send ``text`` as a message and return once the reply, the strip and the what-if's numbers are drawn."""
     page.fill("[data-testid=stChatInputTextArea]", text)
-    page.keyboard.press("Enter")
-    page.wait_for_selector(".kv-chip", timeout=300_000)
-    page.wait_for_function("document.querySelectorAll('[data-testid=stMetric]').length >= 5", timeout=300_000)
+    settle(page, lambda: page.keyboard.press("Enter"))
+    page.wait_for_selector(".kv-chip", timeout=WAIT_MS)
+    page.wait_for_function("document.querySelectorAll('[data-testid=stMetric]').length >= 5", timeout=WAIT_MS)
     idle(page)
     page.mouse.wheel(0, 1)  # as a person who takes over: the page stops holding the strip in view
-
-
-def holds(page, condition, seconds: float = 120, still: float = 2.0):
-    """Wait until ``condition()`` (a Python check of the page) is true and stays true for ``still`` seconds, up to
-    ``seconds``; return its last value (a test asserts on it, so a page that never settles fails with what it showed).
-    A page scrolls itself after a run (app/components/scroll.py) and charts draw late on a loaded machine: a fixed
-    pause is either too long or, under load, too short."""
-    deadline, since, value = time.monotonic() + seconds, None, None
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            since = since or time.monotonic()
-            if time.monotonic() - since >= still:
-                return value
-        else:
-            since = None
-        page.wait_for_timeout(250)
-    return value

@@ -1,5 +1,5 @@
-"""Contracts a type checker reads (tests/test_types.py runs mypy on this file; nothing here runs): each function is
-well typed only where the class satisfies the protocol it is returned as."""
+"""Contracts a type checker reads (tests/process/test_types.py runs mypy on this file; nothing here runs): each
+function is well typed only where the class satisfies the protocol it is returned as."""
 
 from __future__ import annotations
 

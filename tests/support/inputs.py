@@ -1,14 +1,6 @@
-"""Inputs several tests share: the command line as a subprocess, a user policy's file, a follow-up conversation."""
+"""Inputs several tests share: a user policy's file, a follow-up conversation."""
 
 from __future__ import annotations
-
-import subprocess
-import sys
-
-
-def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvviz", *args], capture_output=True, text=True, timeout=300)
-
 
 USER_POLICY = '''
 from dataclasses import dataclass

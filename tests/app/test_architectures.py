@@ -1,0 +1,59 @@
+"""The app on tiny random models of other architectures (no download), under AppTest: a page runs tiny Qwen3 and
+Gemma 2 models with their heads named by KV group, and switches between the server's models."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.views.whatif import CHARTS
+from kvviz.tiny_models import tiny
+
+
+@pytest.mark.parametrize("kind, labels", [
+    ("qwen3", ["head 5 (KV 2)", "head 7 (KV 3)"]),  # 8 query heads over 4 KV heads
+    ("gemma2", ["head 3 (KV 0)", "head 4 (KV 1)"]),  # over 2 KV heads; soft-capped, local / global layers
+])
+def test_the_app_runs_a_tiny_non_llama_model(tokenizer, tmp_path, monkeypatch, kind, labels):
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    model = tiny(kind)
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    monkeypatch.setenv("KVVIZ_MODEL", str(tmp_path))
+    app = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app" / "main.py"), default_timeout=300).run()
+    app.session_state["max_new_tokens"] = 4
+    app.chat_input[0].set_value("a = 3, b = 5. What is a + b?").run()
+    assert not app.exception and not [e.value for e in app.error]
+    assert not [w.value for w in app.warning if "could not be drawn" in w.value]
+    head = next(s for s in app.selectbox if s.key == "head")
+    assert set(labels) <= set(head.options)  # as shown
+    assert app.session_state["session"].lm.kv_heads == model.config.num_key_value_heads
+    assert len(app.get("plotly_chart")) >= 3  # the attention maps
+    for label in CHARTS.values():  # the what-if's charts: one drawn at a time, the one whose tab is chosen
+        app.session_state["whatif_chart"] = label
+        app.run()
+        assert len(app.get("vega_lite_chart")) == 1 and not app.exception
+        assert not [w.value for w in app.warning if "could not be drawn" in w.value]
+    windows = [c.value for c in app.caption if "sliding window of" in c.value]
+    assert bool(windows) == (kind == "gemma2")  # layer 0 is a local layer of Gemma 2
+
+
+def test_a_page_switches_between_the_servers_models(tokenizer, tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    tiny("phi3").save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    monkeypatch.setenv("KVVIZ_MODELS", str(tmp_path))
+    app = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app" / "main.py"), default_timeout=300).run()
+    assert app.session_state["session"].lm.name.startswith("SmolLM2")
+    model = next(s for s in app.selectbox if s.label == "Model")
+    assert list(model.options) == ["(bundled)", str(tmp_path)]
+    model.select(str(tmp_path)).run()
+    assert not app.exception
+    assert app.session_state["session"].lm.name == tmp_path.name
+    next(s for s in app.selectbox if s.label == "Model").select("(bundled)").run()
+    assert app.session_state["session"].lm.name.startswith("SmolLM2")

@@ -1,0 +1,59 @@
+"""The page under AppTest runs a policy run with a per-slot cache format."""
+
+from __future__ import annotations
+
+import torch
+
+from kvviz.quant.written import QUANTIZED_FP8, WrittenCache
+from kvviz.runs.compressed import RunSettings
+from kvviz.runs.policy_run import run_policy
+from tests.support import torchao_reference as ao
+
+PROMPT = "My cat is called Whiskers and my dog is called Rex. What is my cat called?"
+
+
+def rounded(name: str, x: torch.Tensor, first: torch.Tensor, value: bool) -> torch.Tensor:
+    """``x`` ``(KV, n, D)`` of one layer as the test rounds it for scheme ``name`` written slot by slot; ``first``
+    the same layer's K (or V) of the first pass, which fixes NVFP4's tensor scale."""
+    rows = x.reshape(-1, x.shape[-1])
+    if name == "nvfp4":
+        _, tensor, _ = ao._torchao()
+        scale = first.abs().amax() / (448 * 6)
+        return tensor.to_nvfp4(rows.contiguous(), per_tensor_scale=scale).dequantize(torch.float32).view(x.shape)
+    bits = 4 if value and name.startswith("k8v4") or name.startswith("int4") else 8
+    scale = (x.abs().amax(-1, keepdim=True) / (2 ** (bits - 1) - 1)).clamp(min=torch.finfo(torch.float32).tiny)
+    return torch.round(x / scale) * scale
+
+
+def test_the_page_runs_a_cache_format(lm):
+    """The Policy run tab's *Cache format*: an NVFP4 cache alone, its run the same as the library's; with KIVI on as
+    well, refused in one line and the run shown stays."""
+    from tests.support.app_test import assert_clean, open_view, start
+
+    app = start()
+    app.chat_input[0].set_value(PROMPT).run()
+    open_view(app, "Policy run")
+    next(s for s in app.selectbox if s.label == "Policy").select("(none: a quantized cache only)")
+    next(s for s in app.selectbox if s.label == "Cache format").select("nvfp4")
+    next(n for n in app.number_input if n.label == "New tokens per turn").set_value(4)
+    app.button[[b.label for b in app.button].index("Run the policy")].click().run()
+    assert_clean(app)
+    shown = app.session_state["policy_run"]
+    assert shown.settings.written == WrittenCache("nvfp4")
+    alone = run_policy(lm, [PROMPT], RunSettings(written=WrittenCache("nvfp4")), 4).last
+    assert shown.last.policy_text == alone.policy_text
+    app.button[[b.label for b in app.button].index("Blame this step")].click().run()  # its rounded slots
+    assert_clean(app)
+    assert app.session_state["policy_blame"].of == "rounded" and app.session_state["policy_blame"].rows
+    next(c for c in app.checkbox if c.label == "KIVI quantization").check().run()
+    app.button[[b.label for b in app.button].index("Run the policy")].click().run()
+    assert any("cache runs alone" in w.value for w in app.warning)
+    assert app.session_state["policy_run"] is shown
+    next(c for c in app.checkbox if c.label == "KIVI quantization").uncheck().run()
+    next(s for s in app.selectbox if s.label == "QuantizedCache").select("fp8")
+    app.button[[b.label for b in app.button].index("Run the policy")].click().run()
+    assert any("one cache" in w.value for w in app.warning) and app.session_state["policy_run"] is shown
+    next(s for s in app.selectbox if s.label == "Cache format").select("16 bits (as computed)")
+    app.button[[b.label for b in app.button].index("Run the policy")].click().run()
+    assert_clean(app)
+    assert app.session_state["policy_run"].settings.written == QUANTIZED_FP8

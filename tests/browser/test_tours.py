@@ -1,0 +1,72 @@
+"""Guided tours on a projector (1280×720, headless Chromium, presentation mode): at every step of every tour the
+card and what its caption talks about are on one screen, with no console warning."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvviz.tours import load_tours
+from tests.support.browser_page import idle, settle, still
+
+TOUR_NAMES = [tour.name for tour in load_tours()]
+
+
+@pytest.mark.parametrize("index", range(len(TOUR_NAMES)))
+def test_every_tour_step_fits_one_projector_screen_with_no_warning(server, index):
+    """Presentation mode at 1280×720: at every step of every tour the card's heading and Back / Next / End, and what
+    the caption talks about — the chip it names inside the strip's own scroll, the what-if's maps, the toy numbers, the
+    Channels tab's map, the policy run or its blame — are on one screen, without scrolling, and stay there."""
+    from playwright.sync_api import expect
+
+    from benchmarks.browser import browser_page
+
+    tour = load_tours()[index]
+    with browser_page(server, 1280, 720) as page:
+        messages = []
+        page.on("console", lambda message: messages.append((message.type, message.text)))
+        page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=180_000)
+        idle(page)
+        settle(page, lambda: page.get_by_text("Presentation mode (large type)").click())
+        page.get_by_role("button", name=tour.name).click()
+        for number in range(1, len(tour.steps) + 1):
+            page.get_by_text(f"step {number} of {len(tour.steps)}").wait_for(timeout=180_000)
+            still(page)  # the step's run is over and its scroll marks let go: the page is where it stays
+            step = tour.steps[number - 1]
+            evicts = bool(step.evict_text)
+            subject = page.locator("[data-testid=stExpander]", has_text="Toy numbers") if step.toy else \
+                page.get_by_text({"run": "Turn 2 · full cache", "blame": "with nothing restored"}[step.scroll]) \
+                if step.policy_run else \
+                page.locator("[data-testid=stPlotlyChart]").first if step.channels else \
+                page.locator(".st-key-heads") if step.scroll == "charts" else \
+                page.locator(".kv-chip.kv-evicted").first if evicts else page.locator(".kv-chip.kv-current")
+            block = step.toy or step.policy_run or step.channels or step.scroll == "charts"
+            strip = page.locator(".kv-strip")
+            if step.policy_run:  # its run and the blame of the divergence are drawn in that tab
+                expect(page.get_by_text("with nothing restored", exact=False)).to_have_count(1)
+
+            def on_screen(box, top: float = 0, bottom: float = 720) -> bool:
+                return bool(box) and top <= box["y"] and box["y"] + box["height"] <= bottom and 0 <= box["x"] and \
+                    box["x"] + box["width"] <= 1280
+
+            def placed():  # each step scrolls itself (app/components/scroll.py), the strip to the chip it names
+                card, where = page.locator(".st-key-tour").bounding_box(), subject.bounding_box()
+                buttons = [page.locator(f".st-key-tour-{name}").bounding_box() for name in ("next", "back", "end")]
+                above_chat = page.locator("[data-testid=stChatInput]").bounding_box()["y"]  # the box covers the page
+                if block:  # toy numbers, a view, a run, the what-if's maps: it starts on screen above the chat box
+                    inside = bool(where) and 0 <= where["y"] <= above_chat - 40
+                else:  # a chip: inside the strip's own view, above the chat box
+                    view = strip.bounding_box()
+                    inside = bool(view) and on_screen(where, view["y"], view["y"] + view["height"]) and \
+                        on_screen(where, 0, above_chat)
+                shown = card and 0 <= card["y"] and all(on_screen(b) for b in buttons) and inside
+                return (card, buttons, where) if shown else None
+            assert placed(), (number, page.locator(".st-key-tour").bounding_box(), subject.bounding_box(),
+                                         strip.bounding_box())
+            cut = page.locator(".st-key-tour button .stMarkdownEllipsis").evaluate_all(
+                "(labels) => labels.filter(e => e.scrollWidth > e.clientWidth + 1).map(e => e.innerText)")
+            assert cut == [], cut  # no label cut short ("B", "N", "E" in a row of three)
+            if number < len(tour.steps):
+                page.get_by_role("button", name="Next").click()
+        page.get_by_role("button", name="End", exact=True).click()
+        expect(page.locator(".st-key-tour")).to_have_count(0, timeout=60_000)
+        assert not [m for m in messages if m[0] in ("warning", "error")], messages
