@@ -2,23 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
-
 from kvviz.policies.base import Ratio
 from kvviz.policies.kvpress.presses import from_kvpress
-from kvviz.session import Session
-
-PROMPT = ("Ledger of the harbour: the Aurora came in at dawn with salt, the Bellwether at noon with rope, the "
-          "Cormorant at dusk with lamp oil, and the Dunlin at midnight with nothing at all. What did the Bellwether "
-          "carry?")
-
-
-@pytest.fixture(scope="module")
-def prompt(lm):
-    """The prompt prefilled, compressed by nothing: (session, n)."""
-    session = Session(lm)
-    session.add_user_turn(PROMPT)
-    return session, len(session)
 
 
 def test_the_app_offers_presses_by_name_in_both_policy_pickers():

@@ -2,27 +2,11 @@
 
 from __future__ import annotations
 
-import torch
-
 from kvviz.quant.written import QUANTIZED_FP8, WrittenCache
 from kvviz.runs.compressed import RunSettings
 from kvviz.runs.policy_run import run_policy
-from tests.support import torchao_reference as ao
 
 PROMPT = "My cat is called Whiskers and my dog is called Rex. What is my cat called?"
-
-
-def rounded(name: str, x: torch.Tensor, first: torch.Tensor, value: bool) -> torch.Tensor:
-    """``x`` ``(KV, n, D)`` of one layer as the test rounds it for scheme ``name`` written slot by slot; ``first``
-    the same layer's K (or V) of the first pass, which fixes NVFP4's tensor scale."""
-    rows = x.reshape(-1, x.shape[-1])
-    if name == "nvfp4":
-        _, tensor, _ = ao._torchao()
-        scale = first.abs().amax() / (448 * 6)
-        return tensor.to_nvfp4(rows.contiguous(), per_tensor_scale=scale).dequantize(torch.float32).view(x.shape)
-    bits = 4 if value and name.startswith("k8v4") or name.startswith("int4") else 8
-    scale = (x.abs().amax(-1, keepdim=True) / (2 ** (bits - 1) - 1)).clamp(min=torch.finfo(torch.float32).tiny)
-    return torch.round(x / scale) * scale
 
 
 def test_the_page_runs_a_cache_format(lm):

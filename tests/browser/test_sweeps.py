@@ -25,7 +25,7 @@ def test_the_sweeps_tab_runs_a_sweep_and_opens_its_worst_case(server, tmp_path, 
         run.wait_for(timeout=60_000)
         if upload:
             prompts = page.get_by_role("combobox", name="Prompts", exact=True)
-            choose(page, prompts, "(upload a JSONL file)")
+            choose(page, prompts, "(upload a JSONL file)", reruns=False)  # inside the sweep's form
             expect(prompts).to_have_value("(upload a JSONL file)")
             bad = tmp_path / "bad.jsonl"
             bad.write_text('{"prompt": "The capital of France is Paris. What is it?", "expected": "Paris"}\n{oops\n')

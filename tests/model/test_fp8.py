@@ -18,20 +18,9 @@ from kvviz.session import Session
 from kvviz.session_file import export_session, import_session
 from kvviz.whatif import what_if
 from tests.support.references import assert_what_if_is_the_stored_cache
+from tests.support.references import fp8_round_trip
 
-DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
-DIMS = {"head": (1, 2), "channel": 1, "tensor": (0, 1, 2)}
 PROMPT = "My cat is called Whiskers and my dog is called Rex. What is my cat called?"
-
-
-def reference(x: torch.Tensor, fmt: str, axis: str) -> torch.Tensor:
-    """``x`` ``(KV, n, D)`` through an FP8 cache: per group ``scale = amax / max``, torch's cast, back."""
-    dtype = DTYPES[fmt]
-    if axis == "token":
-        scale = x.abs().amax(-1, keepdim=True) / torch.finfo(dtype).max
-    else:
-        scale = x.abs().amax(DIMS[axis], keepdim=True) / torch.finfo(dtype).max
-    return (x / scale).to(dtype).float() * scale
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +32,7 @@ def chat(make_chat) -> Session:
 def test_an_fp8_what_if_equals_a_cache_holding_fp8_values(lm, chat, fmt, axis):
     at = len(chat) - 1
     edit = Edit.quantize(range(at), 8, keys=Quantizer(axis, format=fmt), values=Quantizer(axis, format=fmt))
-    tensors = [tuple(reference(t[0, :, :at].float(), fmt, axis)[None] for t in kv_cache.layer_kv(chat.cache, layer))
+    tensors = [tuple(fp8_round_trip(t[0, :, :at].float(), fmt, axis)[None] for t in kv_cache.layer_kv(chat.cache, layer))
                for layer in range(lm.layers)]
     result = what_if(chat, edit, at=at, topk=20)
     assert_what_if_is_the_stored_cache(chat, result, tensors)

@@ -75,11 +75,12 @@ def click_when_still(page, target, **options) -> None:
                 raise
 
 
-def choose(page, select, option: str) -> None:
+def choose(page, select, option: str, reruns: bool = True) -> None:
     """Pick ``option`` in the Streamlit selectbox ``select``: typed to filter the menu, then the option itself clicked
     (Enter picks whichever option is highlighted — on a loaded machine the old choice, or none while the menu is still
-    closed — and the input shows the typed text either way); returns once the choice's rerun is over. A rerun that
-    redraws the menu under the click (the option detached, the menu closed) is met by choosing again."""
+    closed — and the input shows the typed text either way); returns once the choice's rerun is over (``reruns``:
+    False for a selectbox inside a form, whose choice waits for the form's button), or else once the menu has closed. A
+    rerun that redraws the menu under the click (the option detached, the menu closed) is met by choosing again."""
     from playwright.sync_api import TimeoutError as Timeout
 
     for attempt in range(3):
@@ -87,8 +88,13 @@ def choose(page, select, option: str) -> None:
         select.click()
         page.keyboard.press("Control+a")  # a retry replaces what the last one typed
         page.keyboard.type(option)
+        pick = page.get_by_role("option", name=option, exact=True)
         try:
-            settle(page, lambda: page.get_by_role("option", name=option, exact=True).click(timeout=20_000))
+            if reruns:
+                settle(page, lambda: pick.click(timeout=20_000))
+            else:
+                pick.click(timeout=20_000)
+                page.get_by_role("listbox").wait_for(state="detached", timeout=20_000)
         except Timeout:
             if attempt == 2:
                 raise

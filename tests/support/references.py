@@ -132,3 +132,15 @@ class AttentionSpy:
             return out
 
         monkeypatch.setattr(model, "forward", spying_forward)
+
+
+FP8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+FP8_GROUPS = {"head": (1, 2), "channel": 1, "tensor": (0, 1, 2)}  # the dims a scale spans, besides "token"'s last
+
+
+def fp8_round_trip(x: torch.Tensor, fmt: str, axis: str) -> torch.Tensor:
+    """``x`` ``(KV, n, D)`` through an FP8 cache: per group ``scale = amax / max``, torch's cast, back."""
+    dtype = FP8_DTYPES[fmt]
+    dims = -1 if axis == "token" else FP8_GROUPS[axis]
+    scale = x.abs().amax(dims, keepdim=True) / torch.finfo(dtype).max
+    return (x / scale).to(dtype).float() * scale

@@ -3,19 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from kvviz import figures
-from kvviz.session import Session
 from kvviz.view_data import pool
-
-
-@pytest.fixture(scope="module")
-def session(lm):
-    session = Session(lm)
-    session.add_user_turn("Hello there, how are you?")
-    session.generate(5)
-    return session
 
 
 def test_pool_keeps_the_maximum_of_each_block():

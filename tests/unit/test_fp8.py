@@ -9,19 +9,7 @@ import torch
 
 from tests.support.error_bounds import error_bound
 from kvviz.quant.quantizer import Quantizer, fake_quantize, packed_bytes
-
-DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
-DIMS = {"head": (1, 2), "channel": 1, "tensor": (0, 1, 2)}
-
-
-def reference(x: torch.Tensor, fmt: str, axis: str) -> torch.Tensor:
-    """``x`` ``(KV, n, D)`` through an FP8 cache: per group ``scale = amax / max``, torch's cast, back."""
-    dtype = DTYPES[fmt]
-    if axis == "token":
-        scale = x.abs().amax(-1, keepdim=True) / torch.finfo(dtype).max
-    else:
-        scale = x.abs().amax(DIMS[axis], keepdim=True) / torch.finfo(dtype).max
-    return (x / scale).to(dtype).float() * scale
+from tests.support.references import fp8_round_trip
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
@@ -32,7 +20,7 @@ def test_the_round_trip_is_torchs_own_fp8_cast(fmt, axis):
     x[0, 5, 7] = 4000.0  # an outlier sets its group's scale
     quantizer = Quantizer(axis=axis, format=fmt)
     out = fake_quantize(x, 8, quantizer)
-    assert torch.equal(out, reference(x, fmt, axis))
+    assert torch.equal(out, fp8_round_trip(x, fmt, axis))
     assert bool(((out - x).abs() <= error_bound(x, 8, quantizer)).all())
     assert not torch.equal(out, x) and float((out - x).abs().max()) > 0
     zeros = torch.zeros(3, 4, 64)

@@ -14,12 +14,8 @@ from kvviz.policies import (AdaKV, KeyNorm, ObservedAttention, PyramidKV, Random
 from kvviz.policies.base import Ratio, slots_kept
 from kvviz.policies.kvpress.presses import PRESSES, from_kvpress, table
 from kvviz.policies.pyramid_kv import kvpress_pyramid
-from kvviz.session import Session
 
 ROOT = Path(__file__).resolve().parents[2]
-PROMPT = ("Ledger of the harbour: the Aurora came in at dawn with salt, the Bellwether at noon with rope, the "
-          "Cormorant at dusk with lamp oil, and the Dunlin at midnight with nothing at all. What did the Bellwether "
-          "carry?")
 
 
 def test_a_ratio_rounds_as_kvpress_and_stands_for_the_fraction_kept():
@@ -88,14 +84,6 @@ def test_every_press_of_kvpress_has_a_status_in_the_docs():
 def test_the_docs_hold_the_mapping_table():
     assert table() in (ROOT / "docs" / "kvpress.md").read_text()
     assert all(f"`{name}`" in table() for name in PRESSES)
-
-
-@pytest.fixture(scope="module")
-def prompt(lm):
-    """The prompt prefilled, compressed by nothing: (session, n)."""
-    session = Session(lm)
-    session.add_user_turn(PROMPT)
-    return session, len(session)
 
 
 def test_kvpress_pyramid_schedule_follows_kvcache_factory():

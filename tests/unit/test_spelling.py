@@ -39,20 +39,8 @@ def test_the_rule(piece, spelled):
 
 @given(st.text(alphabet=st.characters(exclude_categories=("Cs",), exclude_characters=MARKS + "\\<")))  # no token
 # holds a lone surrogate (the session refuses one)
-
-
 def test_every_character_is_visible_and_the_text_is_kept(text):
     spelled = spell(text)
     assert spelled and spelled == spelled.strip()  # never blank, no space at either end
     assert not any(c != " " and unicodedata.category(c) in INVISIBLE for c in spelled)
     assert unspell(spelled) == text
-
-
-@pytest.fixture(scope="module")
-def chat(make_chat):
-    """A chat whose cached pieces hold a space-led word, a line break, a tab, emoji bytes and a zero-width space."""
-    session = make_chat("Two pets:\n\tRex 🐶 and Tom\u200b. Name them?", generate=6)
-    pieces = [s.text for s in session.transcript.slots]
-    assert "\n" in pieces and "\t" in pieces and any(p.startswith(" ") for p in pieces)
-    assert any("\\x" in p for p in pieces)  # the emoji's bytes, escaped by token_pieces
-    return session, pieces
