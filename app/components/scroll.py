@@ -72,6 +72,7 @@ _JS = """export default function ({ parentElement, data }) {
     // machine); at most 10 minutes
     const busy = running || now - since < 2000 || now - started < 6000;
     if (now - started > 600000) return done();
+    if (!busy && !main) return done();  // in the sidebar: nothing there pulls the page to its bottom; the mark is in view
     if (!busy && main) {
       // Streamlit's container stops sticking to its bottom on a scroll that finds its size as the last scroll found
       // it; a scroll that is the first since the page grew keeps it stuck and it pulls the page down again. So:
