@@ -1,6 +1,6 @@
 """The page's settled flag: every run of the page, and of each of its fragments, ends by mounting this component,
-which sets ``data-kv-runs`` on the document to the number of runs this browser session has finished. Whoever drives
-the page (the browser tests, the screenshot script) notes the number, acts, and waits until it has grown and
+which sets ``data-kv-runs`` on the document to the number of runs this browser session has finished. The browser
+tests (tests/support/browser_page.py) note the number, act, and wait until it has grown and
 Streamlit reports no script running: a state the page exposes, where a pause would be too short on a loaded machine
 (a click's rerun can start seconds after the click) and too long on an idle one."""
 
