@@ -51,3 +51,41 @@ def spell(piece: str) -> str:
 def spell_slot(slot: int, piece: str) -> str:
     """A slot named with its token: ``12 ␣Rex`` (axis labels, menus, hovers)."""
     return f"{slot} {spell(piece)}"
+
+
+
+_UNSAFE = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}  # what a terminal may act on (escape sequences, bidi overrides)
+_LINES = {"\n", "\r", "\t"}
+
+
+def printable(text: str, lines: bool = False) -> str:
+    """Text from a file, a user or the model as it may be printed on a terminal: each control, format, private or
+    unassigned character written as an escape that JSON and Python both read (``"\x1b]0;title\x07"`` →
+    ``"\\u001b]0;title\\u0007"``), every other character as it is; ``lines`` keeps line breaks, carriage returns
+    and tabs (a whole output, not one field). Whatever a prompt id, a path or a reply holds, the terminal shows it and
+    acts on none of it: no title set, no screen cleared, no clipboard written."""
+    return "".join(c if not _unsafe(c) or (lines and c in _LINES) else _escape(c) for c in text)
+
+
+def _unsafe(char: str) -> bool:
+    return unicodedata.category(char) in _UNSAFE
+
+
+def _escape(char: str) -> str:
+    data = char.encode("utf-16-be", "surrogatepass")  # above U+FFFF: a surrogate pair, as JSON writes it
+    return "".join(f"\\u{int.from_bytes(data[i:i + 2], 'big'):04x}" for i in range(0, len(data), 2))
+
+
+class PrintableStream:
+    """A text stream (``sys.stdout``, ``sys.stderr``) that writes everything through :func:`printable` (lines kept):
+    what the command line prints can never act on the terminal."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        self.stream.write(printable(text, lines=True))
+        return len(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
