@@ -1,7 +1,8 @@
 """The attention layers' input hidden states of a run's slots — what kvpress' ``ScorerPress.score`` receives as
 ``hidden_states`` — recorded only for policies that read them (``Policy.reads_hidden``).
 
-One forward pre-hook per attention module, installed once per model, copies batch row 0 of the module's
+One forward pre-hook per attention module, installed once per model (marked on the module itself: a model freed and
+another made at its address must get hooks of its own), copies batch row 0 of the module's
 ``hidden_states`` (after the layer's input norm) into the :class:`HiddenLog` of the forward passes inside
 :func:`recording` — this thread's only (a ContextVar), so other sessions on the same model record nothing.
 """
@@ -17,7 +18,7 @@ import torch
 from kvviz.model import LoadedModel
 
 _log: ContextVar[HiddenLog | None] = ContextVar("kvviz_hidden_log", default=None)
-_hooked: set[int] = set()  # models (by id) whose attention modules carry the hook
+HOOKED = "_kvviz_records_hidden"  # set on an attention module that carries the hook
 
 
 class HiddenLog:
@@ -50,10 +51,10 @@ def attention_modules(lm: LoadedModel) -> list[torch.nn.Module]:
 @contextmanager
 def recording(lm: LoadedModel, log: HiddenLog) -> Iterator[HiddenLog]:
     """Record the forward passes inside this block into ``log``; a pass that fails leaves ``log`` as it was."""
-    if id(lm.model) not in _hooked:
-        for index, module in enumerate(attention_modules(lm)):
+    for index, module in enumerate(attention_modules(lm)):
+        if not getattr(module, HOOKED, False):
             module.register_forward_pre_hook(_hook(index), with_kwargs=True)
-        _hooked.add(id(lm.model))
+            setattr(module, HOOKED, True)
     before, token = len(log), _log.set(log)
     try:
         yield log

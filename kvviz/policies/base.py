@@ -16,7 +16,7 @@ from typing import ClassVar
 import torch
 
 from kvviz.edit.edit import Edit
-from kvviz.errors import KvvizError
+from kvviz.errors import USER_CODE_ERRORS, KvvizError, failure
 from kvviz.numbers import number
 from kvviz.policies.candidates import Candidates, received_attention  # noqa: F401 (kvviz.policies.base's names)
 from kvviz.policies.decision import Decision
@@ -175,8 +175,8 @@ def checked_scores(policy: Policy, candidates: Candidates) -> torch.Tensor:
         scores = policy.score(candidates)
     except KvvizError:
         raise
-    except Exception as exc:
-        raise KvvizError(f"policy {policy.name or type(policy).__name__} failed: {type(exc).__name__}: {exc}") from exc
+    except USER_CODE_ERRORS as exc:
+        raise KvvizError(f"policy {policy.name or type(policy).__name__} failed: {failure(exc)}") from exc
     shape = (lm.layers, lm.kv_heads, candidates.at)
     if not isinstance(scores, torch.Tensor) or scores.dim() != 3 or any(
             size not in (1, full) for size, full in zip(scores.shape, shape)) or scores.shape[-1] != shape[-1]:
@@ -196,8 +196,8 @@ def checked_budgets(policy: Policy, candidates: Candidates, scores: torch.Tensor
         budgets = policy.budgets(candidates, scores)
     except KvvizError:
         raise
-    except Exception as exc:
-        raise KvvizError(f"policy {name}'s budgets failed: {type(exc).__name__}: {exc}") from exc
+    except USER_CODE_ERRORS as exc:
+        raise KvvizError(f"policy {name}'s budgets failed: {failure(exc)}") from exc
     if not isinstance(budgets, torch.Tensor) or tuple(budgets.shape) != tuple(scores.shape[:2]) \
             or budgets.is_floating_point() or budgets.is_complex():
         got = tuple(budgets.shape) if isinstance(budgets, torch.Tensor) else type(budgets).__name__

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from kvviz.errors import KvvizError
+from kvviz.errors import USER_CODE_ERRORS, KvvizError, failure
 from kvviz.numbers import number
 from kvviz.policies.base import Policy
 
@@ -27,8 +27,8 @@ def policy_named(classes: Mapping[str, type[Policy]], name: str, params: Mapping
         return cls(**values)
     except KvvizError:
         raise
-    except Exception as exc:
-        raise KvvizError(f"cannot make policy {name}: {type(exc).__name__}: {exc}") from None
+    except USER_CODE_ERRORS as exc:
+        raise KvvizError(f"cannot make policy {name}: {failure(exc)}") from None
 
 
 def _parsed(name: str, key: str, text: str, default: object) -> object:

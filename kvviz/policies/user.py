@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from kvviz import settings
-from kvviz.errors import KvvizError
+from kvviz.errors import USER_CODE_ERRORS, KvvizError, failure
 from kvviz.policies.base import Policy
 
 VARIABLE = "KVVIZ_POLICIES"
@@ -43,8 +43,8 @@ def _module(spec: str, label: str = VARIABLE):
         return module
     except KvvizError:
         raise
-    except Exception as exc:
-        raise KvvizError(f"{label}: cannot import {spec} ({type(exc).__name__}: {exc})") from None
+    except USER_CODE_ERRORS as exc:
+        raise KvvizError(f"{label}: cannot import {spec} ({failure(exc)})") from None
 
 
 def is_press(cls: object) -> bool:
@@ -65,8 +65,8 @@ def _checked(cls: object, entry: str, label: str = VARIABLE) -> type[Policy]:
         raise KvvizError(f"{label}: {entry} has no name (set name = \"...\" on the class)")
     try:
         cls()
-    except Exception as exc:
-        raise KvvizError(f"{label}: {entry} cannot be made with its defaults ({type(exc).__name__}: {exc})") from None
+    except USER_CODE_ERRORS as exc:
+        raise KvvizError(f"{label}: {entry} cannot be made with its defaults ({failure(exc)})") from None
     return cls
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from kvviz.errors import KvvizError
+from kvviz.errors import USER_CODE_ERRORS, KvvizError, failure
 from kvviz.hidden_log import HiddenLog, recording
 from kvviz.policies.base import Candidates, Policy, Ratio
 from kvviz.policies.decision import Decision
@@ -155,11 +155,17 @@ class PressCode(Policy):
                                                                  positions, cos_sin, cache)
         except KvvizError:
             raise
-        except Exception as exc:
+        except USER_CODE_ERRORS as exc:
             where = "" if layer is None else f" in layer {layer}"
-            raise KvvizError(f"kvpress' {name} failed{where}: {type(exc).__name__}: {exc}") from exc
+            raise KvvizError(f"kvpress' {name} failed{where}: {failure(exc)}") from exc
         alive = candidates.alive
         kept &= alive
+        empty = (alive.any(-1) & ~kept.any(-1)).nonzero()
+        if len(empty):
+            layer, head = empty[0].tolist()
+            raise KvvizError(f"kvpress' {name} kept no slot of {int(alive[layer, head].sum())} in layer {layer}, "
+                             f"KV head {head} (and {len(empty) - 1} more heads): a head left empty has nothing to "
+                             "attend to; give it a budget that keeps at least one slot (a lower compression ratio)")
         scores = torch.where(alive, scores, float("-inf"))
         budgets = kept.sum(-1).clamp(min=1)
         positions = torch.arange(at).expand_as(scores)
@@ -313,8 +319,8 @@ def policy_class(press_class: type) -> type[PressCode]:
             press = press_class(**given)
         except KvvizError:
             raise
-        except Exception as exc:
-            raise KvvizError(f"cannot make kvpress' {press_class.__name__}: {type(exc).__name__}: {exc}") from None
+        except USER_CODE_ERRORS as exc:
+            raise KvvizError(f"cannot make kvpress' {press_class.__name__}: {failure(exc)}") from None
         object.__setattr__(self, "instance", press)
         PressCode.__post_init__(self)
 

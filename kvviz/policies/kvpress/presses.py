@@ -15,6 +15,8 @@ are refused in one line saying why. Parity is prefill compression: kvpress compr
 
 from __future__ import annotations
 
+import difflib
+
 from collections.abc import Mapping
 import dataclasses
 from dataclasses import dataclass, field
@@ -186,6 +188,11 @@ def _mapping(name: str) -> Press:
     if name in PRESSES:
         return PRESSES[name]
     nearest = NEAREST.get(name)
+    if nearest is None and name not in (*WRAPPERS, *NEEDS):
+        known = sorted({*PRESSES, *WRAPPERS, *NEAREST, *own_presses()})
+        close = difflib.get_close_matches(name, known, 3, cutoff=0.8)
+        raise KvvizError(f"kvpress has no press called {name!r}" + (f"; did you mean {', '.join(close)}?" if close
+                         else f"; its presses: {', '.join(known)}"))
     raise KvvizError(f"kvpress' {name} has no exact kvviz counterpart"
                      + (f"; the nearest: {nearest}" if nearest else f"; presses kvviz reproduces: {', '.join(PRESSES)}"))
 
