@@ -4,9 +4,8 @@ kvviz recomputes attention weights from recorded queries and cached keys, and re
 reproduces causal softmax attention with one score scale, an optional soft-cap of the scores (Gemma 2) and a sliding
 window per layer (Mistral, Qwen2 with ``use_sliding_window``, Gemma 2 / 3): an :class:`AttentionRule`. A model whose
 attention adds something else is refused with a line naming it, never shown with wrong numbers: learned attention
-sinks (gpt-oss), chunked or other non-causal layers, bidirectional windows, attention modules that differ in their
-score scale or soft-cap.
-"""
+sinks (gpt-oss), multi-head latent attention (DeepSeek's MLA), chunked or other non-causal layers, bidirectional
+windows, attention modules that differ in their score scale or soft-cap."""
 
 from __future__ import annotations
 
@@ -92,6 +91,9 @@ def read(model: torch.nn.Module) -> tuple[AttentionRule | None, list[str]]:
     caps = {getattr(m, "attn_logit_softcapping", None) for m in modules}
     if len(caps) > 1:
         problems.append("attention modules without one shared soft-cap")
+    if getattr(config, "kv_lora_rank", None):  # DeepSeek-V2/V3: keys and values expanded from a cached latent
+        problems.append("multi-head latent attention (MLA: a compressed latent cached instead of keys and values, "
+                        "query / key heads wider than value heads)")
     if any(getattr(m, "sinks", None) is not None for m in modules):
         problems.append("learned attention sinks")
     scales = {getattr(m, "scaling", None) for m in modules}

@@ -113,7 +113,7 @@ def pick_device(requested: str | None = None, dtype: str | torch.dtype | None = 
     """CUDA (bf16, or fp16 where bf16 is unsupported) when available, else CPU fp32. ``dtype`` (or ``KVVIZ_DTYPE``,
     e.g. ``float32``) overrides the dtype, for instance to check a GPU against fp32 references."""
     name = requested or settings.text("KVVIZ_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
+    device = _device(name)
     dtype = dtype or settings.text("KVVIZ_DTYPE")
     if dtype is not None:
         chosen = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
@@ -123,6 +123,26 @@ def pick_device(requested: str | None = None, dtype: str | torch.dtype | None = 
     if device.type == "cuda":
         return device, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return device, torch.float32
+
+
+def _device(name: str) -> torch.device:
+    """The device ``name`` (``KVVIZ_DEVICE`` or ``device=``) names, refused in one line when this machine has no such
+    device (a CUDA device on a CPU build of torch, a GPU index past the last)."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ModelLoadError(f"unknown device {name!r}; use cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ModelLoadError(f"device {name!r} asks for CUDA, which this machine's torch cannot use (a CPU build, "
+                                 "or no GPU); use cpu (unset KVVIZ_DEVICE)")
+        if device.index is not None and device.index >= count:
+            raise ModelLoadError(f"device {name!r} does not exist: this machine has {count} CUDA device"
+                                 f"{'s' if count != 1 else ''} (cuda:0 … cuda:{count - 1})")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ModelLoadError(f"device {name!r} asks for Apple's MPS, which this machine does not have; use cpu")
+    return device
 
 
 def _check_gguf(path: Path) -> None:
@@ -163,12 +183,12 @@ def convert_gguf(gguf: Path) -> Path:
     return target
 
 
-def resolve_checkpoint(path: str | os.PathLike | None) -> tuple[Path, str]:
-    """Turn ``--model`` (None = bundled, a folder, a ``.gguf``, or a hub id such as ``Qwen/Qwen2.5-0.5B-Instruct``)
-    into a safetensors folder and a display name."""
+def model_source(path: str | os.PathLike | None) -> Path | None:
+    """The file or folder ``--model`` names (None: the bundled model), checked without reading or converting it:
+    refused when it does not exist, is not a ``.gguf`` file or lacks a config or safetensors weights."""
     path = path or settings.text("KVVIZ_MODEL")
     if path is None or path == BUNDLED:
-        return convert_gguf(bundled_gguf()), BUNDLED_NAME
+        return None
     name = str(path)
     source = hub_folder(name) if looks_like_hub_id(name) else Path(path).expanduser()
     if not source.exists():
@@ -177,11 +197,23 @@ def resolve_checkpoint(path: str | os.PathLike | None) -> tuple[Path, str]:
     if source.is_file():
         if source.suffix.lower() != ".gguf":
             raise ModelLoadError(f"{source} is not a .gguf file; pass a .gguf file or a checkpoint folder")
-        return convert_gguf(source), source.name
+        return source
     if not (source / "config.json").is_file():
         raise ModelLoadError(f"{source} has no config.json; it is not a Hugging Face checkpoint folder")
     if not any(source.glob("*.safetensors")):
         raise ModelLoadError(f"{source} has no *.safetensors weights (pickle checkpoints are not loaded for safety)")
+    return source
+
+
+def resolve_checkpoint(path: str | os.PathLike | None) -> tuple[Path, str]:
+    """Turn ``--model`` (None = bundled, a folder, a ``.gguf``, or a hub id such as ``Qwen/Qwen2.5-0.5B-Instruct``)
+    into a safetensors folder and a display name."""
+    source = model_source(path)
+    if source is None:
+        return convert_gguf(bundled_gguf()), BUNDLED_NAME
+    if source.is_file():
+        return convert_gguf(source), source.name
+    name = str(path or settings.text("KVVIZ_MODEL"))
     return source, name if looks_like_hub_id(name) else source.name
 
 
@@ -196,8 +228,8 @@ def load_model(path: str | os.PathLike | None = None, device: str | None = None,
     from kvviz.recorder import ATTENTION_NAME, register  # registration is global and idempotent
 
     register()
+    torch_device, dtype = pick_device(device, dtype)  # a device this machine lacks is refused before any file is read
     folder, name = resolve_checkpoint(path)
-    torch_device, dtype = pick_device(device, dtype)
     hf_logging.disable_progress_bar()  # a warm load takes about a second: no bar needed
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder)

@@ -13,7 +13,7 @@ from app.views.policy_choice import is_press, kept_fraction, names, policy_class
 from kvviz.errors import KvvizError
 from kvviz.quant.written import run_cache
 from kvviz.runs.policy_run import held_slots
-from kvviz.sweeps.cases import cases_for, run_cases
+from kvviz.sweeps.cases import cases_for, refuse_too_long, run_cases
 from kvviz.sweeps.sources import BUILTIN, load_prompts, uploaded_prompts
 from kvviz.sweeps.table import frame, usable
 
@@ -79,6 +79,7 @@ def _start(chosen: str, upload, limit: int, policies: list[str], fractions: list
         budgets = [kept_fraction(float(f), presses) for f in sorted(fractions)]
         cases = cases_for(prompts, policies, budgets, mode, 1, new_tokens, schemes)
         session = state.session()
+        refuse_too_long(session.lm, prompts, new_tokens)  # before the memory it would need is asked for
         state.make_room(max(held_slots(session.lm, list(p.turns), p.max_new_tokens or new_tokens) for p in prompts)
                         * min(BATCH, len(policies) * len(budgets) * len(schemes)))
     except KvvizError as exc:

@@ -3,12 +3,22 @@
 - :mod:`kvviz.sweeps.prompts` reads a JSONL prompt file or generates a built-in set (needle, key-value, variables).
 - :mod:`kvviz.sweeps.cases` runs one case: a policy run and its summary row.
 - :mod:`kvviz.sweeps.sweep` runs them all — in this process, a local process pool or Ray — resumably, into a table.
+
+Its names are imported when first used (PEP 562): the command line checks a sweep's prompts and folder with
+:mod:`~kvviz.sweeps.sources` and :mod:`~kvviz.sweeps.folder` before torch is loaded.
 """
 
-from kvviz.sweeps.cases import Case, cases_for, run_case, run_cases
-from kvviz.sweeps.prompts import Prompt
-from kvviz.sweeps.sources import load_prompts
-from kvviz.sweeps.sweep import SweepSpec, read_table, records, run_sweep
+from __future__ import annotations
 
-__all__ = ["Case", "Prompt", "SweepSpec", "cases_for", "load_prompts", "read_table", "records", "run_case", "run_cases",
-           "run_sweep"]
+import importlib
+
+_HOMES = {"Case": "cases", "cases_for": "cases", "run_case": "cases", "run_cases": "cases", "Prompt": "prompts",
+          "load_prompts": "sources", "SweepSpec": "sweep", "read_table": "sweep", "records": "sweep",
+          "run_sweep": "sweep"}
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> object:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'kvviz.sweeps' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"kvviz.sweeps.{_HOMES[name]}"), name)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import product
 
+from kvviz.errors import KvvizError
 from kvviz.model import LoadedModel
 from kvviz.policies.base import Ratio
 from kvviz.sweeps.prompts import Prompt
@@ -41,6 +42,19 @@ def cases_for(prompts: list[Prompt], policies: list[str], budgets: list[int | fl
     """Every prompt × policy × budget × scheme (default: the model's own cache only), prompt by prompt."""
     return [Case(prompt, policy, budget, mode, every, prompt.max_new_tokens or max_new_tokens, scheme)
             for prompt, policy, budget, scheme in product(prompts, policies, budgets, schemes or [None])]
+
+
+def refuse_too_long(lm: LoadedModel, prompts: list[Prompt], max_new_tokens: int) -> None:
+    """Refuse, naming the first, a prompt whose turns' tokens and replies (``max_new_tokens`` each, or its own) cannot
+    fit the model's context window — counted without the chat template's few tokens per turn, so a prompt refused
+    here could never run."""
+    texts = [turn for prompt in prompts for turn in prompt.turns]
+    counts = iter(len(ids) for ids in lm.tokenizer(texts, add_special_tokens=False)["input_ids"]) if texts else iter(())
+    for prompt in prompts:
+        need = sum(next(counts) for _ in prompt.turns) + len(prompt.turns) * (prompt.max_new_tokens or max_new_tokens)
+        if need > lm.context_window:
+            raise KvvizError(f"prompt {prompt.id!r:.60} is longer than the model's context: its turns and replies "
+                             f"need at least {need:,} tokens of {lm.context_window:,}; shorten it or leave it out")
 
 
 def by_prompt(cases: list[Case]) -> list[list[Case]]:

@@ -4,7 +4,10 @@
   ``table.csv`` at any file the user can write): such a file is refused, ``rows.jsonl`` is opened with
   ``O_NOFOLLOW``, and the tables and the manifest are written beside their place, then renamed over it.
 - One sweep writes a folder at a time: :func:`locked` holds ``sweep.lock`` (``flock``, not waiting), which names the
-  holder's pid; a second sweep is refused. Readers take no lock.
+  holder's pid and is removed when the sweep ends; a second sweep is refused (:func:`refuse_busy` says so before it
+  does any work). Readers take no lock.
+- A file that cannot be written (a read-only folder, a full disk) is refused in one line naming it; the tables are
+  both written beside their places before either is renamed over its old one (:func:`replace_all`).
 - Reading never writes: a line of ``rows.jsonl`` that is not a row is reported with its number and kept. Only a
   writer, holding the lock, cuts off a torn last line (one without a newline at its end: a sweep stopped mid-write).
 """
@@ -121,17 +124,51 @@ def read_bytes(path: Path) -> bytes | None:
 def replace(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """Write ``path`` whole or not at all: into a new file beside it, then renamed over it (a symbolic link there is
     replaced, never written through)."""
-    staging = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
-    descriptor = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+    replace_all({path: write})
+
+
+def replace_all(files: dict[Path, Callable[[BinaryIO], object]]) -> None:
+    """Write every file of ``files`` whole or none: each into a new file beside it; only when all are written and on
+    disk are they renamed over the old ones (a full disk while writing the second table leaves both old tables)."""
+    staged: dict[Path, Path] = {}
     try:
-        with os.fdopen(descriptor, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(staging, path)
-    except BaseException:
-        staging.unlink(missing_ok=True)
-        raise
+        for path, write in files.items():
+            staged[path] = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+            descriptor = _writable(staged[path], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW)
+            with os.fdopen(descriptor, "wb") as handle:
+                write(handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+        for path, staging in staged.items():
+            os.replace(staging, path)
+    except OSError as exc:
+        raise _unwritable(path, exc) from None
+    finally:
+        for staging in staged.values():
+            staging.unlink(missing_ok=True)
+
+
+def _writable(path: Path, flags: int) -> int:
+    """``os.open(path, flags)``; a folder that refuses it is refused in one line."""
+    try:
+        return os.open(path, flags, 0o666)
+    except OSError as exc:
+        raise _unwritable(path, exc) from None
+
+
+def _unwritable(path: Path, exc: OSError) -> KvvizError:
+    return KvvizError(f"cannot write {path} ({exc.strerror or exc}); make room or pass another --out (nothing "
+                      "written so far was lost)")
+
+
+def append(handle: BinaryIO, line: bytes, path: Path) -> None:
+    """Append one row's line to ``rows.jsonl`` (open from :func:`appending`) and put it on disk before going on."""
+    try:
+        handle.write(line)
+        handle.flush()
+        os.fsync(handle.fileno())
+    except OSError as exc:
+        raise _unwritable(path, exc) from None
 
 
 @contextmanager
@@ -139,7 +176,7 @@ def appending(path: Path, found: RowsFile, warn: Callable[[str], None]) -> Itera
     """``rows.jsonl`` open to append rows (never through a symbolic link), ending with a newline first: a whole
     last row without one gets it, a torn last line (``found.torn``, said to ``warn``) is cut off. Nothing before
     the last line is touched. Call it holding :func:`locked`, with the rows read under it."""
-    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    descriptor = _writable(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW)
     with os.fdopen(descriptor, "ab") as handle:
         if found.torn:
             os.ftruncate(descriptor, os.fstat(descriptor).st_size - len(found.tail))
@@ -153,17 +190,66 @@ def appending(path: Path, found: RowsFile, warn: Callable[[str], None]) -> Itera
 @contextmanager
 def locked(folder: Path) -> Iterator[None]:
     """Hold ``folder``'s lock (``sweep.lock``, which then names this process) while the block runs, or refuse at
-    once when another process holds it: one sweep writes a folder at a time."""
-    descriptor = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
-    try:
+    once when another process holds it: one sweep writes a folder at a time. The lock file is removed, still held,
+    when the block ends; a sweep that locked a file another had just removed locks the new one instead."""
+    path = folder / LOCK
+    for _ in range(100):
+        descriptor = _writable(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW)
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(descriptor, 32, 0).decode(errors="replace").strip()
-            raise KvvizError(f"{folder} is being written by another sweep (pid {holder if holder.isdigit() else '?'}); "
-                             "wait for it to finish, or pass another --out") from None
+            os.close(descriptor)
+            raise _busy(folder, holder) from None
+        if _same_file(descriptor, path):
+            break
+        os.close(descriptor)  # its holder removed it after we opened it: lock the file now there
+    try:
         os.ftruncate(descriptor, 0)
         os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
         yield
     finally:
+        try:
+            os.unlink(path)  # still held: a sweep that opened it before finds it gone and opens the next one
+        except OSError:
+            pass
         os.close(descriptor)  # releases the lock
+
+
+def tidy_new_folder(folder: Path) -> None:
+    """Remove ``folder`` — made by this sweep — if it holds nothing but an empty ``rows.jsonl`` (a sweep that failed
+    before its first row); a folder with anything else in it is left as it is."""
+    rows = folder / ROWS
+    try:
+        if os.lstat(rows).st_size == 0 and sorted(os.listdir(folder)) == [ROWS]:
+            os.unlink(rows)
+        os.rmdir(folder)
+    except OSError:  # not empty, or already gone
+        pass
+
+
+def refuse_busy(folder: Path) -> None:
+    """Refuse ``folder`` at once when another sweep holds its lock (a check before any work; :func:`locked` makes
+    it sure). Creates nothing."""
+    try:
+        descriptor = os.open(folder / LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:  # no lock file (or no folder): nobody holds it
+        return
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise _busy(folder, os.pread(descriptor, 32, 0).decode(errors="replace").strip()) from None
+    finally:
+        os.close(descriptor)
+
+
+def _busy(folder: Path, holder: str) -> KvvizError:
+    return KvvizError(f"{folder} is being written by another sweep (pid {holder if holder.isdigit() else '?'}); "
+                      "wait for it to finish, or pass another --out")
+
+
+def _same_file(descriptor: int, path: Path) -> bool:
+    try:
+        return os.fstat(descriptor).st_ino == os.stat(path, follow_symlinks=False).st_ino
+    except FileNotFoundError:
+        return False

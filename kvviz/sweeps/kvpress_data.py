@@ -17,7 +17,8 @@ import json
 from pathlib import Path
 
 from kvviz.errors import KvvizError
-from kvviz.sweeps.prompts import MAX_PROMPT_CHARS, Prompt
+from kvviz.numbers import number
+from kvviz.sweeps.prompts import MAX_PROMPT_CHARS, Prompt, json_line, prompt_id, text_of
 from kvviz.sweeps.ruler import metric_for
 
 COLUMNS = ("context", "question", "answer")
@@ -32,7 +33,7 @@ def is_kvpress_file(path: Path) -> bool:
         with path.open(encoding="utf-8") as handle:
             first = next((line for line in handle if line.strip()), "")
         return isinstance(item := json.loads(first), dict) and "context" in item
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+    except (OSError, ValueError, RecursionError):  # not UTF-8, not JSON: read (and refused) as kvviz's JSONL
         return False
 
 
@@ -40,8 +41,8 @@ def read_kvpress(path: Path) -> list[Prompt]:
     """The cases of a kvpress-format file (each refused with its row number when a column is missing or wrong)."""
     rows = _rows(path)
     prompts = []
-    for number, row in enumerate(rows, start=1):
-        prompts += _cases(row, f"{path} row {number}", number)
+    for index, row in enumerate(rows, start=1):
+        prompts += _cases(row, f"{path} row {index}", index)
     return prompts
 
 
@@ -56,15 +57,8 @@ def _rows(path: Path) -> list[dict]:
         except Exception as exc:
             raise KvvizError(f"{path}: not a readable parquet file ({type(exc).__name__}: {exc})") from None
         return table.to_dict("records")
-    rows = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise KvvizError(f"{path}:{number}: not JSON ({exc.msg})") from None
-    return rows
+    lines = text_of(path.read_bytes(), str(path)).split("\n")
+    return [json_line(line, f"{path}:{index}") for index, line in enumerate(lines, start=1) if line.strip()]
 
 
 def _texts(value: object) -> list[str] | None:
@@ -78,7 +72,14 @@ def _texts(value: object) -> list[str] | None:
     return None
 
 
-def _cases(row: object, where: str, number: int) -> list[Prompt]:
+def _answers(value: object) -> list[str] | None:
+    """The reference answers of one question, each a non-empty text (an empty one is in every reply: RULER's string
+    match would score any reply 1.0); None otherwise."""
+    texts = _texts(value)
+    return texts if texts is not None and all(text.strip() for text in texts) else None
+
+
+def _cases(row: object, where: str, row_number: int) -> list[Prompt]:
     if not isinstance(row, dict):
         raise KvvizError(f"{where}: a row must be an object with {', '.join(COLUMNS)}")
     missing = [column for column in COLUMNS if column not in row]
@@ -93,21 +94,21 @@ def _cases(row: object, where: str, number: int) -> list[Prompt]:
     listed = not isinstance(row["question"], str)  # a list of questions: a list of answers, one each
     answer = row["answer"].tolist() if hasattr(row["answer"], "tolist") else row["answer"]
     answers = list(answer) if listed and isinstance(answer, (list, tuple)) else [answer]
-    if len(answers) != len(questions) or any(_texts(a) is None for a in answers):
-        raise KvvizError(f"{where}: answer must be a text or a list of texts (one per question)")
+    if len(answers) != len(questions) or any(_answers(a) is None for a in answers):
+        raise KvvizError(f"{where}: answer must be a non-empty text or a list of them (one per question)")
     limit = row.get("max_new_tokens")
     if limit is not None and limit == limit:  # NaN: a parquet column where this row has none
-        if isinstance(limit, bool) or not float(limit).is_integer() or not 1 <= int(limit) <= 4096:
-            raise KvvizError(f"{where}: max_new_tokens must be an integer in [1, 4096], got {limit!r}")
-        limit = int(limit)
+        if isinstance(limit, str):  # number() would read text as a number
+            raise KvvizError(f"{where}: max_new_tokens must be an integer in [1, 4096], got {limit!r:.40}")
+        limit = number(limit, f"{where}: max_new_tokens", 1, 4096, integer=True)
     else:
         limit = None
-    ident = str(row.get("id") or f"{task}-{number}")
+    ident = prompt_id(row.get("id"), where, f"{task}-{row_number}")
     cases = []
     for index, (question, answer) in enumerate(zip(questions, answers)):
         text = context + question
         if len(text) > MAX_PROMPT_CHARS:
             raise KvvizError(f"{where}: over {MAX_PROMPT_CHARS:,} characters")
         name = ident if not listed else f"{ident}-q{index + 1}"
-        cases.append(Prompt(name, (text,), None, task, tuple(_texts(answer)), metric_for(task), limit))
+        cases.append(Prompt(name, (text,), None, task, tuple(_answers(answer)), metric_for(task), limit))
     return cases

@@ -9,6 +9,7 @@ number. Built-in sets: ``builtin:needle``, ``builtin:kv``, ``builtin:vars`` and 
 from __future__ import annotations
 
 import json
+import sys
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,42 @@ class Prompt:
 def read_jsonl(path: Path) -> list[Prompt]:
     if not path.is_file():
         raise KvvizError(f"prompt file {path} does not exist; pass a JSONL file or builtin:needle / kv / vars / all")
-    return parse_jsonl(path.read_text(encoding="utf-8"), str(path))
+    return parse_jsonl(text_of(path.read_bytes(), str(path)), str(path))
+
+
+def text_of(data: bytes, name: str) -> str:
+    """``data`` as UTF-8 text, or refused naming ``name`` and the line of the first byte that is not UTF-8 (a
+    latin-1, UTF-16 or binary file)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise KvvizError(f"{name}:{line}: not UTF-8 text (byte {exc.start:,}); save the file as UTF-8 JSONL, one "
+                         "object a line") from None
+
+
+def json_line(line: str | bytes, where: str) -> object:
+    """One line of JSON, or refused naming ``where``: not JSON, nested too deeply (Python's recursion limit) or an
+    integer of more digits than Python reads (4,300)."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise KvvizError(f"{where}: not JSON ({exc.msg}); each line is one object such as "
+                         '{"prompt": "…", "expected": "…"}') from None
+    except RecursionError:
+        raise KvvizError(f"{where}: nested too deeply to be a prompt") from None
+    except ValueError:  # int('9' * 5000): "Exceeds the limit (4300 digits) for integer string conversion"
+        raise KvvizError(f"{where}: holds a number of more than {sys.get_int_max_str_digits():,} digits") from None
+
+
+def prompt_id(value: object, where: str, default: str) -> str:
+    """A prompt's id: a non-empty text or an integer (written as text); ``default`` when there is none. Anything else
+    (``false``, a list, an empty text, a fraction) is refused: ids name the rows of the table."""
+    if value is None or (isinstance(value, float) and value != value):  # NaN: a parquet row without one
+        return default
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or not str(value).strip():
+        raise KvvizError(f"{where}: id must be a non-empty text or an integer, got {value!r:.40}")
+    return str(value)
 
 
 def parse_jsonl(text: str, name: str) -> list[Prompt]:
@@ -47,11 +83,7 @@ def parse_jsonl(text: str, name: str) -> list[Prompt]:
 
 
 def _parse(line: str, where: str, default_id: str) -> Prompt:
-    try:
-        item = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise KvvizError(f"{where}: not JSON ({exc.msg}); each line is one object such as "
-                         '{"prompt": "…", "expected": "…"}') from None
+    item = json_line(line, where)
     if not isinstance(item, dict):
         raise KvvizError(f"{where}: a line must be a JSON object, not {type(item).__name__}")
     unknown = set(item) - {"id", "prompt", "turns", "expected"}
@@ -64,12 +96,10 @@ def _parse(line: str, where: str, default_id: str) -> Prompt:
         raise KvvizError(f"{where}: the prompt or every turn must be a non-empty text")
     if sum(map(len, turns)) > MAX_PROMPT_CHARS:
         raise KvvizError(f"{where}: over {MAX_PROMPT_CHARS:,} characters")
-    expected, ident = item.get("expected"), item.get("id", default_id)
+    expected = item.get("expected")
     if expected is not None and (not isinstance(expected, str) or not expected.strip()):
         raise KvvizError(f"{where}: expected must be a non-empty text")
-    if not isinstance(ident, (str, int)) or isinstance(ident, bool) or not str(ident).strip():
-        raise KvvizError(f"{where}: id must be a non-empty text or number")
-    return Prompt(str(ident), tuple(turns), expected)
+    return Prompt(prompt_id(item.get("id"), where, default_id), tuple(turns), expected)
 
 
 # --- built-in sets ------------------------------------------------------------------------------------------------

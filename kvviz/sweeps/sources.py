@@ -13,12 +13,22 @@ from kvviz.sweeps.prompts import Prompt
 BUILTIN = (*prompts.SETS, "all", *ruler.SETS, "ruler")
 
 
-def load_prompts(source: str, limit: int | None = None) -> list[Prompt]:
-    """The prompts of ``source`` (a file or ``builtin:NAME``), the first ``limit`` of them if given."""
+def check_source(source: str) -> None:
+    """Refuse ``source`` at once when it names no built-in set or no file (before anything is loaded)."""
     if source.startswith("builtin:"):
         name = source.removeprefix("builtin:")
         if name not in BUILTIN:
             raise KvvizError(f"no built-in prompt set {name!r}; choose builtin:{', builtin:'.join(BUILTIN)}")
+    elif not Path(source).is_file():
+        raise KvvizError(f"prompt file {source} does not exist; pass a JSONL or .parquet file or "
+                         f"builtin:{', builtin:'.join(BUILTIN)}")
+
+
+def load_prompts(source: str, limit: int | None = None) -> list[Prompt]:
+    """The prompts of ``source`` (a file or ``builtin:NAME``), the first ``limit`` of them if given."""
+    check_source(source)
+    if source.startswith("builtin:"):
+        name = source.removeprefix("builtin:")
         found = prompts.builtin(name) if name in (*prompts.SETS, "all") else ruler.ruler_set(name)
     else:
         path = Path(source)
@@ -29,11 +39,7 @@ def load_prompts(source: str, limit: int | None = None) -> list[Prompt]:
 def uploaded_prompts(name: str, data: bytes, limit: int | None = None) -> list[Prompt]:
     """The prompts of an uploaded JSONL file (kvviz's lines: ``prompt`` or ``turns``, ``expected``, ``id``), the
     first ``limit`` of them if given."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise KvvizError(f"{name} is not UTF-8 text; upload a JSONL file, one prompt a line") from None
-    return _checked(prompts.parse_jsonl(text, name), name, limit)
+    return _checked(prompts.parse_jsonl(prompts.text_of(data, name), name), name, limit)
 
 
 def _checked(found: list[Prompt], source: str, limit: int | None) -> list[Prompt]:

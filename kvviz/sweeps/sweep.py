@@ -5,9 +5,10 @@ writing the table; a second sweep into the folder is refused), one line per fini
 killed sweep loses at most the cases in flight, and a rerun skips every case it has (a torn last line is cut off; any
 other line that is not a row is reported and kept). A rerun with more prompts, policies, budgets or schemes grows the
 table by the cases it lacks; ``DIR/manifest.json`` holds the settings that change every case's result (model, mode,
-reply length, …), and a rerun with others is refused. ``DIR/table.csv`` and ``DIR/table.parquet`` hold the whole
-table. :mod:`kvviz.sweeps.folder` reads and writes these files (never through a symbolic link; tables replaced whole).
-"""
+reply length, …), written with the first row, and a rerun with others is refused while the folder holds rows. Every
+input (prompts, policies, schemes, budgets, the model's path) is checked before the folder is touched: a refused
+sweep writes nothing. ``DIR/table.csv`` and ``DIR/table.parquet`` hold the whole table, replaced together.
+:mod:`kvviz.sweeps.folder` reads and writes these files (never through a symbolic link; tables replaced whole)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ import pandas as pd
 
 from kvviz.errors import KvvizError
 from kvviz.sweeps.cases import Case, Row, by_prompt, cases_for, parts, run_cases
-from kvviz.sweeps.folder import CSV, MANIFEST, PARQUET, ROWS, appending, locked, make_folder, read_bytes, read_rows, \
-    replace
+from kvviz.sweeps.folder import CSV, MANIFEST, PARQUET, ROWS, append, appending, locked, make_folder, read_bytes, \
+    read_rows, refuse_busy, replace, replace_all, tidy_new_folder
 from kvviz.sweeps.sources import load_prompts
 from kvviz.sweeps.table import frame, read_table, records  # noqa: F401 (read_table, records: kvviz.sweeps' names)
 
@@ -68,44 +69,57 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike, workers: int = 1, ray: st
     (:func:`~kvviz.sweeps.cases.run_cases`). ``warn`` (default: a line on stderr) hears of each line of
     ``rows.jsonl`` that is not a row (kept, and skipped) and of a torn last line cut off. A folder another sweep is
     writing, one whose files are symbolic links, or an ``out`` that is not a folder is refused."""
+    from kvviz.model import model_source
+    from kvviz.policies.base import slots_kept
     from kvviz.policies.user import available
+    from kvviz.quant.written import run_cache
     from kvviz.runs.report import make_policy
 
+    refuse_busy(Path(out))
     cases = spec.cases()
-    for name in spec.policies:  # refuse an unknown policy or scheme before anything runs
+    for name in spec.policies:  # refuse an unknown policy, scheme, budget or model before anything runs
         make_policy(available(), name, {})
-    from kvviz.quant.written import run_cache
-
     for name in spec.schemes:
         run_cache(name)
+    for budget in spec.budgets:
+        if slots_kept(budget, 1_000_000) < 1:
+            raise KvvizError(f"the budget {budget!r} keeps no slot; keep at least one")
+    model_source(spec.model)
     warn = warn or _stderr
+    created = not os.path.lexists(out)
     folder = make_folder(Path(out))
-    with locked(folder):
-        _check_manifest(folder, spec)
-        found = read_rows(folder / ROWS)
-        for problem in found.damaged:
-            warn(f"{problem} (kept in the file; skipped)")
-        done = found.rows
-        _check_prompts(folder, cases, done)
-        todo = [case for case in cases if case.key not in done]
-        bar = _bar(len(cases), len(cases) - len(todo)) if progress else None
-        with appending(folder / ROWS, found, warn) as handle:
-            for row in _rows(spec.model, todo, workers, ray, batch):
-                handle.write((json.dumps(row) + "\n").encode())
-                handle.flush()
-                os.fsync(handle.fileno())
-                done[row["key"]] = row
-                if bar is not None:
-                    bar.update(1)
-                if on_row is not None:
-                    on_row(row)
-        if bar is not None:
-            bar.close()
-        keys = [case.key for case in cases if case.key in done]
-        ours = set(keys)
-        table = frame([done[key] for key in keys + [key for key in done if key not in ours]])  # then file order
-        replace(folder / CSV, lambda handle: handle.write(table.to_csv(index=False).encode()))
-        replace(folder / PARQUET, lambda handle: table.to_parquet(handle, index=False))
+    try:
+        with locked(folder):
+            found = read_rows(folder / ROWS)
+            _check_manifest(folder, spec, bool(found.rows or found.problems))
+            for problem in found.damaged:
+                warn(f"{problem} (kept in the file; skipped)")
+            done = found.rows
+            _check_prompts(folder, cases, done)
+            todo = [case for case in cases if case.key not in done]
+            bar = _bar(len(cases), len(cases) - len(todo)) if progress else None
+            with appending(folder / ROWS, found, warn) as handle:
+                for row in _rows(spec.model, todo, workers, ray, batch):
+                    if not done:  # the folder's settings, with its first row
+                        _write_manifest(folder, spec)
+                    append(handle, (json.dumps(row) + "\n").encode(), folder / ROWS)
+                    done[row["key"]] = row
+                    if bar is not None:
+                        bar.update(1)
+                    if on_row is not None:
+                        on_row(row)
+            if bar is not None:
+                bar.close()
+            keys = [case.key for case in cases if case.key in done]
+            ours = set(keys)
+            table = frame([done[key] for key in keys + [key for key in done if key not in ours]])  # then file order
+            if done:
+                _write_manifest(folder, spec)
+                replace_all({folder / CSV: lambda handle: handle.write(table.to_csv(index=False).encode()),
+                             folder / PARQUET: lambda handle: table.to_parquet(handle, index=False)})
+    finally:
+        if created:  # a sweep that ended before its first row leaves no folder behind
+            tidy_new_folder(folder)
     return table
 
 
@@ -116,13 +130,22 @@ def _stderr(text: str) -> None:
 RESULT_SETTINGS = ("model", "mode", "every", "max_new_tokens", "extra")  # change every case's result: one per folder
 
 
-def _check_manifest(folder: Path, spec: SweepSpec) -> None:
-    """Write the manifest, or refuse a folder whose sweep has other result-changing settings (:data:`RESULT_SETTINGS`),
-    naming each. Prompts, policies, budgets, schemes and the limit may differ: the rerun adds its missing cases."""
+def _manifest(spec: SweepSpec) -> dict:
+    return json.loads(json.dumps({"format": FORMAT, "settings": _settings(asdict(spec))}))
+
+
+def _write_manifest(folder: Path, spec: SweepSpec) -> None:
+    replace(folder / MANIFEST, lambda handle: handle.write(json.dumps(_manifest(spec), indent=1).encode()))
+
+
+def _check_manifest(folder: Path, spec: SweepSpec, has_rows: bool) -> None:
+    """Refuse a folder holding rows of a sweep with other result-changing settings (:data:`RESULT_SETTINGS`), naming
+    each. Prompts, policies, budgets, schemes and the limit may differ: the rerun adds its missing cases. A manifest
+    beside no row binds nothing (an earlier sweep refused before its first row left it): it is replaced."""
     manifest = folder / MANIFEST
-    settings = json.loads(json.dumps({"format": FORMAT, "settings": _settings(asdict(spec))}))
+    settings = _manifest(spec)
     data = read_bytes(manifest)
-    if data is not None:
+    if data is not None and has_rows:
         try:
             held = json.loads(data.decode("utf-8"))
         except (ValueError, RecursionError):  # not UTF-8, not JSON
@@ -137,7 +160,6 @@ def _check_manifest(folder: Path, spec: SweepSpec) -> None:
         if other:
             raise KvvizError(f"{folder} holds a sweep with other settings ({'; '.join(other)}): its rows cannot share "
                              "a table with these; pass another --out")
-    replace(manifest, lambda handle: handle.write(json.dumps(settings, indent=1).encode()))
 
 
 def _settings(spec: dict) -> dict:

@@ -48,9 +48,14 @@ def test_a_sweep_grows_by_the_cases_it_lacks(eps, sweep_spec, one_by_one, tmp_pa
 @pytest.mark.parametrize("change, words", [
     ({"max_new_tokens": 2}, "max_new_tokens 6 there, 2 here"),
     ({"mode": "prefill", "every": 4}, "mode 'decode' there, 'prefill' here; every 1 there, 4 here"),
-    ({"model": "HuggingFaceTB/SmolLM2-360M-Instruct"}, "model None there, 'HuggingFaceTB/SmolLM2-360M-Instruct' here"),
+    ({"model": "FOLDER"}, "model None there, 'FOLDER' here"),  # the bundled model's converted folder, named
 ])
 def test_a_folder_with_other_result_settings_is_refused_and_kept(sweep_spec, tmp_path, change, words):
+    from kvviz.checkpoint import bundled_gguf, converted_dir
+
+    if change.get("model") == "FOLDER":  # a model that exists (a missing one is refused before the folder is read)
+        folder = str(converted_dir(bundled_gguf()))
+        change, words = {"model": folder}, words.replace("FOLDER", folder)
     small = replace(sweep_spec, policies=("h2o",), budgets=(8,), limit=1)
     run_sweep(small, tmp_path, progress=False)
     before = {path.name: path.read_bytes() for path in tmp_path.iterdir()}

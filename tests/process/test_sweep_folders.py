@@ -35,4 +35,4 @@ def test_a_folder_another_sweep_is_writing_is_refused_before_anything_runs(folde
         holder.wait(timeout=60)
     table = run_sweep(folder_spec, folder, progress=False, on_row=no_model)  # the lock is free again
     assert list(table["key"]) == table_keys(folder) and len(table) == 4
-    assert (folder / "sweep.lock").read_text() == f"{os.getpid()}\n"
+    assert not (folder / "sweep.lock").exists()  # each lock goes with the sweep that held it

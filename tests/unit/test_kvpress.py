@@ -51,7 +51,7 @@ def test_presses_map_to_policies_with_kvpress_conventions():
     (lambda: from_kvpress("KVgradPress"), "does not run kvpress' KVgradPress: it replays the context"),
     (lambda: from_kvpress("CriticalKVPress"), "wraps a press: give press=NAME"),
     (lambda: from_kvpress("QFilterPress"), "needs query filters trained for the model .* the nearest: key_norm"),
-    (lambda: from_kvpress("NoSuchPress"), "presses kvviz reproduces: StreamingLLMPress"),
+    (lambda: from_kvpress("NoSuchPress"), "kvpress has no press called 'NoSuchPress'; its presses: AdaKVPress"),
     (lambda: from_kvpress("SnapKVPress", window=3), "argument 'window' has no kvviz counterpart"),
     (lambda: from_kvpress("FinchPress"), "its window is the question"),
     (lambda: from_kvpress("BlockPress", no_such=1), "BlockPress has no argument 'no_such'"),

@@ -43,7 +43,8 @@ def test_the_generated_sets_are_reproducible_and_hold_their_answers():
     ({"context": "", "question": "q", "answer": "a"}, "row 1: context must be a non-empty text"),
     ({"context": "c", "question": 3, "answer": "a"}, "row 1: question must be a text or a list"),
     ({"context": "c", "question": ["q1", "q2"], "answer": ["a"]}, r"row 1: answer must be .* \(one per question\)"),
-    ({"context": "c", "question": "q", "answer": "a", "max_new_tokens": 0}, "max_new_tokens must be an integer"),
+    ({"context": "c", "question": "q", "answer": "a", "max_new_tokens": 0},
+     r"max_new_tokens must be in \[1, 4096\], got 0"),
 ])
 def test_bad_dataset_rows_are_refused_with_their_row(tmp_path, row, words):
     path = tmp_path / "data.jsonl"
