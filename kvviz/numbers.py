@@ -21,18 +21,24 @@ def number(value: object, what: str, low: float | None = None, high: float | Non
     if isinstance(value, str):
         value = _read(value, what, integer)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise KvvizError(f"{what} must be {'an integer' if integer else 'a number'}, got {value!r}")
+        raise KvvizError(f"{what} must be {'an integer' if integer else 'a number'}, got {_shown(value)}")
     if integer and (isinstance(value, float) and not value.is_integer()):
-        raise KvvizError(f"{what} must be an integer, got {value!r}")
-    if math.isnan(value):
+        raise KvvizError(f"{what} must be an integer, got {_shown(value)}")
+    if isinstance(value, float) and math.isnan(value):
         raise KvvizError(f"{what} must be a number, got NaN")
     limit = INT32_MAX if integer else FLOAT32_MAX
     if not -limit <= value <= limit:
-        raise KvvizError(f"{what} must be finite and at most {limit:.4g} in size, got {value!r}")
+        raise KvvizError(f"{what} must be finite and at most {limit:.4g} in size, got {_shown(value)}")
     if (low is not None and (value <= low if above else value < low)) or \
             (high is not None and (value >= high if below else value > high)):
-        raise KvvizError(f"{what} must be {_range(low, high, above, below)}, got {value!r}")
+        raise KvvizError(f"{what} must be {_range(low, high, above, below)}, got {_shown(value)}")
     return int(value) if integer else float(value)
+
+
+def reply_length(value: object) -> int:
+    """``max_new_tokens`` — the command line's ``--max-new-tokens``, :meth:`kvviz.session.Session.stream`'s and the
+    notebook widget's argument — checked one way: a whole number from 1 to int32's largest."""
+    return int(number(value, "max_new_tokens", 1, integer=True))
 
 
 def _range(low: float | None, high: float | None, above: bool, below: bool) -> str:
@@ -44,11 +50,29 @@ def _range(low: float | None, high: float | None, above: bool, below: bool) -> s
     return f"{'below' if below else 'at most'} {high:g}"
 
 
+MAX_TOPK = 1024  # rows of a next-token table: each rank is counted against the tokens above it, (k × candidates)
+
+
+def top_k(value: object, vocab: int | None = None) -> int:
+    """A next-token table's length — ``whatif --topk`` and :func:`kvviz.whatif.what_if`'s ``topk`` — checked one way:
+    a whole number from 1 to :data:`MAX_TOPK` (and the vocabulary's size, when known)."""
+    return int(number(value, "top-k", 1, min(MAX_TOPK, vocab or MAX_TOPK), integer=True))
+
+
+def _shown(value: object) -> str:
+    """``value`` as a refusal quotes it: its repr, cut at 60 characters (an integer of 5,000 digits has no repr)."""
+    try:
+        text = repr(value)
+    except ValueError:  # int.__repr__ past sys.get_int_max_str_digits()
+        return f"an integer of about {int(value.bit_length() * 0.30103):,} digits"
+    return text if len(text) <= 60 else f"{text[:57]}…"
+
+
 def _read(text: str, what: str, integer: bool) -> int | float:
     try:
         return int(text.strip()) if integer else float(text.strip())
     except ValueError:
-        raise KvvizError(f"{what} must be {'an integer' if integer else 'a number'}, got {text!r}") from None
+        raise KvvizError(f"{what} must be {'an integer' if integer else 'a number'}, got {_shown(text)}") from None
 
 
 PRESS_BUDGETS = {  # kvpress' arguments that set a press's budget: (low, high, above, below, integer)

@@ -20,6 +20,7 @@ from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
 from kvviz.memo import Memo, held_bytes
 from kvviz.model import LoadedModel
+from kvviz.numbers import reply_length
 from kvviz.recorded_weights import recorded_weights
 from kvviz.recorder import QueryLog
 from kvviz.sampling import Sampling, Token
@@ -194,10 +195,14 @@ class Session:
         return self.pending is None or self.pending in self.lm.stop_ids
 
     def stream(self, max_new_tokens: int) -> Iterator[Token]:
-        """Yield up to ``max_new_tokens`` new tokens of the reply, decoding one step each; stops at end-of-turn.
+        """Yield up to ``max_new_tokens`` new tokens of the reply (at least 1: :func:`kvviz.numbers.reply_length`,
+        checked when called), decoding one step each; stops at end-of-turn.
 
         Stopping the iteration early is safe: each step is complete before its token is yielded.
         """
+        return self._stream(reply_length(max_new_tokens))
+
+    def _stream(self, max_new_tokens: int) -> Iterator[Token]:
         for _ in range(max_new_tokens):
             if self._announced == len(self.produced):  # the pending token was shown already: decode it
                 if self.turn_ended or not self.has_room(1):

@@ -8,18 +8,26 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from kvviz.errors import KvvizError
-from kvviz.numbers import number
+from kvviz.numbers import number, reply_length
 
 if TYPE_CHECKING:  # imported when a command runs: the CLI answers --help and refusals without loading torch
     from kvviz.session import Session
 
 
 def positive(text: str) -> int:
-    """An argparse type: an integer of at least 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+    """An argparse type: an integer of at least 1 (and within int32)."""
+    try:
+        return int(number(text, "the value", 1, integer=True))
+    except KvvizError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("the value ")) from None
+
+
+def reply_tokens(text: str) -> int:
+    """An argparse type: ``--max-new-tokens``, checked as the library checks it (:func:`kvviz.numbers.reply_length`)."""
+    try:
+        return reply_length(text)
+    except KvvizError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def non_negative(text: str) -> int:
@@ -28,6 +36,17 @@ def non_negative(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
     return value
+
+
+def budget(text: str) -> int | float:
+    """An argparse type: a policy's budget, a slot count of at least 1 (``64``) or a fraction of the prompt in
+    (0, 1] (``0.5``); NaN, infinities and 0 refused before torch loads."""
+    try:
+        if text.strip().lstrip("+").isdigit():
+            return number(text, "a budget of slots", 1, integer=True)
+        return number(text, "a fractional budget", 0, 1, above=True)
+    except KvvizError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (a slot count of at least 1, or a fraction in (0, 1])") from None
 
 
 def ratio(text: str) -> float:
@@ -48,7 +67,7 @@ def some_text(text: str) -> str:
 def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags shared by ``chat`` and the commands that replay a chat first."""
     parser.add_argument("--turn", action="append", required=True, metavar="TEXT", help="a user message (repeatable)")
-    parser.add_argument("--max-new-tokens", type=positive, default=64, metavar="N")
+    parser.add_argument("--max-new-tokens", type=reply_tokens, default=64, metavar="N")
     parser.add_argument("--model", default=None, metavar="PATH", help="checkpoint folder or .gguf (default: bundled)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
 

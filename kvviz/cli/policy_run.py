@@ -4,12 +4,12 @@ print the aligned replies, the divergence, per-step KL / agreement, the eviction
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 import json
 import math
 import sys
 
-from kvviz.cli.common import add_chat_arguments, positive, ratio
-from kvviz.cli.whatif import _budget
+from kvviz.cli.common import add_chat_arguments, budget, positive, ratio
 from kvviz.errors import KvvizError
 from kvviz.numbers import press_budgets
 from kvviz.quant.names import WRITTEN_FAMILIES, run_family
@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "kvpress' own code; --param takes its arguments, --ratio is its compression_ratio")
     parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                         help="a policy parameter (a press's: kvpress' argument names, e.g. window_size=64)")
-    parser.add_argument("--budget", default=None, type=_budget, help="slots kept (e.g. 64) or a fraction (e.g. 0.5)")
+    parser.add_argument("--budget", default=None, type=budget, help="slots kept (e.g. 64) or a fraction (e.g. 0.5)")
     parser.add_argument("--ratio", default=None, type=ratio,
                         help="kvpress' compression ratio instead of a budget: the fraction removed, int(n·(1 − R)) kept")
     parser.add_argument("--mode", choices=("prefill", "decode", "both", "after_steps"), default=None,
@@ -116,10 +116,7 @@ def _press_file(args: argparse.Namespace, budget: object) -> tuple[object, objec
     from kvviz.policies.by_name import policy_named
     from kvviz.policies.user import load
 
-    if args.policy:
-        raise KvvizError("give --policy or --press-file, not both")
-    if ":" not in args.press_file.removesuffix(".py") or not args.press_file.split(":")[0].endswith(".py"):
-        raise KvvizError(f"--press-file takes FILE.py:CLASS, got {args.press_file!r}")
+    _check_press_file(args)
     params = _params(args.param)
     if "compression_ratio" in params:
         if budget is not None:
@@ -135,9 +132,23 @@ def _press_file(args: argparse.Namespace, budget: object) -> tuple[object, objec
     return policy, budget, args.positions, args.mode or "prefill", args.every
 
 
+def _check_press_file(args: argparse.Namespace) -> None:
+    """Refuse a ``--press-file`` that is not ``FILE.py:CLASS`` or names no file (before torch loads)."""
+    if args.policy:
+        raise KvvizError("give --policy or --press-file, not both")
+    if ":" not in args.press_file.removesuffix(".py") or not args.press_file.split(":")[0].endswith(".py"):
+        raise KvvizError(f"--press-file takes FILE.py:CLASS, got {args.press_file!r}")
+    path = Path(args.press_file.rpartition(":")[0]).expanduser()
+    if not path.is_file():
+        raise KvvizError(f"--press-file: no file {path}")
+
+
 def run(args: argparse.Namespace) -> None:
     if any(not text.strip() for text in args.turn):
         raise KvvizError("a turn is empty; type some text")
+    _params(args.param)  # a malformed one is refused before torch loads
+    if args.press_file:
+        _check_press_file(args)
     if args.policy is None and args.press_file is None and args.kivi_bits is None and args.scheme is None:
         raise KvvizError("give --policy (with --budget), --kivi-bits or --scheme, or a policy with one of them")
     if args.scheme is not None:

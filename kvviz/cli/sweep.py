@@ -6,10 +6,11 @@ writing, or whose files are symbolic links, is refused with one line."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from kvviz.cli.common import non_negative, positive, ratio
-from kvviz.cli.whatif import _budget
+from kvviz.cli.common import budget, non_negative, positive, ratio, reply_tokens
 from kvviz.errors import KvvizError
+from kvviz.spelling import printable
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "with RULER's string match) or builtin:needle / kv / vars / all, builtin:niah_multikey / "
                              "cwe / vt / multiturn / ruler")
     parser.add_argument("--policy", action="append", required=True, help="a policy (repeatable): a built-in, one from KVVIZ_POLICIES, or a kvpress press as kvpress:NAME")
-    parser.add_argument("--budget", action="append", default=[], type=_budget,
+    parser.add_argument("--budget", action="append", default=[], type=budget,
                         help="slots kept or a fraction of the prompt (repeatable)")
     parser.add_argument("--ratio", action="append", default=[], type=ratio,
                         help="kvpress' compression ratio, the fraction removed, as a budget (repeatable; "
@@ -31,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "QuantizedCache)")
     parser.add_argument("--mode", choices=("prefill", "decode", "both", "after_steps"), default="decode")
     parser.add_argument("--every", type=positive, default=1, help="compress every N decode steps")
-    parser.add_argument("--max-new-tokens", type=positive, default=32, metavar="N")
+    parser.add_argument("--max-new-tokens", type=reply_tokens, default=32, metavar="N")
     parser.add_argument("--limit", type=positive, default=None, metavar="N", help="the first N prompts only")
     parser.add_argument("--model", default=None, metavar="PATH", help="checkpoint folder, .gguf or hub id")
     parser.add_argument("--out", default="sweep", metavar="DIR",
@@ -46,6 +47,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    from kvviz.sweeps.folder import refuse_busy
+    from kvviz.sweeps.sources import check_source
+
+    check_source(args.prompts)  # refused before torch loads
+    refuse_busy(Path(args.out))
     from kvviz.sweeps import SweepSpec, run_sweep
 
     from kvviz.policies.base import Ratio
@@ -58,10 +64,18 @@ def run(args: argparse.Namespace) -> None:
     table = run_sweep(spec, args.out, args.workers, args.ray, progress=not args.no_progress, batch=args.batch)
     if table.empty:
         raise KvvizError("the sweep produced no rows")
-    print(f"{len(table)} cases in {args.out}/table.csv (and .parquet); the worst by mean KL:")
-    worst = table.sort_values("kl_mean", ascending=False).head(10)
-    for row in worst.itertuples():
+    print(f"{len(table)} cases in {printable(args.out)}/table.csv (and .parquet); the worst by mean KL:")
+    for line in worst_cases(table, bool(args.scheme)):
+        print(line)
+
+
+def worst_cases(table, schemes: bool, count: int = 10) -> list[str]:
+    """The summary's lines: the ``count`` cases of the highest mean KL. Prompt ids, policies and schemes come from
+    files someone else may have written: each is :func:`~kvviz.spelling.printable`."""
+    lines = []
+    for row in table.sort_values("kl_mean", ascending=False).head(count).itertuples():
         match = f"  answer {'kept' if row.policy_match else 'lost'}" if row.full_match in (True,) else ""
-        scheme = f" {row.scheme}" if args.scheme else ""
-        print(f"  {row.prompt_id:<18} {row.policy:<14}{scheme} budget {row.budget!s:<5} KL {row.kl_mean:.3f}  "
-              f"top-1 {row.top1_agreement:.0%}{match}")
+        scheme = f" {printable(str(row.scheme))}" if schemes else ""
+        lines.append(f"  {printable(str(row.prompt_id)):<18} {printable(str(row.policy)):<14}{scheme} budget "
+                     f"{printable(str(row.budget)):<5} KL {row.kl_mean:.3f}  top-1 {row.top1_agreement:.0%}{match}")
+    return lines

@@ -7,8 +7,9 @@ import json
 
 from typing import TYPE_CHECKING
 
-from kvviz.cli.common import add_chat_arguments, replay_chat, some_text
+from kvviz.cli.common import add_chat_arguments, budget, replay_chat, some_text
 from kvviz.errors import KvvizError
+from kvviz.numbers import top_k
 from kvviz.spelling import spell
 from kvviz.quant.names import scheme_family
 
@@ -17,19 +18,60 @@ if TYPE_CHECKING:  # imported when the command runs (see kvviz/cli/common.py)
     from kvviz.session import Session
 
 
-def parse_slots(spec: str) -> list[int]:
-    """``"3,5-9"`` → ``[3, 5, 6, 7, 8, 9]``."""
-    slots: list[int] = []
+MAX_LISTED = 1 << 20  # slots (layers, heads) one flag may name: more than any context kvviz runs
+
+
+def parse_slots(spec: str, what: str = "slot", limit: int = MAX_LISTED) -> list[int]:
+    """``"3,5-9"`` → ``[3, 5, 6, 7, 8, 9]``; each number below ``limit`` and at most ``limit`` in all, checked
+    before any range is expanded (``0-400000000`` is refused in one line, not built)."""
+    ranges: list[tuple[int, int]] = []
     try:
         for part in filter(None, (p.strip() for p in spec.split(","))):
             first, _, last = part.partition("-")
+            if len(first) > 12 or len(last) > 12:
+                raise ValueError(part)
             start, stop = int(first), int(last or first)
             if start < 0 or stop < start:
                 raise ValueError(part)
-            slots.extend(range(start, stop + 1))
+            ranges.append((start, stop))
     except ValueError:
-        raise KvvizError(f"bad slot list {spec!r}; use numbers and ranges like 3,5-9") from None
-    return slots
+        raise KvvizError(f"bad {what} list {spec!r:.60}; use numbers and ranges like 3,5-9") from None
+    over = next((stop for _, stop in ranges if stop >= limit), None)
+    if over is not None:
+        raise KvvizError(f"{what} {over:,} does not exist: {what}s run from 0 to {limit - 1:,}")
+    if sum(stop - start + 1 for start, stop in ranges) > limit:
+        raise KvvizError(f"the {what} list {spec!r:.60} names more than {limit:,} {what}s")
+    return [number for start, stop in ranges for number in range(start, stop + 1)]
+
+
+def slot_list(text: str) -> str:
+    """An argparse type: a slot (layer, head) list, checked as :func:`parse_slots` does before the chat runs."""
+    try:
+        parse_slots(text)
+    except KvvizError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def table_rows(text: str) -> int:
+    """An argparse type: ``--topk``, checked as the library checks it (:func:`kvviz.numbers.top_k`)."""
+    try:
+        return top_k(text)
+    except KvvizError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def bits_for(text: str) -> str:
+    """An argparse type: ``SLOTS=BITS`` (``--bits-for 0-9=4``), checked before the chat runs."""
+    spec, equals, bits = text.rpartition("=")
+    if not equals:
+        raise argparse.ArgumentTypeError(f"give slots=bits such as 0-9=4, got {text!r:.60}")
+    try:
+        parse_slots(spec)
+        _bits(bits)
+    except KvvizError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _bits(text: str) -> int:
@@ -39,27 +81,19 @@ def _bits(text: str) -> int:
         raise KvvizError(f"bit-width must be a number (16, 8, 4, 3 or 2), got {text!r}") from None
 
 
-def _budget(text: str) -> int | float:
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        return float(text)
-    except ValueError:
-        raise KvvizError(f"budget must be a slot count or a fraction, got {text!r}") from None
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_chat_arguments(parser)
     parser.add_argument("--at", type=int, default=None, help="slot whose step is re-run (default: the newest)")
-    parser.add_argument("--evict", default="", metavar="SPEC", help="slots to evict, e.g. 3,5-9")
-    parser.add_argument("--evict-layers", default=None, metavar="SPEC", help="evict only in these layers")
-    parser.add_argument("--evict-heads", default=None, metavar="SPEC", help="evict only in these KV heads")
+    parser.add_argument("--evict", default="", type=slot_list, metavar="SPEC", help="slots to evict, e.g. 3,5-9")
+    parser.add_argument("--evict-layers", default=None, type=slot_list, metavar="SPEC",
+                        help="evict only in these layers")
+    parser.add_argument("--evict-heads", default=None, type=slot_list, metavar="SPEC",
+                        help="evict only in these KV heads")
     parser.add_argument("--bits", default=None, help="bit-width of keys and values of all slots before --at")
     parser.add_argument("--key-bits", default=None, help="bit-width of all keys before --at")
     parser.add_argument("--value-bits", default=None, help="bit-width of all values before --at")
-    parser.add_argument("--bits-for", action="append", default=[], metavar="SPEC=B", help="bits for some slots")
+    parser.add_argument("--bits-for", action="append", default=[], type=bits_for, metavar="SPEC=B",
+                        help="bits for some slots")
     parser.add_argument("--group-size", type=int, default=None, help="channels per quantization group")
     parser.add_argument("--key-axis", choices=("channel", "token", "head", "tensor"), default="channel")
     parser.add_argument("--value-axis", choices=("channel", "token", "head", "tensor"), default="token")
@@ -77,7 +111,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window", type=int, default=0, help="most recent slots kept at full precision")
     parser.add_argument("--policy", default=None, help="eviction policy: streaming_llm, h2o, snapkv, tova, pyramid_kv, ada_kv, key_norm, random, "
                         "observed_attention, key_diff, lag_kv, chunk_kv, expected_attention, cur, critical_kv, kv_zip")
-    parser.add_argument("--budget", default=None, help="slots (or fraction) the policy keeps")
+    parser.add_argument("--budget", default=None, type=budget, help="slots (or fraction) the policy keeps")
     parser.add_argument("--think", type=float, default=None, metavar="RATIO",
                         help="prune this share of key channels per layer and KV head as ThinK does")
     parser.add_argument("--think-window", type=int, default=32, metavar="W", help="ThinK's scoring queries")
@@ -88,7 +122,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--merge-threshold", type=float, default=0.0, help="least key similarity to merge")
     parser.add_argument("--layer", type=int, default=0, help="detail layer")
     parser.add_argument("--head", type=int, default=0, help="detail query head")
-    parser.add_argument("--topk", type=int, default=10)
+    parser.add_argument("--topk", type=table_rows, default=10, help="next tokens listed (1 to 1,024)")
     parser.add_argument("--continue", dest="continuation", type=int, default=0, metavar="N",
                         help="greedy N tokens with both caches")
 
@@ -104,7 +138,7 @@ def build_edit(args: argparse.Namespace, session: Session, at: int) -> Edit:
 
         if args.policy not in POLICIES or args.budget is None:
             raise KvvizError(f"--policy needs one of {', '.join(POLICIES)} and --budget")
-        edit = POLICIES[args.policy]().edit(session, _budget(args.budget), at)
+        edit = POLICIES[args.policy]().edit(session, args.budget, at)
     key_bits: dict[int, int] = {}
     value_bits: dict[int, int] = {}
     for flag, tables in ((args.bits, (key_bits, value_bits)), (args.key_bits, (key_bits,)),
@@ -112,15 +146,16 @@ def build_edit(args: argparse.Namespace, session: Session, at: int) -> Edit:
         if flag is not None:
             for table in tables:
                 table.update(dict.fromkeys(range(at), _bits(flag)))
+    lm, slots = session.lm, len(session)
     for item in args.bits_for:
         spec, _, bits = item.rpartition("=")
-        for slot in parse_slots(spec):
+        for slot in parse_slots(spec, limit=slots):
             key_bits[slot] = value_bits[slot] = _bits(bits)
     evictions = ()
     if args.evict:
-        layers = None if args.evict_layers is None else parse_slots(args.evict_layers)
-        heads = None if args.evict_heads is None else parse_slots(args.evict_heads)
-        evictions = Edit.evict(parse_slots(args.evict), layers, heads).evictions
+        layers = None if args.evict_layers is None else parse_slots(args.evict_layers, "layer", lm.layers)
+        heads = None if args.evict_heads is None else parse_slots(args.evict_heads, "KV head", lm.kv_heads)
+        evictions = Edit.evict(parse_slots(args.evict, limit=slots), layers, heads).evictions
     rope = None
     if args.pre_rope:
         from kvviz.rope import rope_frequencies

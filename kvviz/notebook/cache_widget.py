@@ -23,6 +23,7 @@ import traitlets
 from kvviz.edit.draft import EditDraft
 from kvviz.edit.edit import Edit, Eviction
 from kvviz.errors import KvvizError
+from kvviz.numbers import number, reply_length
 from kvviz.policies.base import Policy
 from kvviz.notebook.reprs import chip_fields, what_if_html
 from kvviz.session import Session
@@ -142,6 +143,7 @@ class CacheWidget(anywidget.AnyWidget):
         session, before = self.session, self.session.on_layer
         session.on_layer = lambda done, total: setattr(self, "progress", f"prefill: layer {done + 1} of {total}")
         try:
+            max_new_tokens = reply_length(max_new_tokens)  # refused before the turn is prefilled
             session.add_user_turn(text)
             for k, _token in enumerate(session.stream(max_new_tokens)):
                 self.progress = f"decode step {k + 1} of at most {max_new_tokens}"
@@ -168,13 +170,19 @@ class CacheWidget(anywidget.AnyWidget):
     # --- inside ------------------------------------------------------------------------------------------------
 
     def _on_request(self, change: dict) -> None:
+        """A request from the page (or any code that sets :attr:`request`): one that is malformed — no or a bad
+        ``slot`` / ``bits`` — is shown in :attr:`error`, never raised out of the observer."""
         content = change["new"]
-        actions = {"evict": lambda: self.evict(int(content["slot"])),
-                   "select": lambda: self.select(int(content["slot"])),
-                   "bits": lambda: self.set_bits(int(content["bits"])),
+        actions = {"evict": lambda: self.evict(_whole(content, "slot")),
+                   "select": lambda: self.select(_whole(content, "slot")),
+                   "bits": lambda: self.set_bits(_whole(content, "bits")),
                    "clear": self.clear, "commit": self.commit, "undo": self.undo, "refresh": self.refresh}
-        if content.get("kind") in actions:
-            actions[content["kind"]]()
+        kind = content.get("kind") if isinstance(content, dict) else None
+        if kind in actions:
+            try:
+                actions[kind]()
+            except KvvizError as error:
+                self.error = _one_line(error)
 
     def _on_view(self, _change) -> None:
         self._update(run=True)
@@ -242,6 +250,11 @@ class CacheWidget(anywidget.AnyWidget):
 
 def _span(allowed) -> str:
     return f"{allowed.start}..{allowed.stop - 1}" if isinstance(allowed, range) else ", ".join(allowed)
+
+
+def _whole(content: dict, name: str) -> int:
+    """The request's ``name`` field as a whole number, or refused naming it."""
+    return int(number(content.get(name), f"the request's {name}", integer=True))
 
 
 def _one_line(error: BaseException) -> str:

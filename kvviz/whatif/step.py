@@ -19,6 +19,7 @@ from kvviz import attention_math as am
 from kvviz.edit.check import check_edit
 from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
+from kvviz.numbers import top_k
 from kvviz.recorder import Probe
 from kvviz.session import Session
 from kvviz.whatif.continuation import Continuation, compared, greedy
@@ -173,8 +174,9 @@ def _validate(session: Session, edit: Edit, at: int, layer: int, head: int, topk
         raise KvvizError(f"slot {at} is not cached (the cache holds slots 0..{len(session) - 1})")
     if not 0 <= layer < lm.layers or not 0 <= head < lm.heads:
         raise KvvizError(f"layer {layer} / head {head} do not exist ({lm.layers} layers, {lm.heads} query heads)")
-    if topk < 1 or continuation < 0:
-        raise KvvizError("top-k must be at least 1 and the continuation length non-negative")
+    top_k(topk, lm.config.vocab_size)
+    if isinstance(continuation, bool) or not isinstance(continuation, int) or continuation < 0:
+        raise KvvizError(f"the continuation length must be a whole number of at least 0, got {continuation!r}")
     if session.transcript.slots[at].position + continuation >= lm.context_window:
         raise KvvizError("the continuation would run past the context window")
     check_edit(lm, session.transcript, edit, at)

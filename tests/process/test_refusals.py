@@ -67,6 +67,25 @@ CASES = [
     (["quant-compare", *TURN, "--scheme", "mix8.999-keyerror"], "average width must be from 2 to 8"),
     (["quant-compare", *TURN, "--scheme", "int4-token", "--calibration", ""], "--calibration: is empty"),
     (["whatif", *TURN, "--scheme", "fp8-e4m3-head-static", "--calibration", "  "], "--calibration: is empty"),
+    # issue #61: refused before torch (a budget of NaN took 8.9 s, --param foo, a missing press file and an unknown
+    # built-in set 9–15 s), ranges checked before they are expanded (0-400000000 built an ~11 GB list)
+    (["policy-run", *TURN, "--policy", "h2o", "--budget", "nan"], "a fractional budget must be a number, got NaN"),
+    (["policy-run", *TURN, "--policy", "h2o", "--budget", "0"], "a budget of slots must be at least 1"),
+    (["sweep", "--prompts", "builtin:needle", "--policy", "h2o", "--budget", "nan"], "must be a number, got NaN"),
+    (["policy-run", *TURN, "--policy", "h2o", "--budget", "8", "--param", "foo"], "bad --param 'foo'"),
+    (["policy-run", *TURN, "--press-file", "/nonexistent/press.py:MyPress", "--ratio", "0.5"],
+     "--press-file: no file /nonexistent/press.py"),
+    (["sweep", "--prompts", "builtin:nonesuch", "--policy", "h2o", "--budget", "8"], "no built-in prompt set"),
+    (["sweep", "--prompts", "/nonexistent/prompts.jsonl", "--policy", "h2o", "--budget", "8"],
+     "prompt file /nonexistent/prompts.jsonl does not exist"),
+    (["whatif", *TURN, "--evict", "0-400000000"], "slot 400,000,000 does not exist"),
+    (["whatif", *TURN, "--bits-for", "0-400000000=4"], "slot 400,000,000 does not exist"),
+    (["whatif", *TURN, "--evict", "1", "--evict-layers", "0-400000000"], "slot 400,000,000 does not exist"),
+    (["whatif", *TURN, "--evict", "1", "--evict-heads", "2-1"], "bad slot list '2-1'"),
+    (["whatif", *TURN, "--topk", "0"], "top-k must be in [1, 1024], got 0"),
+    (["whatif", *TURN, "--topk", "100000"], "top-k must be in [1, 1024], got 100000"),
+    (["chat", "--turn", "hi", "--max-new-tokens", "-1"], "max_new_tokens must be at least 1, got -1"),
+    (["chat", "--turn", "hi", "--max-new-tokens", "9" * 5000], "max_new_tokens must be an integer"),
 ]
 
 
