@@ -107,13 +107,13 @@ class Bench:
         the session, as after the first click. Cold: the session's memo is cleared before each run, so it runs the
         full and the edited pass (two decode steps by design; its target is twice the warm one's). ``fp8``: the
         quantization is an FP8 e4m3 cache with one scale per KV head, at 8 bits; ``scheme``: a named scheme's
-        quantizers and bit-width (kvviz.quant.catalogue), on the whole history."""
+        quantizers and bit-width (kvviz.schemes.catalogue), on the whole history."""
         session = self._context(count)
         at = len(session) - 1
         fp8_settings = {"keys": Quantizer("head", format="e4m3"), "values": Quantizer("head", format="e4m3")}
         bits, settings = ((8, 8), fp8_settings) if fp8 else ((4, 4), {})
         if scheme is not None:
-            from kvviz.quant.catalogue import Scheme
+            from kvviz.schemes.catalogue import Scheme
 
             shown = Scheme(scheme).edit([at], at)  # one pass before the step: the whole history as the scheme stores it
             bits = (max(shown.key_bits.values()), max(shown.value_bits.values()))

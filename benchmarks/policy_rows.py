@@ -8,7 +8,7 @@
   expected attention over 512 future positions), each scoring every alive slot before every step; also ``… cur, 1k``
   and ``… critical_kv, 1k`` (over key norms).
 - ``run nvfp4 decode 64, 1k`` and ``run int4-token-head decode 64, 1k``: no policy, the cache in that format, each
-  slot rounded when written (kvviz.quant.written), vs plain ``generate``; ``run quantized-fp8 decode 64, 1k``:
+  slot rounded when written (kvviz.schemes.written), vs plain ``generate``; ``run quantized-fp8 decode 64, 1k``:
   transformers' fp8 QuantizedCache, each step's own K/V rounded as the cache writes them.
 - ``policy run prefill 64, kv_zip, 1k``: KVzip compressing the prompt once (its reconstruction pass over the 1k
   context included), then 64 decode steps, vs plain ``generate``.
@@ -53,8 +53,8 @@ def policy_run(bench, context: int = 1024, tokens: int = 64, budget: int | float
 
 
 def scheme_run(bench, scheme: str) -> Row:
-    """A run whose cache is ``scheme`` written slot by slot (kvviz.quant.written), no policy, vs plain generate."""
-    from kvviz.quant.written import run_cache
+    """A run whose cache is ``scheme`` written slot by slot (kvviz.schemes.written), no policy, vs plain generate."""
+    from kvviz.schemes.written import run_cache
 
     return policy_run(bench, budget=None, policy=None, cache=run_cache(scheme), name=f"run {scheme} decode 64, 1k")
 

@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # what editors and type checkers resolve; at run time each na
     from kvviz.notebook import CacheWidget, widget
     from kvviz.policies import (H2O, POLICIES, TOVA, AdaKV, Candidates, KeyNorm, Policy, PyramidKV, RandomPolicy,
                                 SnapKV, StreamingLLM)
-    from kvviz.quant.kivi import Kivi
+    from kvviz.schemes.kivi import Kivi
     from kvviz.quant.quantizer import Quantizer
     from kvviz.runs import Blame, CompressedSession, PolicyRun, RunSettings, blame, restore, run_policy
     from kvviz.sampling import Sampling
@@ -47,7 +47,7 @@ if TYPE_CHECKING:  # what editors and type checkers resolve; at run time each na
 _EXPORTS = {
     "EditDraft": "kvviz.edit.draft", "Edit": "kvviz.edit.edit", "Eviction": "kvviz.edit.edit",
     "KvvizError": "kvviz.errors", "ModelLoadError": "kvviz.errors", "LoadedModel": "kvviz.model",
-    "load_model": "kvviz.model", "Kivi": "kvviz.quant.kivi", "Quantizer": "kvviz.quant.quantizer",
+    "load_model": "kvviz.model", "Kivi": "kvviz.schemes.kivi", "Quantizer": "kvviz.quant.quantizer",
     "Sampling": "kvviz.sampling", "Session": "kvviz.session", "CacheWidget": "kvviz.notebook",
     "widget": "kvviz.notebook",
     "export_session": "kvviz.session_file", "import_session": "kvviz.session_file",

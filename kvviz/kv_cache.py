@@ -19,7 +19,7 @@ class RoomyLayer(DynamicLayer):
     into new tensors (on CPU, a decode step's ``torch.cat`` of every layer into fresh memory costs about a quarter of
     the step at 1k slots). Out of room — or when ``keys``/``values`` were replaced by other tensors — the buffers are
     reallocated with a quarter more room. ``written``: when set, what the layer stores (and the pass attends to) in
-    place of the new keys and values — a cache that rounds each slot as it is written (kvviz.quant.written)."""
+    place of the new keys and values — a cache that rounds each slot as it is written (kvviz.schemes.written)."""
 
     def __init__(self, keys: torch.Tensor | None = None, values: torch.Tensor | None = None, length: int = 0,
                  cached: tuple[KV, KV] | None = None, written: Writer | None = None):

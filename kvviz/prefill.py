@@ -14,7 +14,6 @@ from collections.abc import Callable
 import torch
 
 from kvviz import kv_cache
-from kvviz.edit.commits import Commits
 from kvviz.model import LoadedModel
 from kvviz.recorder import QueryLog, QueryRecorder, probing
 
@@ -26,10 +25,11 @@ def chunks(count: int, size: int = CHUNK) -> list[range]:
     return [range(start, min(start + size, count)) for start in range(0, count, max(int(size), 1))]
 
 
-def forward(lm: LoadedModel, cache, queries: QueryLog, commits: Commits, ids: list[int], position: int,
-            on_layer: Callable[[int, int], None] | None = None, chunk: int = CHUNK) -> torch.Tensor:
+def forward(lm: LoadedModel, cache, queries: QueryLog, evicted: Callable[[int], torch.Tensor], ids: list[int],
+            position: int, on_layer: Callable[[int, int], None] | None = None, chunk: int = CHUNK) -> torch.Tensor:
     """Append the K/V and recorded queries of ``ids`` (at positions ``position..``) to ``cache`` / ``queries``,
-    with the committed edits' evictions hidden; returns the last token's next-token logits ``(V,)`` float32.
+    with the committed edits' evictions hidden — ``evicted(n)``: the slots a pass ending at slot ``n`` hides, as the
+    session's commit log answers it (``Commits.evicted``); returns the last token's next-token logits ``(V,)`` float32.
 
     ``on_layer(done, total)`` is told as each layer of each chunk starts (``total`` = layers × chunks).
     """
@@ -39,7 +39,7 @@ def forward(lm: LoadedModel, cache, queries: QueryLog, commits: Commits, ids: li
     try:
         for index, part in enumerate(parts):
             report = None if on_layer is None else _progress(on_layer, index, len(parts))
-            probe = QueryRecorder(queries, commits.evicted(length + part.stop), report)
+            probe = QueryRecorder(queries, evicted(length + part.stop), report)
             start = position + part.start
             with torch.no_grad(), probing(probe):
                 out = lm.model(

@@ -178,8 +178,8 @@ class Session:
     def _forward(self, ids: list[int]) -> torch.Tensor:
         """Append the K/V and queries of ``ids`` (atomic, see :mod:`kvviz.prefill`); the last one's ``(V,)`` logits."""
         self._check_held()
-        return prefill.forward(self.lm, self.cache, self.queries, self.commits, ids, self.transcript.next_position,
-                               self.on_layer, self.prefill_chunk)
+        return prefill.forward(self.lm, self.cache, self.queries, self.commits.evicted, ids,
+                               self.transcript.next_position, self.on_layer, self.prefill_chunk)
 
     def _accept(self, ids: list[int], logits: torch.Tensor, kind: str) -> None:
         self.version += 1

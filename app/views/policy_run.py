@@ -21,11 +21,11 @@ from kvviz.policies.base import Ratio
 from kvviz.runs.blame import blame, restorable, restore, variants
 from kvviz.runs.compressed import RunSettings
 from kvviz.runs.forecast import first_compression
-from kvviz.quant.kivi import Kivi
+from kvviz.schemes.kivi import Kivi
 from kvviz.runs.policy_run import held_slots, run_policy
 from kvviz.spelling import spell
-from kvviz.quant.quanto import QuantoCache
-from kvviz.quant.written import QUANTIZED_FP8, WrittenCache
+from kvviz.schemes.quanto import QuantoCache
+from kvviz.schemes.written import QUANTIZED_FP8, WrittenCache
 from kvviz.edit.reshape import Reshape
 from kvviz.whatif.metrics import compare
 

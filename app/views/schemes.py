@@ -1,5 +1,5 @@
 """Quantization schemes side by side at the current step: each as the whole cache before the step, one what-if
-each (kvviz.whatif.compare_schemes)."""
+each (kvviz.schemes.compare)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import streamlit as st
 
 from app import state
 from app.plain import warn
-from kvviz.quant.calibration import CALIBRATION_TEXT
+from kvviz.schemes.calibration import CALIBRATION_TEXT
 from kvviz.errors import KvvizError
-from kvviz.quant.catalogue import schemes
-from kvviz.whatif.compare_schemes import compare_schemes
+from kvviz.schemes.catalogue import schemes
+from kvviz.schemes.compare import compare_schemes
 
 OFFERED = ["fp16", "int8-token", "int4-token", "int4-channel", "int2-token", "int2-token+hadamard",
            "int2-token+outliers4", "int2-channel", "int2-channel+outliers4", "kivi-4", "kivi-2", "fp8-e4m3-head",

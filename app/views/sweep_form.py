@@ -11,7 +11,7 @@ from app.long_work import Work, hand_over
 from app.plain import plural, warn
 from app.views.policy_choice import is_press, kept_fraction, names, policy_classes
 from kvviz.errors import KvvizError
-from kvviz.quant.written import run_cache
+from kvviz.schemes.written import run_cache
 from kvviz.runs.policy_run import held_slots
 from kvviz.sweeps.cases import cases_for, refuse_too_long, run_cases
 from kvviz.sweeps.sources import BUILTIN, load_prompts, uploaded_prompts

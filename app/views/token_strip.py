@@ -12,7 +12,7 @@ from app.plain import plain, plural, warn
 from app.components.strip import clicked, parse_click, token_strip
 from app.views import branches, reshape, schemes
 from kvviz.attention_math import kv_head_of
-from kvviz.quant.calibration import calibrate
+from kvviz.schemes.calibration import calibrate
 from kvviz.rope import rope_frequencies
 from kvviz.errors import KvvizError
 from kvviz.spelling import spell

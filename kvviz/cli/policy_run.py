@@ -169,7 +169,7 @@ def run(args: argparse.Namespace) -> None:
     from kvviz.runs.blame import blame
     from kvviz.runs.compressed import RunSettings
     from kvviz.runs.forecast import first_compression
-    from kvviz.quant.kivi import Kivi
+    from kvviz.schemes.kivi import Kivi
     from kvviz.runs.policy_run import run_policy
     from kvviz.runs.report import document
 
@@ -183,7 +183,7 @@ def run(args: argparse.Namespace) -> None:
 
     cache = {}
     if args.scheme is not None:
-        from kvviz.quant.written import run_cache
+        from kvviz.schemes.written import run_cache
 
         cache = run_cache(args.scheme, args.q_group_size, args.residual, args.axis, args.round_own)
         kivi = kivi or cache.pop("kivi", None)

@@ -28,16 +28,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> None:
     check_names(args.scheme)  # refused before torch loads
-    from kvviz.quant.catalogue import schemes
+    from kvviz.schemes.catalogue import schemes
 
     chosen = schemes(args.scheme)
     session = replay_chat(args)
-    from kvviz.whatif.compare_schemes import compare_schemes
+    from kvviz.schemes.compare import compare_schemes
 
     at = len(session) - 1 if args.at is None else args.at
     if not 0 <= at < len(session):
         raise KvvizError(f"slot {at} is not cached (the cache holds slots 0..{len(session) - 1})")
-    from kvviz.quant.calibration import CALIBRATION_TEXT
+    from kvviz.schemes.calibration import CALIBRATION_TEXT
 
     rows = compare_schemes(session, chosen, at, calibration_text=args.calibration or CALIBRATION_TEXT)
     if args.json:

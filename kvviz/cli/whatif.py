@@ -169,13 +169,13 @@ def build_edit(args: argparse.Namespace, session: Session, at: int) -> Edit:
     if args.scheme is not None:
         from dataclasses import replace
 
-        from kvviz.quant.catalogue import Scheme
+        from kvviz.schemes.catalogue import Scheme
 
         if key_bits or value_bits or args.window or args.pre_rope:
             raise KvvizError("--scheme says how every slot is stored; drop --bits, --key-bits, --value-bits, "
                              "--bits-for, --window and --pre-rope (a scheme takes +prerope)")
-        from kvviz.quant.calibration import CALIBRATION_TEXT
-        from kvviz.whatif.compare_schemes import scheme_edits
+        from kvviz.schemes.calibration import CALIBRATION_TEXT
+        from kvviz.schemes.compare import scheme_edits
 
         stored = scheme_edits(session, [Scheme(args.scheme)], at, args.calibration or CALIBRATION_TEXT)[0]
         hand = replace(stored, evictions=hand.evictions)

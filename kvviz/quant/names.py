@@ -1,4 +1,4 @@
-"""The grammar of quantization scheme names (:mod:`kvviz.quant.catalogue` says what each one stores): which names exist, and
+"""The grammar of quantization scheme names (:mod:`kvviz.schemes.catalogue` says what each one stores): which names exist, and
 the one-line refusal of any other. Imports nothing heavy, so the command line refuses a bad ``--scheme`` before it
 loads torch or runs a chat."""
 
@@ -38,7 +38,7 @@ def check_names(names: list[str]) -> None:
         scheme_family(name)
 
 
-WRITTEN_FAMILIES = ("int", "fp8", "fp8static", "fp4", "tokenhead")  # rounded slot by slot as written (quant.written)
+WRITTEN_FAMILIES = ("int", "fp8", "fp8static", "fp4", "tokenhead")  # rounded slot by slot as written (schemes.written)
 RUN_FAMILIES = ("fp16", "kivi", "quanto", "hqq", *WRITTEN_FAMILIES)  # caches a policy run holds as it goes
 RUN_ONLY = {"quantized-fp8": "quantized"}  # run caches that are no what-if scheme: transformers' fp8 QuantizedCache
 

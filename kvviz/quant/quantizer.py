@@ -9,7 +9,7 @@ FP8, the engines' KV-cache dtypes (vLLM's ``kv_cache_dtype="fp8_e4m3"`` / ``"fp8
 scale)`` with ``scale = amax / max(format)`` over the group (dynamic scaling), torch's own float8 casts (round to
 nearest even, saturating at the format's maximum), 8 bits per element and one float32 scale per group. An FP8
 quantizer per KV head or per layer may instead hold *static* scales (``scales``: per layer, one per KV head), calibrated
-beforehand as vLLM's ``k_scale`` / ``v_scale`` are (kvviz.quant.calibration); a value past ``scale · max(format)`` then
+beforehand as vLLM's ``k_scale`` / ``v_scale`` are (kvviz.schemes.calibration); a value past ``scale · max(format)`` then
 saturates.
 """
 

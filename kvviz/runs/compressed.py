@@ -28,11 +28,11 @@ from kvviz.errors import KvvizError
 from kvviz.hidden_log import HiddenLog, recording
 from kvviz.model import LoadedModel
 from kvviz.policies.base import Candidates, Policy, kept_share, received_attention, slots_kept
-from kvviz.quant.kivi import Kivi
-from kvviz.quant.written import WrittenCache
+from kvviz.schemes.kivi import Kivi
+from kvviz.schemes.written import WrittenCache
 from kvviz.policies.reshaping import merging, think
 from kvviz.runs.reasons import Reasons
-from kvviz.quant.quanto import QuantoCache
+from kvviz.schemes.quanto import QuantoCache
 from kvviz.edit.reshape import Reshape
 from kvviz.rope import Rotary
 from kvviz.runs.timeline import Timeline
@@ -57,7 +57,7 @@ class RunSettings:
     positions: Literal["original", "rerotated"] = "original"
     reshape: Reshape | None = None  # ThinK's prunings, merges of the evicted, at each prompt
     quanto: QuantoCache | None = None  # transformers' QuantizedCache (quanto backend) as the run's cache
-    written: WrittenCache | None = None  # a scheme's cache, each slot rounded when written (kvviz.quant.written)
+    written: WrittenCache | None = None  # a scheme's cache, each slot rounded when written (kvviz.schemes.written)
 
     def __post_init__(self) -> None:
         rewrites = self.reshape is not None and (self.reshape.think or self.reshape.merge)  # prunes or merges
@@ -242,7 +242,7 @@ class CompressedSession:
     def _quanto(self, added: int) -> None:
         """QuantizedCache after a pass that added ``added`` slots (they attended unquantized): the first pass's K/V
         are quantized at once; later ones join the residual, and once it would reach ``residual_length``
-        everything is quantized again together (kvviz.quant.quanto)."""
+        everything is quantized again together (kvviz.schemes.quanto)."""
         quanto = self.settings.quanto
         if quanto is None:
             return

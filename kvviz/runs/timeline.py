@@ -20,8 +20,8 @@ from transformers import Cache
 from kvviz import kv_cache
 from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
-from kvviz.quant.kivi import Kivi
-from kvviz.quant.written import WrittenCache
+from kvviz.schemes.kivi import Kivi
+from kvviz.schemes.written import WrittenCache
 from kvviz.rope import Rotary
 
 NEVER = torch.iinfo(torch.int32).max
@@ -34,7 +34,7 @@ class Timeline:
 
     def __init__(self, cache: Cache, layers: int, kv_heads: int, kivi: Kivi | WrittenCache | None = None,
                  rotary: Rotary | None = None):
-        """``kivi``: the run's quantization schedule — KIVI, or a scheme written slot by slot (kvviz.quant.written),
+        """``kivi``: the run's quantization schedule — KIVI, or a scheme written slot by slot (kvviz.schemes.written),
         whose first-pass scales are fixed here when the first slots are rounded."""
         self.cache, self.layers, self.kv_heads, self.kivi, self.rotary = cache, layers, kv_heads, kivi, rotary
         self.computed: torch.Tensor | None = None  # re-rotated runs: (L, KV, n, D) keys at the position computed at
@@ -46,7 +46,7 @@ class Timeline:
         self.originals: tuple[torch.Tensor, torch.Tensor] | None = None  # (L, KV, q, D): quantized slots as computed
         self._edits: dict[int, Edit] = {}
         self.parts: list[tuple[int, Edit]] = []  # (commit, its prunings and merges), kvviz.edit.reshape
-        self.quanto = None  # a QuantizedCache run's settings (kvviz.quant.quanto)
+        self.quanto = None  # a QuantizedCache run's settings (kvviz.schemes.quanto)
         self.flushes: list[tuple[int, int]] = []  # (commit, slots 0..upto-1 quantized again then)
         self.unshaped: tuple[torch.Tensor, torch.Tensor] | None = None  # (L, KV, m, D): slots 0..m-1 as computed
         self.own_from: int | None = None  # written ``own`` runs: the first slot whose pass attended to its K/V rounded

@@ -141,7 +141,7 @@ def run_settings(case: Case, classes: dict):
     cache scheme — the same for a sweep's run and for the case opened again."""
     from kvviz.runs.compressed import RunSettings
     from kvviz.runs.report import make_policy
-    from kvviz.quant.written import run_cache
+    from kvviz.schemes.written import run_cache
 
     cache = run_cache(case.scheme) if case.scheme else {}
     return RunSettings(make_policy(classes, case.policy, {}), case.budget, case.mode, case.every, **cache)

@@ -72,7 +72,7 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike, workers: int = 1, ray: st
     from kvviz.model import model_source
     from kvviz.policies.base import slots_kept
     from kvviz.policies.user import available
-    from kvviz.quant.written import run_cache
+    from kvviz.schemes.written import run_cache
     from kvviz.runs.report import make_policy
 
     refuse_busy(Path(out))

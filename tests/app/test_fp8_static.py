@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvviz.quant.calibration import calibrate
+from kvviz.schemes.calibration import calibrate
 
 
 def test_the_page_quantizes_with_calibrated_fp8_scales(lm):

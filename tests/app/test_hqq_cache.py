@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvviz.quant.quanto import QuantoCache
+from kvviz.schemes.quanto import QuantoCache
 
 pytest.importorskip("hqq", reason="hqq is not installed: QuantizedCache's HQQ backend cannot be compared "
                                   "(pip install hqq==0.2.8)")

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from kvviz.quant.quanto import QuantoCache
+from kvviz.schemes.quanto import QuantoCache
 
 quanto = pytest.importorskip("optimum.quanto", reason="optimum-quanto is not installed: QuantizedCache's quanto "
                                                        "backend cannot be compared (pip install optimum-quanto)")

@@ -58,8 +58,8 @@ def test_a_policy_run_from_the_page_prunes_and_merges_at_the_prompt():
 
 
 def test_schemes_compared_from_the_page_are_the_librarys_rows():
-    from kvviz.quant.catalogue import schemes
-    from kvviz.whatif.compare_schemes import compare_schemes
+    from kvviz.schemes.catalogue import schemes
+    from kvviz.schemes.compare import compare_schemes
 
     app = start()
     app.chat_input[0].set_value("My cat is called Whiskers and my dog is called Rex. What is my cat called?").run()

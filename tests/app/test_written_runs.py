@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvviz.quant.written import QUANTIZED_FP8, WrittenCache
+from kvviz.schemes.written import QUANTIZED_FP8, WrittenCache
 from kvviz.runs.compressed import RunSettings
 from kvviz.runs.policy_run import run_policy
 

@@ -22,11 +22,11 @@ from kvviz.cli import main
 from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
 from kvviz.quant.quantizer import Quantizer, fake_quantize, packed_bytes
-from kvviz.quant.catalogue import Scheme, schemes
+from kvviz.schemes.catalogue import Scheme, schemes
 from kvviz.session import Session
 from kvviz.session_file import export_session, import_session
 from kvviz.whatif import what_if
-from kvviz.whatif.compare_schemes import compare_schemes, scheme_edits
+from kvviz.schemes.compare import compare_schemes, scheme_edits
 from tests.support.references import assert_what_if_is_the_stored_cache
 
 PROMPT = "My dog is called Rex and my cat is called Whiskers. The cat sleeps on the red sofa. What is my dog called?"

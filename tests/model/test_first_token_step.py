@@ -113,7 +113,7 @@ def test_blame_of_a_step_before_a_later_flush_sees_the_cache_that_step_saw(lm, e
     cache as it stood (its flushes only), so nothing restored gives the step's own KL. Lending the live cache instead
     (the later flushes' K/V) moved it by far more than rounding."""
     from kvviz.policies import H2O
-    from kvviz.quant.quanto import QuantoCache
+    from kvviz.schemes.quanto import QuantoCache
 
     settings = RunSettings(H2O(), 32, "decode", quanto=QuantoCache(nbits=2, q_group_size=32, residual_length=4))
     result = run_policy(lm, [TURNS[0]], settings, max_new_tokens=10)

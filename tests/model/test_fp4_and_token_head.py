@@ -13,11 +13,11 @@ import torch
 
 from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
-from kvviz.quant.catalogue import Scheme, schemes
+from kvviz.schemes.catalogue import Scheme, schemes
 from kvviz.quant.quantizer import Quantizer, fake_quantize, packed_bytes
 from kvviz.session import Session
 from kvviz.whatif import what_if
-from kvviz.whatif.compare_schemes import compare_schemes, scheme_edits
+from kvviz.schemes.compare import compare_schemes, scheme_edits
 from kvviz.whatif.memory import step_memory
 from tests.support import torchao_reference as ao
 from tests.support.references import assert_what_if_is_the_stored_cache

@@ -1,4 +1,4 @@
-"""Static FP8 scales (kvviz.quant.calibration): calibrated on a text as vLLM's checkpoint ``k_scale`` / ``v_scale`` are, or
+"""Static FP8 scales (kvviz.schemes.calibration): calibrated on a text as vLLM's checkpoint ``k_scale`` / ``v_scale`` are, or
 1.0 (vLLM's default), with values past the range saturated — against references built here: a plain transformers
 forward's cache for the calibration, a cache holding the test's own FP8 K/V for the what-if, a session file for the
 replay (the round trip itself: tests/unit/test_fp8_static.py).
@@ -18,16 +18,16 @@ import pytest
 import torch
 
 from kvviz import kv_cache
-from kvviz.quant.calibration import CALIBRATION_TEXT, calibrate
+from kvviz.schemes.calibration import CALIBRATION_TEXT, calibrate
 from kvviz.cli import main
 from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
 from kvviz.quant.quantizer import Quantizer, fake_quantize, saturated
-from kvviz.quant.catalogue import Scheme, schemes
+from kvviz.schemes.catalogue import Scheme, schemes
 from kvviz.session import Session
 from kvviz.session_file import export_session, import_session
 from kvviz.whatif import what_if
-from kvviz.whatif.compare_schemes import compare_schemes
+from kvviz.schemes.compare import compare_schemes
 from tests.support.references import assert_what_if_is_the_stored_cache
 from tests.support.rounding import U, residual_rounding
 

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from kvviz.errors import KvvizError
-from kvviz.quant.quanto import QuantoCache
-from kvviz.quant.written import run_cache
+from kvviz.schemes.quanto import QuantoCache
+from kvviz.schemes.written import run_cache
 from tests.support.references import assert_steps_as_transformers
 
 pytest.importorskip("hqq", reason="hqq is not installed: QuantizedCache's HQQ backend cannot be compared "

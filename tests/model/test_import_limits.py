@@ -14,7 +14,7 @@ from jsonschema import Draft202012Validator
 
 from kvviz import session_schema
 from kvviz.edit import parts as edit_parts
-from kvviz.quant.calibration import calibrate
+from kvviz.schemes.calibration import calibrate
 from kvviz.cli import main
 from kvviz.edit.draft import EditDraft
 from kvviz.edit.parts import Merge

@@ -10,7 +10,7 @@ import torch
 from kvviz import kv_cache
 from kvviz.edit.edit import Edit
 from kvviz.quant.quantizer import Quantizer, hadamard
-from kvviz.quant.catalogue import schemes
+from kvviz.schemes.catalogue import schemes
 from kvviz.session import Session
 from kvviz.session_file import export_session, import_session
 from kvviz.whatif import what_if
@@ -57,7 +57,7 @@ def test_a_what_if_equals_a_cache_holding_the_tests_own_kv(lm, chat, quantizer):
 def test_outlier_schemes_help_two_bit_keys_on_the_bundled_model(chat):
     """KIVI's observation on this model: per-token 2-bit keys suffer from the outlier channels; keeping 4 of them
     exact, or rotating them away, cuts the damage to the step."""
-    from kvviz.whatif.compare_schemes import compare_schemes
+    from kvviz.schemes.compare import compare_schemes
 
     plain, rotated, kept = compare_schemes(chat, schemes(["int2-token", "int2-token+hadamard", "int2-token+outliers4"]))
     assert rotated.kl < plain.kl and kept.kl < plain.kl

@@ -16,7 +16,7 @@ from kvviz.edit.edit import Edit
 from kvviz.figures import plot_slides, slides
 from kvviz.policies import H2O
 from kvviz.runs.compressed import RunSettings
-from kvviz.quant.kivi import Kivi
+from kvviz.schemes.kivi import Kivi
 from kvviz.runs.policy_run import run_policy
 from kvviz.session import Session
 from kvviz.view_data import attention_row, head_map, overview

@@ -9,7 +9,7 @@ from kvviz.errors import KvvizError
 from kvviz.policies import (CUR, H2O, TOVA, AdaKV, ChunkKV, CriticalKV, ExpectedAttention, KeyDiff, KVZip, LagKV,
                             PyramidKV, SnapKV, StreamingLLM)
 from kvviz.runs.compressed import CompressedSession, RunSettings
-from kvviz.quant.kivi import Kivi
+from kvviz.schemes.kivi import Kivi
 from kvviz.runs.policy_run import NEVER, run_policy
 
 PROMPT = "My name is Zorblax and I live in the city of Quintara. I like green tea and long walks by the sea. What is my name?"

@@ -12,7 +12,7 @@ from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
 from kvviz.policies import H2O, StreamingLLM
 from kvviz.runs.compressed import CompressedSession, RunSettings
-from kvviz.quant.kivi import Kivi
+from kvviz.schemes.kivi import Kivi
 from kvviz.whatif import what_if
 from tests.support.rounding import kl_rounding, logit_rounding, probability_rounding
 

@@ -17,7 +17,7 @@ from kvviz.policies.base import Policy
 from kvviz.recorder import Probe, probing
 from kvviz.runs.blame import blame, restore, units
 from kvviz.runs.compressed import CompressedSession, RunSettings
-from kvviz.quant.kivi import Kivi
+from kvviz.schemes.kivi import Kivi
 from kvviz.runs.policy_run import run_policy
 from kvviz.session import Session
 from kvviz.whatif import what_if

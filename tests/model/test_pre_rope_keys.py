@@ -25,12 +25,12 @@ from kvviz.errors import KvvizError
 from kvviz.model import resolve_checkpoint
 from kvviz.quant.quantizer import Quantizer, fake_quantize
 from kvviz.rope import rope_frequencies
-from kvviz.quant.catalogue import Scheme, schemes
+from kvviz.schemes.catalogue import Scheme, schemes
 from kvviz.session import Session
 from kvviz.session_file import export_session, import_session
 from kvviz.tiny_models import tiny_pair
 from kvviz.whatif import what_if
-from kvviz.whatif.compare_schemes import compare_schemes
+from kvviz.schemes.compare import compare_schemes
 from tests.support.references import assert_what_if_is_the_stored_cache
 
 PROMPT = "My dog is called Rex and my cat is called Whiskers. The cat sleeps on the red sofa. What is my dog called?"

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from kvviz.errors import KvvizError
-from kvviz.quant.quanto import QuantoCache
+from kvviz.schemes.quanto import QuantoCache
 from tests.support.references import assert_steps_as_transformers
 
 quanto = pytest.importorskip("optimum.quanto", reason="optimum-quanto is not installed: QuantizedCache's quanto "

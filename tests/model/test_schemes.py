@@ -1,4 +1,4 @@
-"""Quantization schemes by name (kvviz.quant.catalogue) and their comparison at one step (quant-compare).
+"""Quantization schemes by name (kvviz.schemes.catalogue) and their comparison at one step (quant-compare).
 
 References: transformers' QuantizedCache's schedule as a policy run reproduces it (tests/model/test_quanto_cache.py
 checks that run against transformers itself), and the policy run's own step logits with that cache. Tolerances: the
@@ -16,11 +16,11 @@ import torch
 from kvviz.cli import main
 from kvviz.errors import KvvizError
 from kvviz.runs.compressed import CompressedSession, RunSettings
-from kvviz.quant.quanto import QuantoCache
-from kvviz.quant.catalogue import Scheme, quanto_prefix, schemes
+from kvviz.schemes.quanto import QuantoCache
+from kvviz.schemes.catalogue import Scheme, quanto_prefix, schemes
 from kvviz.session import Session
 from kvviz.whatif import what_if
-from kvviz.whatif.compare_schemes import compare_schemes
+from kvviz.schemes.compare import compare_schemes
 from tests.support.rounding import kl_rounding, probability_rounding
 
 PROMPT = "My cat is called Whiskers and my dog is called Rex. What is my cat called?"

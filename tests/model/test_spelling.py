@@ -13,11 +13,11 @@ from kvviz.cli.chat import print_transcript
 from kvviz.cli.common import chat_document
 from kvviz.edit.draft import EditDraft
 from kvviz.edit.edit import Edit
-from kvviz.quant.catalogue import schemes
+from kvviz.schemes.catalogue import schemes
 from kvviz.spelling import spell, spell_slot
 from kvviz.view_data import head_map, strip_chips
 from kvviz.whatif import what_if
-from kvviz.whatif.compare_schemes import compare_schemes
+from kvviz.schemes.compare import compare_schemes
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Per-slot schemes as a run's cache (kvviz.quant.written): each slot rounded once, when it is written, the scales
+"""Per-slot schemes as a run's cache (kvviz.schemes.written): each slot rounded once, when it is written, the scales
 that span slots fixed by the first pass — against references built here: each decode step of the run equals a step
 on a cache holding the run's own computed K/V rounded by the test (torchao's NVFP4 with the prompt's tensor scale as
 a static one; the per-token-head loop), the first step equals the what-if of the same scheme on a plain chat, and a
@@ -19,12 +19,12 @@ import torch
 
 from kvviz import kv_cache
 from kvviz.errors import KvvizError
-from kvviz.quant.catalogue import Scheme
-from kvviz.quant.written import run_cache
+from kvviz.schemes.catalogue import Scheme
+from kvviz.schemes.written import run_cache
 from kvviz.runs.compressed import CompressedSession, RunSettings
 from kvviz.runs.policy_run import run_policy
 from kvviz.whatif import what_if
-from kvviz.whatif.compare_schemes import scheme_edits
+from kvviz.schemes.compare import scheme_edits
 from tests.support import torchao_reference as ao
 from tests.support.rounding import kl_rounding
 

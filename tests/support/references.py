@@ -76,7 +76,7 @@ def committed_eviction_gaps(lm: LoadedModel, steps: int) -> tuple[Session, list[
 
 def assert_steps_as_transformers(lm: LoadedModel, settings, prompt: str):
     """A run with ``settings`` as its cache against transformers' ``QuantizedCache`` of the same backend and
-    settings (a :class:`kvviz.quant.quanto.QuantoCache`), teacher-forced on the reference's greedy tokens across
+    settings (a :class:`kvviz.schemes.quanto.QuantoCache`), teacher-forced on the reference's greedy tokens across
     flushes: logits within ε_z (the K/V the two caches receive agree up to the forward passes' float32 rounding), the
     same greedy tokens, the same cache state for all but 0.1 % of the elements (a value at a rounding boundary may
     land a code away), and the timeline's rebuild of the live cache. Returns the run."""

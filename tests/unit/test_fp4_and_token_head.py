@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kvviz.errors import KvvizError
-from kvviz.quant.catalogue import Scheme, schemes
+from kvviz.schemes.catalogue import Scheme, schemes
 from kvviz.quant.fp4 import e2m1_
 from kvviz.quant.quantizer import Quantizer, fake_quantize
 from tests.support import torchao_reference as ao

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kvviz.errors import KvvizError
-from kvviz.quant.quanto import QuantoCache
-from kvviz.quant.catalogue import Scheme
+from kvviz.schemes.quanto import QuantoCache
+from kvviz.schemes.catalogue import Scheme
 
 pytest.importorskip("hqq", reason="hqq is not installed: QuantizedCache's HQQ backend cannot be compared "
                                   "(pip install hqq==0.2.8)")

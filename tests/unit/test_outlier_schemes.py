@@ -15,7 +15,7 @@ import torch
 from kvviz.errors import KvvizError
 from tests.support.error_bounds import error_bound
 from kvviz.quant.quantizer import Quantizer, fake_quantize, hadamard, packed_bytes
-from kvviz.quant.catalogue import Scheme
+from kvviz.schemes.catalogue import Scheme
 
 U = 2.0**-24
 

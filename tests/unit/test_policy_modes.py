@@ -8,7 +8,7 @@ import pytest
 from kvviz.errors import KvvizError
 from kvviz.policies import (H2O)
 from kvviz.runs.compressed import RunSettings
-from kvviz.quant.kivi import Kivi
+from kvviz.schemes.kivi import Kivi
 
 
 @pytest.mark.parametrize("settings, words", [

@@ -9,7 +9,7 @@ import torch
 from kvviz.errors import KvvizError
 from kvviz.quant.quantizer import fake_quantize
 from kvviz.runs.compressed import RunSettings
-from kvviz.quant.quanto import QuantoCache
+from kvviz.schemes.quanto import QuantoCache
 
 quanto = pytest.importorskip("optimum.quanto", reason="optimum-quanto is not installed: QuantizedCache's quanto "
                                                        "backend cannot be compared (pip install optimum-quanto)")
@@ -29,7 +29,7 @@ def test_quantized_cache_settings_are_refused_in_one_line():
         QuantoCache(nbits=3)
     with pytest.raises(KvvizError, match="0 or -1 with quanto"):
         QuantoCache(axis_key=1)
-    from kvviz.quant.kivi import Kivi
+    from kvviz.schemes.kivi import Kivi
 
     with pytest.raises(KvvizError, match="without KIVI"):
         RunSettings(kivi=Kivi(2, 2, 32, 128), quanto=QuantoCache())

@@ -121,9 +121,27 @@ def test_no_import_runs_to_a_later_floor():
     assert not upward_imports(graph(), floors())
 
 
+def spread(floor: dict[str, int]) -> dict[str, list[int]]:
+    """Each package below the four top folders (``kvviz.quant``, ``app.views``, …) whose modules stand on more than
+    one floor, with those floors."""
+    packages: dict[str, set[int]] = {}
+    for name, level in floor.items():
+        package = name.rpartition(".")[0]
+        if "." in package:  # not kvviz/, app/, benchmarks/ or scripts/ themselves
+            packages.setdefault(package, set()).add(level)
+    return {package: sorted(levels) for package, levels in packages.items() if len(levels) > 1}
+
+
+def test_every_package_keeps_to_one_floor():
+    """A folder is one room on one floor (kvviz/quant/ spanned floors 1 to 6 while it held the named schemes,
+    knotted with kvviz/edit/); the four top folders span the house."""
+    assert not spread(floors())
+    assert spread({"kvviz.quant.names": 1, "kvviz.quant.fp4": 3, "kvviz.rope": 3}) == {"kvviz.quant": [1, 3]}
+
+
 def test_a_planted_upward_import_or_cycle_is_found(tmp_path):
     """The checks above fail on what they guard against: an import inside a function from RoPE (floor 3) into the
-    run engine (floor 9), one from a package's ``__init__``, and a cycle they close."""
+    run engine (floor 10), one from a package's ``__init__``, and a cycle they close."""
     for d in TREE:
         shutil.copytree(ROOT / d, tmp_path / d)
     (tmp_path / "docs").mkdir()
@@ -135,7 +153,7 @@ def test_a_planted_upward_import_or_cycle_is_found(tmp_path):
         quant.write("\nimport kvviz.whatif\n")
     edges = graph(root=tmp_path)
     found = sorted(upward_imports(edges, floors(tmp_path)))
-    assert found == ["kvviz.quant (1) → kvviz.whatif (8)", "kvviz.rope (3) → kvviz.runs.timeline (9)"], found
+    assert found == ["kvviz.quant (3) → kvviz.whatif (8)", "kvviz.rope (3) → kvviz.runs.timeline (10)"], found
     assert cycle(edges) is not None  # the run engine imports RoPE: the planted import closes a cycle
 
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from kvviz.errors import KvvizError
-from kvviz.quant.catalogue import Scheme
-from kvviz.quant.written import run_cache
-from kvviz.quant.written import WrittenCache
+from kvviz.schemes.catalogue import Scheme
+from kvviz.schemes.written import run_cache
+from kvviz.schemes.written import WrittenCache
 from kvviz.runs.compressed import RunSettings
 
 
@@ -41,7 +41,7 @@ def test_schemes_whose_scales_span_slots_are_refused_in_one_line(name, message):
 
 
 def test_a_written_cache_runs_alone():
-    from kvviz.quant.kivi import Kivi
+    from kvviz.schemes.kivi import Kivi
 
     with pytest.raises(KvvizError, match="cache runs alone"):
         RunSettings(kivi=Kivi(), written=WrittenCache("nvfp4"))

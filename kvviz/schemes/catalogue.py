@@ -6,16 +6,16 @@ the app's comparison take:
 - ``fp16`` — nothing quantized (the identity: KL exactly 0).
 - ``int{8,4,3,2}-token`` — keys and values per token (one scale and zero point per slot and KV head).
 - ``int{8,4,3,2}-channel`` — KIVI's granularity without its window: keys per channel, values per token.
-- ``kivi-{4,2}`` — KIVI as a run holds the cache at that step (kvviz.quant.kivi, G = 32, R = 128): whole groups of
+- ``kivi-{4,2}`` — KIVI as a run holds the cache at that step (kvviz.schemes.kivi, G = 32, R = 128): whole groups of
   32 slots older than the newest 128 quantized, keys per channel within their group, values per token.
 - ``fp8-{e4m3,e5m2}-{head,tensor}`` — an FP8 cache (vLLM's ``kv_cache_dtype``), one dynamic scale per KV head or
   per layer.
 - ``fp8-{e4m3,e5m2}-{head,tensor}-static`` — the same with static scales calibrated on a calibration text
-  (kvviz.quant.calibration: vLLM's checkpoint ``k_scale`` / ``v_scale``); ``fp8-{e4m3,e5m2}-unit`` (also spelled
+  (kvviz.schemes.calibration: vLLM's checkpoint ``k_scale`` / ``v_scale``); ``fp8-{e4m3,e5m2}-unit`` (also spelled
   ``fp8-e4m3-tensor-unit`` / ``-head-unit``: all ones either way) — every scale 1.0, what
   vLLM uses when a checkpoint has none. Values past the scale's range saturate.
 - ``hqq-{8,4,3,2}`` — transformers' ``QuantizedCache`` with the HQQ backend: a policy run's cache only (HQQ's rounding
-  is an optimisation the hqq package runs; kvviz.quant.quanto).
+  is an optimisation the hqq package runs; kvviz.schemes.quanto).
 - ``mix{B}-{uniform,keyerror}`` — mixed precision: every slot quantized at the width its layer and KV head get from a
   budget of ``B`` bits per pair on average (kvviz.quant.allocation: the same everywhere, or more where the keys lose
   most), keys per channel, values per token.
@@ -23,7 +23,7 @@ the app's comparison take:
   would hold this chat at that step: the passes of the growth log replayed through its flush rule, the slots of the
   last flush quantized per token in groups of 64 channels, the residual after it at full precision. It rounds each
   slot once; QuantizedCache rounds again at every later flush (float32 ulps of a dequantized value) — a policy run
-  with ``--scheme quanto-N`` reproduces those flushes exactly (kvviz.quant.quanto).
+  with ``--scheme quanto-N`` reproduces those flushes exactly (kvviz.schemes.quanto).
 
 - ``nvfp4``, ``nvfp4-4over6``, ``mxfp4``, ``mxfp4-b16`` — 4-bit floats (E2M1) in blocks of channels of one slot and
   KV head (kvviz.quant.fp4): NVFP4 (blocks of 16, E4M3 block scales under a float32 scale per layer — dynamic: the
@@ -49,12 +49,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from kvviz.quant.calibration import Calibration
+from kvviz.schemes.calibration import Calibration
 from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
 from kvviz.quant.quantizer import Quantizer
-from kvviz.quant.kivi import Kivi
-from kvviz.quant.quanto import QuantoCache
+from kvviz.schemes.kivi import Kivi
+from kvviz.schemes.quanto import QuantoCache
 from kvviz.quant.names import PATTERNS, SKIP, check_names, scheme_family
 
 MIX_KEYS = Quantizer("channel")  # the mix schemes' keys: how they are stored, and what the allocation measures
@@ -203,7 +203,7 @@ class Scheme:
         (the transcript's growth log, for ``quanto``'s flushes); ``calibration`` gives a static scheme its scales,
         ``rope`` (the model's RoPE frequencies, kvviz.rope.rope_frequencies) a ``+prerope`` one its keys',
         ``head_widths`` a ``mix`` one its widths (kvviz.quant.allocation), ``windows`` (each layer's sliding window,
-        None: full attention) a ``+skip`` one its layers. :func:`kvviz.whatif.compare_schemes.scheme_edits` supplies
+        None: full attention) a ``+skip`` one its layers. :func:`kvviz.schemes.compare.scheme_edits` supplies
         them from a session."""
         edit = self._edit(passes, at, calibration, rope, head_widths)
         if self.skips:
@@ -240,7 +240,7 @@ class Scheme:
             return Edit.quantize(slots, *self.token_head_widths, keys=quantizer, values=quantizer)
         if family == "fp8static":
             if calibration is None:
-                raise KvvizError(f"{self.name} needs a calibration (kvviz.quant.calibration.calibrate) for its scales")
+                raise KvvizError(f"{self.name} needs a calibration (kvviz.schemes.calibration.calibrate) for its scales")
             keys, values = calibration.quantizers(parts[1], "unit" if parts[-1] == "unit" else parts[2])
             return Edit.quantize(slots, 8, keys=keys, values=values)
         if family == "mix":

@@ -27,12 +27,12 @@ import torch
 
 from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
-from kvviz.quant.calibration import CALIBRATION_TEXT, calibrate
-from kvviz.quant.catalogue import Scheme
+from kvviz.schemes.calibration import CALIBRATION_TEXT, calibrate
+from kvviz.schemes.catalogue import Scheme
 from kvviz.quant.fp4 import E2M1_MAX, E4M3_MAX
-from kvviz.quant.kivi import Kivi
+from kvviz.schemes.kivi import Kivi
 from kvviz.quant.names import WRITTEN_FAMILIES, run_family
-from kvviz.quant.quanto import QuantoCache
+from kvviz.schemes.quanto import QuantoCache
 from kvviz.quant.quantizer import Quantizer
 from kvviz.rope import rope_frequencies
 
@@ -41,7 +41,7 @@ _TINY = torch.finfo(torch.float32).tiny
 
 @dataclass(frozen=True)
 class WrittenCache:
-    """Scheme ``scheme`` (kvviz.quant.catalogue) as a run's cache. :meth:`for_model` resolves what it needs from the
+    """Scheme ``scheme`` (kvviz.schemes.catalogue) as a run's cache. :meth:`for_model` resolves what it needs from the
     model (its quantizers, widths and layers kept exact); :meth:`fixed` its first-pass scales. Provides what a run's
     timeline asks of a quantization schedule: :meth:`quantized_prefix`, :meth:`edit`, ``grouping``, :attr:`label`;
     with ``own``, :meth:`rounded` — how a pass stores (and attends to) its new K/V."""

@@ -1,16 +1,16 @@
-"""Several quantization schemes (:mod:`kvviz.quant.catalogue`) at the same step, side by side: one what-if each."""
+"""Several quantization schemes (:mod:`kvviz.schemes.catalogue`) at the same step, side by side: one what-if each."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from kvviz.quant.calibration import CALIBRATION_TEXT, calibrate
+from kvviz.schemes.calibration import CALIBRATION_TEXT, calibrate
 from kvviz.edit.check import check_edit
 from kvviz.edit.edit import Edit
 from kvviz.quant.allocation import allocate
 from kvviz.quant.quantizer import saturated
 from kvviz.rope import rope_frequencies
-from kvviz.quant.catalogue import MIX_KEYS, Scheme
+from kvviz.schemes.catalogue import MIX_KEYS, Scheme
 from kvviz.session import Session
 from kvviz.spelling import spell
 from kvviz.whatif.step import WhatIf, what_if
