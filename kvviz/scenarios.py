@@ -103,7 +103,7 @@ def run_policy_scenario(lm: LoadedModel, scenario: Scenario,
     from kvviz.runs.blame import blame
     from kvviz.runs.compressed import RunSettings
     from kvviz.runs.policy_run import run_policy
-    from kvviz.runs.report import make_policy
+    from kvviz.policies.registry import make_policy
 
     spec = scenario.policy_run
     policy = make_policy(available(), spec["policy"], spec.get("params", {}))

@@ -13,7 +13,7 @@ from kvviz.policies.kvpress import presses as kvpress
 from kvviz.policies.kvpress.own_code import PressCode
 from kvviz.policies.base import Ratio
 from kvviz.policies.user import available
-from kvviz.runs.report import make_policy
+from kvviz.policies.registry import make_policy
 
 PRESS = "kvpress:"
 

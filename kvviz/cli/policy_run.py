@@ -89,7 +89,7 @@ def _policy(args: argparse.Namespace, classes: dict) -> tuple[object, object, st
     ``target_size``), the positions, the mode and every how many steps."""
     from kvviz.policies.base import Ratio
     from kvviz.policies.kvpress.presses import from_kvpress
-    from kvviz.runs.report import make_policy
+    from kvviz.policies.registry import make_policy
 
     if args.ratio is not None and args.budget is not None:
         raise KvvizError("give --budget or --ratio, not both")

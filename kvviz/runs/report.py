@@ -1,33 +1,10 @@
-"""A policy run as one JSON-ready document (the ``policy-run --json`` fields other tools rely on), and policies built
-from names and text parameters (the CLI's and the app's)."""
+"""A policy run as one JSON-ready document (the ``policy-run --json`` fields other tools rely on)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from kvviz.errors import KvvizError
-from kvviz.policies.base import Policy
-from kvviz.policies.by_name import policy_named
 from kvviz.runs.blame import Blame
 from kvviz.runs.policy_run import PolicyRun, TurnRun
 from kvviz.runs.timeline import NEVER
-
-
-def make_policy(classes: Mapping[str, type[Policy]], name: str, params: Mapping[str, object] | None = None) -> Policy:
-    """``classes[name]`` with ``params`` (text values are converted to the type of the field's default); a kvpress
-    press as ``kvpress:NAME`` with kvpress' argument names (:func:`~kvviz.policies.kvpress.presses.from_kvpress`;
-    ``AdaKVPress`` wraps SnapKV unless ``press`` says otherwise)."""
-    if name.startswith("kvpress:"):
-        from kvviz.policies.kvpress.presses import from_kvpress
-
-        press, params = name.removeprefix("kvpress:"), dict(params or {})
-        if press == "KeyRerotationPress":
-            raise KvvizError("kvpress:KeyRerotationPress re-rotates the wrapped press's kept keys: name that press and "
-                             "set the positions to rerotated (policy-run takes --policy kvpress:KeyRerotationPress)")
-        if press == "AdaKVPress":
-            params.setdefault("press", "SnapKVPress")
-        return from_kvpress(press, classes, **params).policy
-    return policy_named(classes, name, params)
 
 
 def _kept_after_prompt(run: TurnRun) -> list[list[list[int]]]:

@@ -140,7 +140,7 @@ def run_settings(case: Case, classes: dict):
     """The :class:`~kvviz.runs.compressed.RunSettings` of ``case``: its policy (from ``classes``), budget, mode and
     cache scheme — the same for a sweep's run and for the case opened again."""
     from kvviz.runs.compressed import RunSettings
-    from kvviz.runs.report import make_policy
+    from kvviz.policies.registry import make_policy
     from kvviz.schemes.written import run_cache
 
     cache = run_cache(case.scheme) if case.scheme else {}

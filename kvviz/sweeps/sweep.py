@@ -73,7 +73,7 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike, workers: int = 1, ray: st
     from kvviz.policies.base import slots_kept
     from kvviz.policies.user import available
     from kvviz.schemes.written import run_cache
-    from kvviz.runs.report import make_policy
+    from kvviz.policies.registry import make_policy
 
     refuse_busy(Path(out))
     cases = spec.cases()
