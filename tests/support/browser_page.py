@@ -40,22 +40,42 @@ def runs(page) -> int:
     return page.evaluate(RUNS)
 
 
+SEEN = ("JSON.stringify({runs: " + RUNS + ", script: document.querySelector('[data-testid=stApp]')?.dataset"
+        ".testScriptState, status: !!document.querySelector('[data-testid=stStatusWidget]'), scrolling: "
+        "document.documentElement.dataset.kvScrolling, errors: [...document.querySelectorAll("
+        "'[data-testid=stException], [data-testid=stAlertContentError]')].map(e => e.innerText.slice(0, 300))})")
+
+
+def wait_for(page, state: str) -> None:
+    """Until the JavaScript condition ``state`` holds. One that never does fails with what the page shows then — its
+    run count, whether a script runs, the status widget, the scroll marks and any exception or error on it — so a
+    failure on a machine no one watched explains itself."""
+    try:
+        page.wait_for_function(state, timeout=WAIT_MS)
+    except Exception as exc:  # playwright's TimeoutError, or the page gone
+        try:
+            seen = page.evaluate(SEEN)
+        except Exception:  # noqa: BLE001 — the page itself may be what failed
+            seen = "(the page could not be read)"
+        raise AssertionError(f"waited {WAIT_MS / 1000:.0f} s for {state}; the page: {seen}") from exc
+
+
 def idle(page) -> None:
     """Until the page has finished a run and none runs now (for a page just opened, or after work that was waited
     on through its own result)."""
-    page.wait_for_function(f"{RUNS} > 0 && {QUIET}", timeout=WAIT_MS)
+    wait_for(page, f"{RUNS} > 0 && {QUIET}")
 
 
 def settle(page, action: Callable[[], object]) -> None:
     """Do ``action`` (a click, a key, a fill) and return once a run that finished after it was done and none runs."""
     before = runs(page)
     action()
-    page.wait_for_function(f"{RUNS} > {before} && {QUIET}", timeout=WAIT_MS)
+    wait_for(page, f"{RUNS} > {before} && {QUIET}")
 
 
 def still(page) -> None:
     """Until nothing runs and no scroll mark still holds a place: where the page is now is where it stays."""
-    page.wait_for_function(f"{RUNS} > 0 && {QUIET} && {STILL}", timeout=WAIT_MS)
+    wait_for(page, f"{RUNS} > 0 && {QUIET} && {STILL}")
 
 
 def click_when_still(page, target, **options) -> None:
