@@ -53,8 +53,7 @@ def spell_slot(slot: int, piece: str) -> str:
     return f"{slot} {spell(piece)}"
 
 
-
-_UNSAFE = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}  # what a terminal may act on (escape sequences, bidi overrides)
+_UNSAFE = _INVISIBLE - {"Zs"}  # what a terminal may act on (escape sequences, bidi overrides); spaces print as such
 _LINES = {"\n", "\r", "\t"}
 
 

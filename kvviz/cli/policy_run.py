@@ -116,8 +116,7 @@ def _press_file(args: argparse.Namespace, budget: object) -> tuple[object, objec
     from kvviz.policies.by_name import policy_named
     from kvviz.policies.user import load
 
-    _check_press_file(args)
-    params = _params(args.param)
+    params = _params(args.param)  # the file was checked by run() before torch loaded
     if "compression_ratio" in params:
         if budget is not None:
             raise KvvizError("give the ratio once: --param compression_ratio or --ratio / --budget")
@@ -136,9 +135,10 @@ def _check_press_file(args: argparse.Namespace) -> None:
     """Refuse a ``--press-file`` that is not ``FILE.py:CLASS`` or names no file (before torch loads)."""
     if args.policy:
         raise KvvizError("give --policy or --press-file, not both")
-    if ":" not in args.press_file.removesuffix(".py") or not args.press_file.split(":")[0].endswith(".py"):
+    file, _, name = args.press_file.rpartition(":")
+    if not file.endswith(".py") or not name:
         raise KvvizError(f"--press-file takes FILE.py:CLASS, got {args.press_file!r}")
-    path = Path(args.press_file.rpartition(":")[0]).expanduser()
+    path = Path(file).expanduser()
     if not path.is_file():
         raise KvvizError(f"--press-file: no file {path}")
 

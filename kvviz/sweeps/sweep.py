@@ -97,6 +97,8 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike, workers: int = 1, ray: st
             done = found.rows
             _check_prompts(folder, cases, done)
             todo = [case for case in cases if case.key not in done]
+            if done:  # the rows there have these settings (a manifest of an older format is written anew)
+                _write_manifest(folder, spec)
             bar = _bar(len(cases), len(cases) - len(todo)) if progress else None
             with appending(folder / ROWS, found, warn) as handle:
                 for row in _rows(spec.model, todo, workers, ray, batch):
@@ -114,7 +116,6 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike, workers: int = 1, ray: st
             ours = set(keys)
             table = frame([done[key] for key in keys + [key for key in done if key not in ours]])  # then file order
             if done:
-                _write_manifest(folder, spec)
                 replace_all({folder / CSV: lambda handle: handle.write(table.to_csv(index=False).encode()),
                              folder / PARQUET: lambda handle: table.to_parquet(handle, index=False)})
     finally:
