@@ -28,19 +28,21 @@ import torch
 from benchmarks.harness import Row, paired_times, row, token_ids
 from kvviz.policies import CUR, H2O, ChunkKV, CriticalKV, ExpectedAttention, KeyDiff, KVZip, LagKV, Policy
 from kvviz.runs.blame import blame
+from kvviz.schemes.cache_format import CacheFormat
 from kvviz.runs.compressed import CompressedSession, RunSettings
 from kvviz.runs.policy_run import run_policy
 from kvviz.session import Session
 
 
 def policy_run(bench, context: int = 1024, tokens: int = 64, budget: int | float | None = 256,
-               policy: Policy | None = H2O(), mode: str = "decode", name: str | None = None, cache: dict | None = None
+               policy: Policy | None = H2O(), mode: str = "decode", name: str | None = None,
+               cache: CacheFormat | None = None
                ) -> Row:
     ids = token_ids(bench.lm, context)
     tensor = torch.tensor([ids], device=bench.lm.device)
 
     def ours(_) -> None:
-        run = CompressedSession(bench.lm, RunSettings(policy, budget, mode, **(cache or {})))
+        run = CompressedSession(bench.lm, RunSettings(policy, budget, mode, cache_format=cache))
         run.add_ids(ids)
         for _ in range(tokens - 1):
             run.step()

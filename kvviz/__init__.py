@@ -34,9 +34,10 @@ if TYPE_CHECKING:  # what editors and type checkers resolve; at run time each na
     from kvviz.notebook import CacheWidget, widget
     from kvviz.policies import (H2O, POLICIES, TOVA, AdaKV, Candidates, KeyNorm, Policy, PyramidKV, RandomPolicy,
                                 SnapKV, StreamingLLM)
+    from kvviz.schemes.cache_format import CacheFormat
     from kvviz.schemes.kivi import Kivi
     from kvviz.quant.quantizer import Quantizer
-    from kvviz.runs import Blame, CompressedSession, PolicyRun, RunSettings, blame, restore, run_policy
+    from kvviz.runs import Blame, CompressedSession, PolicyRun, RunSettings, blame, from_names, restore, run_policy
     from kvviz.sampling import Sampling
     from kvviz.session import Session
     from kvviz.session_file import export_session, import_session
@@ -47,13 +48,13 @@ if TYPE_CHECKING:  # what editors and type checkers resolve; at run time each na
 _EXPORTS = {
     "EditDraft": "kvviz.edit.draft", "Edit": "kvviz.edit.edit", "Eviction": "kvviz.edit.edit",
     "KvvizError": "kvviz.errors", "ModelLoadError": "kvviz.errors", "LoadedModel": "kvviz.model",
-    "load_model": "kvviz.model", "Kivi": "kvviz.schemes.kivi", "Quantizer": "kvviz.quant.quantizer",
+    "load_model": "kvviz.model", "CacheFormat": "kvviz.schemes.cache_format", "Kivi": "kvviz.schemes.kivi", "Quantizer": "kvviz.quant.quantizer",
     "Sampling": "kvviz.sampling", "Session": "kvviz.session", "CacheWidget": "kvviz.notebook",
     "widget": "kvviz.notebook",
     "export_session": "kvviz.session_file", "import_session": "kvviz.session_file",
     **dict.fromkeys(["POLICIES", "H2O", "TOVA", "AdaKV", "Candidates", "KeyNorm", "Policy", "PyramidKV",
                      "RandomPolicy", "SnapKV", "StreamingLLM"], "kvviz.policies"),
-    **dict.fromkeys(["Blame", "CompressedSession", "PolicyRun", "RunSettings", "blame", "restore",
+    **dict.fromkeys(["Blame", "CompressedSession", "PolicyRun", "RunSettings", "blame", "from_names", "restore",
                      "run_policy"], "kvviz.runs"),
     **dict.fromkeys(["CacheBytes", "NextToken", "PolicyComparison", "WhatIf", "compare_policies", "step_memory",
                      "what_if"], "kvviz.whatif"),

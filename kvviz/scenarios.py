@@ -101,14 +101,13 @@ def run_policy_scenario(lm: LoadedModel, scenario: Scenario,
     ``progress(done, total)`` as :func:`~kvviz.runs.policy_run.run_policy` calls it."""
     from kvviz.policies.user import available
     from kvviz.runs.blame import blame
-    from kvviz.runs.compressed import RunSettings
+    from kvviz.runs.from_names import from_names
     from kvviz.runs.policy_run import run_policy
-    from kvviz.policies.registry import make_policy
 
     spec = scenario.policy_run
-    policy = make_policy(available(), spec["policy"], spec.get("params", {}))
-    result = run_policy(lm, scenario.turns, RunSettings(policy, spec["budget"], spec.get("mode", "decode")),
-                        scenario.max_new_tokens, progress)
+    settings = from_names(spec["policy"], spec.get("params", {}), budget=spec["budget"],
+                          mode=spec.get("mode", "decode"), classes=available())
+    result = run_policy(lm, scenario.turns, settings, scenario.max_new_tokens, progress)
     first = next((index for index, run in enumerate(result.turns) if run.divergence is not None), None)
     ranked = None if first is None else blame(result, turn=first, unit=spec.get("blame_unit", "slot"))
     return result, ranked

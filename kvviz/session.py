@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TypeVar
 
 import torch
+from transformers import Cache
 
 from kvviz import kv_cache, prefill, settings
 from kvviz.chat_template import chat_delta, check_unicode
@@ -40,9 +42,12 @@ class SessionBytes:
 class Session:
     """A turn-by-turn conversation on a shared :class:`LoadedModel`."""
 
-    def __init__(self, lm: LoadedModel, sampling: Sampling | None = None, memory_budget: int | None = None):
+    def __init__(self, lm: LoadedModel, sampling: Sampling | None = None, memory_budget: int | None = None,
+                 commits: Callable[[Cache], Commits] | None = None):
         """``memory_budget``: bytes of cache + recorded queries this session may hold (default: the
-        ``KVVIZ_MEMORY_BUDGET_MB`` environment variable, else 4096 MiB); a turn or step beyond it is refused."""
+        ``KVVIZ_MEMORY_BUDGET_MB`` environment variable, else 4096 MiB); a turn or step beyond it is refused.
+        ``commits``: the commit log built on the session's cache (a policy run's timeline, kvviz.runs.timeline);
+        by default the user's own :class:`~kvviz.edit.commits.CommitLog`."""
         self.lm = lm
         default = int(settings.number("KVVIZ_MEMORY_BUDGET_MB", 4096) * 2**20)
         self.memory_budget = memory_budget if memory_budget is not None else default
@@ -58,7 +63,7 @@ class Session:
         self.logits: torch.Tensor | None = None  # (V,) float32 next-token logits that chose ``pending``
         self._announced = 0
         self._generator = self.sampling.generator()
-        self.commits: Commits = CommitLog(self.cache, lm.layers, lm.kv_heads)
+        self.commits: Commits = (commits or partial(CommitLog, layers=lm.layers, kv_heads=lm.kv_heads))(self.cache)
         self.version = 0  # bumped by every change of the cache (views key their caches on it)
         self.memo = Memo()  # derived data (views, the what-if's full runs), dropped when ``version`` moves
         self.released: str | None = None  # why :meth:`release` freed this session's tensors, once it has

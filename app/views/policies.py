@@ -9,7 +9,8 @@ import streamlit as st
 from app import state
 from app.plain import warn
 from app.views import why
-from app.views.policy_choice import build, is_press, kept_fraction, names, parameters, policy_classes
+from app.views.policy_choice import build, kept_fraction, parameters, policy_classes
+from kvviz.policies.registry import is_press, names
 from kvviz.errors import KvvizError
 from kvviz.policies import Policy
 from kvviz.policies.base import slots_kept

@@ -1,21 +1,15 @@
 """Choosing a policy in the app: the built-ins, ``KVVIZ_POLICIES``' and kvpress' presses by their own names
-(``kvpress:SnapKVPress``, kvviz.policies.kvpress.presses), each with one widget per parameter."""
+(``kvpress:SnapKVPress``), as the policy table lists them (kvviz.policies.registry), each with one widget per
+parameter."""
 
 from __future__ import annotations
-
-from dataclasses import fields
-
 
 from app.plain import warn
 from kvviz.errors import KvvizError
 from kvviz.policies import POLICIES, Policy
-from kvviz.policies.kvpress import presses as kvpress
-from kvviz.policies.kvpress.own_code import PressCode
 from kvviz.policies.base import Ratio
+from kvviz.policies.registry import entry, make_policy
 from kvviz.policies.user import available
-from kvviz.policies.registry import make_policy
-
-PRESS = "kvpress:"
 
 
 def policy_classes() -> dict[str, type[Policy]]:
@@ -28,28 +22,11 @@ def policy_classes() -> dict[str, type[Policy]]:
         return dict(POLICIES)
 
 
-def names(classes: dict[str, type[Policy]]) -> list[str]:
-    """What a policy menu offers: kvviz's policies, then kvpress' presses as ``kvpress:NAME``."""
-    return [*classes, *(PRESS + name for name in kvpress.names())]
-
-
-def is_press(name: str, classes: dict[str, type[Policy]] | None = None) -> bool:
-    """Whether ``name`` is a kvpress press: one of kvpress' by name, or (with ``classes``) a press class of the
-    user's, run by its own code."""
-    return name.startswith(PRESS) or (classes is not None and isinstance(classes.get(name), type)
-                                      and issubclass(classes[name], PressCode))
-
-
 def parameters(column, classes: dict[str, type[Policy]], name: str, key: str) -> dict[str, int | float | str | bool]:
     """One widget per parameter of policy ``name`` in ``column`` — a press's under kvpress' argument names, with the
     values that reproduce it — a toggle for a flag, a menu for a choice, a number otherwise; their values by name."""
-    if is_press(name):
-        items = [(argument, default, None) for argument, default in kvpress.defaults(name[len(PRESS):]).items()]
-    else:
-        items = [(f.name, f.default, f.metadata.get("choices")) for f in fields(classes[name])
-                 if not f.metadata.get("hidden")]  # a press policy's press object
     values = {}
-    for parameter, default, choices in items:
+    for parameter, default, choices in entry(classes, name).parameters:
         label, widget = f"{name}: {parameter}", f"{key}-{name}-{parameter}"
         if isinstance(default, bool):
             values[parameter] = column.toggle(label, value=default, key=widget)

@@ -11,25 +11,25 @@ from app.components.scroll import mark
 from app.plain import code, plain, spans, warn
 from app.long_work import Work, hand_over
 from app.views import why
-from app.views.policy_choice import build, is_press, names, parameters, policy_classes
+from app.views.policy_choice import parameters, policy_classes
 from app.views.slide_download import slide_popover
 from kvviz import figures
 from kvviz.figures import plot_slides
 from kvviz.figures.slides import PLOTLY_CONFIG
 from kvviz.errors import KvvizError
-from kvviz.policies.base import Ratio
 from kvviz.runs.blame import blame, restorable, restore, variants
-from kvviz.runs.compressed import RunSettings
 from kvviz.runs.forecast import first_compression
+from kvviz.runs.from_names import from_names
+from kvviz.policies.registry import is_press, names
 from kvviz.schemes.kivi import Kivi
 from kvviz.runs.policy_run import held_slots, run_policy
 from kvviz.spelling import spell
-from kvviz.schemes.quanto import QuantoCache
-from kvviz.schemes.written import QUANTIZED_FP8, WrittenCache
 from kvviz.edit.reshape import Reshape
 from kvviz.whatif.metrics import compare
 
 
+QUANTIZED = {"quanto 4 bits": "quanto-4", "quanto 2 bits": "quanto-2", "hqq 8 bits": "hqq-8", "hqq 4 bits": "hqq-4",
+             "hqq 2 bits": "hqq-2", "fp8": "quantized-fp8"}  # the QuantizedCache menu → its scheme names
 WRITTEN = ["16 bits (as computed)", "nvfp4", "nvfp4-4over6", "mxfp4", "mxfp4-b16", "fp8-e4m3-head", "fp8-e4m3-unit",
            "int8-token-head", "int4-token-head", "fp8-token-head", "k8v4-token-head", "k4v2-token-head", "int4-token"]
 
@@ -68,8 +68,7 @@ def render() -> None:
         bits = quant[1].selectbox("KIVI bits", [2, 4], index=0, disabled=not kivi_on)
         group = quant[2].number_input("KIVI group G", min_value=1, value=32, disabled=not kivi_on)
         residual = quant[3].number_input("Full-precision R", min_value=0, value=128)
-        quanto_bits = quant[0].selectbox("QuantizedCache", ["off", "quanto 4 bits", "quanto 2 bits", "hqq 8 bits",
-                                                            "hqq 4 bits", "hqq 2 bits", "fp8"],
+        quanto_bits = quant[0].selectbox("QuantizedCache", ["off", *QUANTIZED],
                                          help="The run's cache as transformers' QuantizedCache. quanto, HQQ: the "
                                               "prompt quantized at once, then every R new slots all quantized again "
                                               "together (R: Full-precision R; groups of 64, axis 0). fp8: one E4M3 "
@@ -102,18 +101,16 @@ def render() -> None:
         submitted = st.form_submit_button("Run the policy")
     if submitted:
         try:
-            if name != offered[0]:
-                policy = build(classes, name, params)
+            policy = None if name == offered[0] else name
             kivi = Kivi(bits, bits, int(group), int(residual), grouping) if kivi_on else None
             reshape = Reshape(float(think_share), merge=merge_on, merge_rule=rule) if think_share or merge_on else None
-            backend, _, width = quanto_bits.partition(" ")
-            quanto = None if quanto_bits in ("off", "fp8") else QuantoCache(int(width.split()[0]), 64,
-                                                                            max(int(residual), 1), backend=backend)
-            if quanto_bits == "fp8" and written != WRITTEN[0]:
-                raise KvvizError("a run holds one cache: QuantizedCache fp8 or a cache format, not both")
-            cache = QUANTIZED_FP8 if quanto_bits == "fp8" else None if written == WRITTEN[0] else WrittenCache(written)
-            run_budget = None if policy is None else Ratio(float(ratio)) if ratio > 0 or press else int(budget)
-            settings = RunSettings(policy, run_budget, mode, int(every), kivi, positions, reshape, quanto, cache)
+            schemes = ([] if quanto_bits == "off" else [QUANTIZED[quanto_bits]]) + (
+                [] if written == WRITTEN[0] else [written])
+            by_ratio = policy is not None and (ratio > 0 or press)
+            settings = from_names(policy, params if policy else None, budget=None if by_ratio or policy is None
+                                  else int(budget), ratio=float(ratio) if by_ratio else None, mode=mode,
+                                  every=int(every), positions=positions, schemes=schemes, kivi=kivi, reshape=reshape,
+                                  classes=classes, residual=max(int(residual), 1))
             lines = [line for line in prompt.splitlines() if line.strip()]
             state.make_room(held_slots(session.lm, lines, int(max_new)))
             lm, count = session.lm, int(max_new)
@@ -197,7 +194,7 @@ def _show(result) -> None:
         slot = why.pick(pieces, gone, key=f"run-why-{id(result)}-{index}")
         if slot is not None:
             why.show(result.why(slot, index), lm.layers * lm.kv_heads, pieces[slot], result.settings.policy.name)
-    if result.settings.kivi is not None and run.steps:
+    if result.windowed and run.steps:
         st.plotly_chart(figures.bit_widths(result, pieces, index), key="run-bits", config=PLOTLY_CONFIG)
         slide_popover("run-bits", lambda: plot_slides.bit_widths_slide(result, pieces, index, caption), f"{stem}-bits")
     default = run.divergence if run.divergence is not None else 0 if run.steps else -1

@@ -9,7 +9,8 @@ import streamlit as st
 from app import state
 from app.long_work import Work, hand_over
 from app.plain import plural, warn
-from app.views.policy_choice import is_press, kept_fraction, names, policy_classes
+from app.views.policy_choice import kept_fraction, policy_classes
+from kvviz.policies.registry import is_press, names
 from kvviz.errors import KvvizError
 from kvviz.schemes.written import run_cache
 from kvviz.runs.policy_run import held_slots

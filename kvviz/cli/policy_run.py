@@ -84,53 +84,6 @@ def _press(args: argparse.Namespace) -> str | None:
     return args.policy[len(prefix):] if args.policy and args.policy.startswith(prefix) else None
 
 
-def _policy(args: argparse.Namespace, classes: dict) -> tuple[object, object, str, str, int]:
-    """The policy, the budget (``--budget``, ``--ratio``, a press's ``compression_ratio`` or DecodingPress'
-    ``target_size``), the positions, the mode and every how many steps."""
-    from kvviz.policies.base import Ratio
-    from kvviz.policies.kvpress.presses import from_kvpress
-    from kvviz.policies.registry import make_policy
-
-    if args.ratio is not None and args.budget is not None:
-        raise KvvizError("give --budget or --ratio, not both")
-    budget = Ratio(args.ratio) if args.ratio is not None else args.budget
-    if args.press_file:
-        return _press_file(args, budget)
-    if not _press(args):
-        policy = make_policy(classes, args.policy, _params(args.param)) if args.policy else None
-        return policy, budget, args.positions, args.mode or "decode", args.every
-    press = from_kvpress(_press(args), classes, **_params(args.param))
-    if press.ratio is not None and budget is not None:
-        raise KvvizError("give the budget once: --param compression_ratio (or target_size) or --ratio / --budget")
-    if press.mode == "after_steps" and args.every != 1:
-        raise KvvizError("DecodingPress sets the interval: --param compression_interval=N, not --every")
-    positions = press.positions if args.positions == "original" else args.positions
-    return (press.policy, budget if budget is not None else press.ratio, positions, args.mode or press.mode,
-            press.every if press.mode == "after_steps" else args.every)
-
-
-def _press_file(args: argparse.Namespace, budget: object) -> tuple[object, object, str, str, int]:
-    """``--press-file FILE.py:NAME``: the press class there, made with ``--param`` (kvpress' argument names), as a
-    policy running its own code; ``--ratio`` (or ``--param compression_ratio=R``) is its compression ratio."""
-    from kvviz.policies.base import Ratio
-    from kvviz.policies.by_name import policy_named
-    from kvviz.policies.user import load
-
-    params = _params(args.param)  # the file was checked by run() before torch loaded
-    if "compression_ratio" in params:
-        if budget is not None:
-            raise KvvizError("give the ratio once: --param compression_ratio or --ratio / --budget")
-        budget = Ratio(press_budgets(params, "the press")["compression_ratio"])
-        del params["compression_ratio"]
-    classes = load(args.press_file, label="--press-file")
-    policy = policy_named(classes, next(iter(classes)), params)
-    if budget is None:
-        if not policy.decides_count:
-            raise KvvizError("give --ratio R: the press's compression_ratio, the fraction it removes")
-        budget = Ratio(0.0)
-    return policy, budget, args.positions, args.mode or "prefill", args.every
-
-
 def _check_press_file(args: argparse.Namespace) -> None:
     """Refuse a ``--press-file`` that is not ``FILE.py:CLASS`` or names no file (before torch loads)."""
     if args.policy:
@@ -164,30 +117,23 @@ def run(args: argparse.Namespace) -> None:
                          "slot (KIVI, a per-slot --scheme: blame puts rounded slots back at full precision)")
     if _press(args):
         press_budgets(_params(args.param), f"kvpress' {_press(args)}")
+    from kvviz.edit.reshape import Reshape
     from kvviz.model import load_model
-    from kvviz.policies.user import available
     from kvviz.runs.blame import blame
-    from kvviz.runs.compressed import RunSettings
     from kvviz.runs.forecast import first_compression
-    from kvviz.schemes.kivi import Kivi
+    from kvviz.runs.from_names import from_names
     from kvviz.runs.policy_run import run_policy
     from kvviz.runs.report import document
+    from kvviz.schemes.kivi import Kivi
 
-    policy, budget, positions, mode, every = _policy(args, available())
     kivi = None if args.kivi_bits is None else Kivi(args.kivi_bits, args.kivi_bits, args.kivi_group,
                                                     args.kivi_residual, args.kivi_grouping)
-    from kvviz.edit.reshape import Reshape
-
     reshape = Reshape(args.think, args.think_window, args.merge, args.merge_rule, args.merge_threshold) \
         if args.think or args.merge else None
-
-    cache = {}
-    if args.scheme is not None:
-        from kvviz.schemes.written import run_cache
-
-        cache = run_cache(args.scheme, args.q_group_size, args.residual, args.axis, args.round_own)
-        kivi = kivi or cache.pop("kivi", None)
-    settings = RunSettings(policy, budget, mode, every, kivi, positions, reshape, **cache)
+    settings = from_names(args.policy, _params(args.param), budget=args.budget, ratio=args.ratio, mode=args.mode,
+                          every=args.every, positions=args.positions, schemes=[args.scheme] if args.scheme else [],
+                          kivi=kivi, reshape=reshape, press_file=args.press_file, q_group_size=args.q_group_size,
+                          residual=args.residual, axis=args.axis, round_own=args.round_own)
     lm = load_model(args.model)
     forecast = first_compression(lm, args.turn, settings)
     if forecast is not None and forecast.recency_only:  # said before the run (which then says it again)

@@ -109,8 +109,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the text a static FP8 scheme (fp8-e4m3-head-static, …) calibrates its scales on "
                              "(default: a built-in paragraph)")
     parser.add_argument("--window", type=int, default=0, help="most recent slots kept at full precision")
-    parser.add_argument("--policy", default=None, help="eviction policy: streaming_llm, h2o, snapkv, tova, pyramid_kv, ada_kv, key_norm, random, "
-                        "observed_attention, key_diff, lag_kv, chunk_kv, expected_attention, cur, critical_kv, kv_zip")
+    parser.add_argument("--policy", default=None,
+                        help="eviction policy: streaming_llm, h2o, snapkv, tova, pyramid_kv, ada_kv, key_norm, random, "
+                             "observed_attention, key_diff, lag_kv, chunk_kv, expected_attention, cur, critical_kv, "
+                             "kv_zip; one from KVVIZ_POLICIES; or a kvpress press, kvpress:SnapKVPress")
     parser.add_argument("--budget", default=None, type=budget, help="slots (or fraction) the policy keeps")
     parser.add_argument("--think", type=float, default=None, metavar="RATIO",
                         help="prune this share of key channels per layer and KV head as ThinK does")
@@ -134,11 +136,17 @@ def build_edit(args: argparse.Namespace, session: Session, at: int) -> Edit:
 
     edit = Edit()
     if args.policy is not None:
-        from kvviz.policies import POLICIES
+        from kvviz.policies.registry import make_policy
+        from kvviz.policies.user import available
 
-        if args.policy not in POLICIES or args.budget is None:
-            raise KvvizError(f"--policy needs one of {', '.join(POLICIES)} and --budget")
-        edit = POLICIES[args.policy]().edit(session, args.budget, at)
+        if args.budget is None:
+            raise KvvizError("--policy needs --budget (slots or a fraction kept)")
+        try:
+            policy = make_policy(available(), args.policy)
+        except KvvizError as exc:
+            raise KvvizError(f"--policy needs a policy of the table (kvviz's, KVVIZ_POLICIES', kvpress:NAME): {exc}") \
+                from None
+        edit = policy.edit(session, args.budget, at)
     key_bits: dict[int, int] = {}
     value_bits: dict[int, int] = {}
     for flag, tables in ((args.bits, (key_bits, value_bits)), (args.key_bits, (key_bits,)),

@@ -199,9 +199,10 @@ def timeline_slide(result: PolicyRun, pieces: list[str], turn: int, caption_text
 
 def bit_widths_slide(result: PolicyRun, pieces: list[str], turn: int, caption_text: str) -> dict:
     """The key bit-width of each slot at each decode step of a KIVI run (:func:`kvviz.figures.bit_widths`)."""
-    kivi = result.settings.kivi
-    colour = {"title": "key bits", "scale": {"domain": [kivi.key_bits, 16], "range": ["#f2994a", "#2f80ed"]}}
-    return _slot_grid(bits_grid(result, turn), pieces, "bits", colour, f"Bit-widths: {kivi.label}", caption_text)
+    cache_format = result.settings.cache_format
+    colour = {"title": "key bits", "scale": {"domain": [cache_format.window_bits[0], 16], "range": ["#f2994a", "#2f80ed"]}}
+    return _slot_grid(bits_grid(result, turn), pieces, "bits", colour, f"Bit-widths: {cache_format.label}",
+                      caption_text)
 
 
 def channel_slide(magnitudes: np.ndarray, texts: list[str], outliers: list[int], title: str,

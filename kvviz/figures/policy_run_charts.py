@@ -87,11 +87,11 @@ def why_row(result: PolicyRun, turn: int, layer: int, kv_head: int, n: int) -> l
 
 def bits_grid(result: PolicyRun, turn: int = -1) -> np.ndarray:
     """``(n, steps)``: the key bit-width each slot is stored at as each decode step sees it, NaN where not cached."""
-    run, kivi = result.turns[turn], result.settings.kivi
+    run, (key_bits, _) = result.turns[turn], result.settings.cache_format.window_bits
     steps = torch.arange(len(run.steps))
     quantized = result.quantized_steps(turn)  # (n,)
     n = quantized.shape[0]
-    bits = torch.where(quantized[:, None] <= steps, float(kivi.key_bits), 16.0)
+    bits = torch.where(quantized[:, None] <= steps, float(key_bits), 16.0)
     bits[torch.arange(n)[:, None] >= run.prompt_end + steps] = float("nan")
     return bits.numpy()
 
@@ -117,17 +117,18 @@ def timeline(result: PolicyRun, pieces: list[str], turn: int = -1, layer: int | 
 
 
 def bit_widths(result: PolicyRun, pieces: list[str], turn: int = -1) -> go.Figure:
-    """Slot × step: the key / value bit-width each slot is stored at as each decode step sees it (KIVI runs)."""
-    kivi = result.settings.kivi
+    """Slot × step: the key / value bit-width each slot is stored at as each decode step sees it (runs whose cache
+    format rounds as slots leave a window: KIVI)."""
+    cache_format = result.settings.cache_format
     bits = bits_grid(result, turn)
     n = bits.shape[0]
     labels = [spell_slot(slot, pieces[slot]) for slot in range(n)]
-    data = [dict(type="heatmap", z=bits, x=np.arange(bits.shape[1]), y=labels, zmin=kivi.key_bits, zmax=16,
+    data = [dict(type="heatmap", z=bits, x=np.arange(bits.shape[1]), y=labels, zmin=cache_format.window_bits[0], zmax=16,
                  colorscale=[[0, "#f2994a"], [1, "#2f80ed"]], colorbar=dict(title="key bits"),
                  hovertemplate="step %{x} · slot %{y}<br>keys at %{z} bits<extra></extra>")]
     height = grid_height(n)
     layout = dict(height=height, margin=dict(l=10, r=10, t=30, b=10), xaxis_title="decode step",
-                  yaxis=slot_axis(labels, height), title=plain_title(kivi.label))
+                  yaxis=slot_axis(labels, height), title=plain_title(cache_format.label))
     return go.Figure(dict(data=data, layout=layout))
 
 

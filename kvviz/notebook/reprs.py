@@ -138,7 +138,7 @@ def policy_run_html(result: PolicyRun) -> str:
         tall = min(480, max(160, 6 * run.end))  # a row per slot
         if result.settings.policy is not None and run.steps:
             figures += _sized(timeline_slide(result, pieces, k, caption), 560, tall)
-        if result.settings.kivi is not None and run.steps:
+        if result.windowed and run.steps:
             figures += _sized(bit_widths_slide(result, pieces, k, caption), 560, tall)
         where = "same reply" if run.divergence is None else f"first differs at step {run.divergence}"
         parts.append(

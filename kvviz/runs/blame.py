@@ -75,7 +75,7 @@ def variants(run: TurnRun, step: int, restores: list[set[int]]) -> tuple[torch.T
     for row, slots in enumerate(restores, start=1):
         visible[row, :, :, sorted(slots)] = True
     timeline, cache = run.forced.timeline, None  # None: the session's own
-    if run.forced.settings.kivi or run.forced.settings.written or timeline.rotary or timeline.flushes or timeline.parts:
+    if run.forced.settings.cache_format is not None or timeline.rotary or timeline.parts:
         cache = kv_cache.over(layer_views(stacked(prefix_kv(session, at, session.commits.edit_at(at)), len(visible))),
                               at, written=session.commits.writes(at))
     return rerun(session, at, visible, cache), hidden
@@ -173,8 +173,8 @@ def restorable(result: PolicyRun) -> list[str]:
     """What a blame of this run can put back: ``evicted`` slots (a policy's run), ``rounded`` ones (KIVI's or a
     written cache format's, at full precision)."""
     settings = result.settings
-    return ["evicted"] * (settings.policy is not None) + ["rounded"] * (
-        settings.kivi is not None or settings.written is not None)
+    rounds = settings.cache_format is not None and settings.cache_format.per_slot
+    return ["evicted"] * (settings.policy is not None) + ["rounded"] * rounds
 
 
 def _restorable(result: PolicyRun, of: str) -> str:
@@ -186,9 +186,9 @@ def _restorable(result: PolicyRun, of: str) -> str:
         raise KvvizError(f"blame restores 'evicted' or 'rounded' slots, got {of!r}")
     if of == "evicted" and settings.policy is None:
         raise KvvizError("this run evicts nothing: blame its rounded slots (of='rounded')")
-    if of == "rounded" and settings.quanto is not None:
-        raise KvvizError("QuantizedCache's flushes round the whole prefix again together: a slot's rounding cannot be "
-                         "put back alone")
+    if of == "rounded" and settings.cache_format is not None:
+        raise KvvizError(f"{settings.cache_format.name} rounds the whole prefix again together at each flush: a slot's "
+                         "rounding cannot be put back alone")
     raise KvvizError("this run rounds nothing (KIVI or a written cache format do): blame its evicted slots")
 
 

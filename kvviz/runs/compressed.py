@@ -9,7 +9,9 @@ implementation would, turn by turn and step by step (docs/math.md §9).
   own (in ``after_steps``, up to ``every − 1`` more between compressions).
 - The policy decides on the compressed cache: scores come from attention as the steps computed it, evicted slots
   never come back and accumulate nothing, nothing after the step is seen.
-- KIVI quantizes whole groups as they leave the full-precision window, before the step that first sees them so.
+- A cache format (kvviz.schemes.cache_format) stores what is kept as a real implementation does: KIVI quantizes
+  whole groups as they leave the full-precision window, before the step that first sees them so; a written format
+  rounds each slot once, when written; QuantizedCache flushes its residual into the rounded part.
 - Positions stay the original absolute ones, or (``positions="rerotated"``, for policies that keep the same slots
   everywhere) the kept keys are re-rotated to the positions of their order and the next token follows them.
 """
@@ -28,11 +30,9 @@ from kvviz.errors import KvvizError
 from kvviz.hidden_log import HiddenLog, recording
 from kvviz.model import LoadedModel
 from kvviz.policies.base import Candidates, Policy, kept_share, received_attention, slots_kept
-from kvviz.schemes.kivi import Kivi
-from kvviz.schemes.written import WrittenCache
 from kvviz.policies.reshaping import merging, think
 from kvviz.runs.reasons import Reasons
-from kvviz.schemes.quanto import QuantoCache
+from kvviz.schemes.cache_format import CacheFormat
 from kvviz.edit.reshape import Reshape
 from kvviz.rope import Rotary
 from kvviz.runs.timeline import Timeline
@@ -46,45 +46,42 @@ POSITIONS = ("original", "rerotated")
 
 @dataclass(frozen=True)
 class RunSettings:
-    """How a policy run compresses. ``policy`` None runs KIVI alone; ``budget`` is a slot count or a fraction of the
-    slots cached after each turn's prompt."""
+    """How a policy run compresses. ``policy`` None runs the cache format alone; ``budget`` is a slot count or a
+    fraction of the slots cached after each turn's prompt; ``cache_format`` how the kept K/V are stored (KIVI, a
+    written scheme, QuantizedCache: kvviz.schemes.cache_format), None for the model's own cache."""
 
     policy: Policy | None = None
     budget: int | float | None = None
     mode: Mode = "decode"
     every: int = 1
-    kivi: Kivi | None = None
+    cache_format: CacheFormat | None = None
     positions: Literal["original", "rerotated"] = "original"
     reshape: Reshape | None = None  # ThinK's prunings, merges of the evicted, at each prompt
-    quanto: QuantoCache | None = None  # transformers' QuantizedCache (quanto backend) as the run's cache
-    written: WrittenCache | None = None  # a scheme's cache, each slot rounded when written (kvviz.schemes.written)
 
     def __post_init__(self) -> None:
         rewrites = self.reshape is not None and (self.reshape.think or self.reshape.merge)  # prunes or merges
-        if self.written is not None and (self.kivi is not None or self.quanto is not None
-                                         or self.positions == "rerotated" or rewrites):
-            raise KvvizError(f"a {self.written.name} cache runs alone: without KIVI, QuantizedCache, pruning or "
-                             "merging, at original positions")
-        if self.quanto is not None and (self.kivi is not None or self.positions == "rerotated" or rewrites):
-            raise KvvizError("a QuantizedCache run quantizes as transformers' QuantizedCache does: without KIVI, "
-                             "pruning or merging, at original positions")
+        if self.cache_format is not None and not isinstance(self.cache_format, CacheFormat):
+            raise KvvizError(f"a run's cache format is KIVI, a written scheme or QuantizedCache "
+                             f"(kvviz.schemes.cache_format), got {type(self.cache_format).__name__}")
+        if self.positions not in POSITIONS:
+            raise KvvizError(f"positions must be 'original' or 'rerotated', got {self.positions!r}")
+        if self.positions == "rerotated" and (self.policy is None or not self.policy.uniform or self.cache_format):
+            raise KvvizError("re-rotated positions need a policy that keeps the same slots in every layer and KV head "
+                             "(streaming_llm, random) and the model's own cache (no KIVI, QuantizedCache or written "
+                             "scheme)")
         if rewrites:
-            if self.kivi is not None or self.positions == "rerotated":
-                raise KvvizError("pruning or merging runs without KIVI and with original positions (both rewrite the "
-                                 "cache kvviz keeps for them)")
+            if self.cache_format is not None or self.positions == "rerotated":
+                alone = self.cache_format.name if self.cache_format else "a quantized cache"
+                raise KvvizError(f"pruning or merging runs without {alone} and with original positions (both rewrite "
+                                 "the cache kvviz keeps for them)")
             if self.reshape.merge and (self.policy is None or self.mode not in ("prefill", "both")):
                 raise KvvizError("merging folds what a prompt's compression evicts: it needs a policy and mode prefill "
                                  "or both (kvpress' MergingPress compresses the prompt)")
-        if self.positions not in POSITIONS:
-            raise KvvizError(f"positions must be 'original' or 'rerotated', got {self.positions!r}")
-        if self.positions == "rerotated" and (self.policy is None or not self.policy.uniform or self.kivi):
-            raise KvvizError("re-rotated positions need a policy that keeps the same slots in every layer and KV head "
-                             "(streaming_llm, random) and no KIVI quantization")
         if self.mode not in MODES:
             raise KvvizError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
             raise KvvizError(f"every must be a positive integer, got {self.every!r}")
-        if self.policy is None and self.kivi is None and self.quanto is None and self.written is None:
+        if self.policy is None and self.cache_format is None:
             raise KvvizError("a run needs a policy, a quantized cache (KIVI, QuantizedCache, a scheme), or both")
         if self.policy is not None:
             if self.budget is None:
@@ -103,12 +100,8 @@ class RunSettings:
         if self.policy is not None:
             every = f" every {self.every} steps" if self.every > 1 else ""
             parts.append(f"{self.policy.name}, budget {self.budget}, {self.mode}{every}")
-        if self.kivi is not None:
-            parts.append(self.kivi.label)
-        if self.quanto is not None:
-            parts.append(self.quanto.label)
-        if self.written is not None:
-            parts.append(self.written.label)
+        if self.cache_format is not None:
+            parts.append(self.cache_format.label)
         if self.reshape is not None and self.reshape.label:
             parts.append(self.reshape.label)
         where = " · original positions" if self.positions == "original" else \
@@ -121,11 +114,11 @@ class CompressedSession:
 
     def __init__(self, lm: LoadedModel, settings: RunSettings):
         self.lm, self.settings = lm, settings
-        self.session = Session(lm, Sampling())
         rotary = Rotary(lm) if settings.positions == "rerotated" else None
-        schedule = settings.kivi if settings.written is None else settings.written.for_model(lm)
-        self.timeline = Timeline(self.session.cache, lm.layers, lm.kv_heads, schedule, rotary)
-        self.session.commits = self.timeline
+        cache_format = settings.cache_format.for_model(lm) if settings.cache_format is not None else None
+        self.session = Session(lm, Sampling(), commits=lambda cache: Timeline(cache, lm.layers, lm.kv_heads,
+                                                                               cache_format, rotary))
+        self.timeline: Timeline = self.session.commits
         # attention each slot received so far, kept up to date only for policies that read it (H2O)
         self.running = torch.zeros(lm.layers, lm.kv_heads, 0, dtype=torch.float64)
         self.accumulates = settings.policy is not None and settings.policy.accumulates
@@ -137,10 +130,7 @@ class CompressedSession:
         reads = settings.policy is not None and settings.policy.reads_hidden
         self.hidden = HiddenLog(lm.layers) if reads else None  # the attention inputs, for policies that read them
         self.scratch: dict = {}  # what the policy keeps between this run's decisions (Candidates.scratch)
-        self.residual: int | None = None  # QuantizedCache: slots in its full-precision residual (None: nothing yet)
-        if settings.quanto is not None:
-            settings.quanto.check(lm.head_dim)
-            self.timeline.quanto = settings.quanto
+        self.residual: int | None = None  # formats that flush: slots in their full-precision residual (None: none yet)
 
     def __len__(self) -> int:
         return len(self.session)
@@ -182,7 +172,7 @@ class CompressedSession:
                 raise KvvizError(f"a budget of {budget} keeps no slot of this {len(self.session)}-slot prompt")
         self.steps = 0
         evicted = self._compress(self.settings.mode in ("prefill", "both"))
-        self._quanto(len(self.session) - start)
+        self._flush(len(self.session) - start)
         reshape = self.settings.reshape
         if reshape is not None and (reshape.think or reshape.merge):
             self._reshape(reshape, evicted)
@@ -212,11 +202,10 @@ class CompressedSession:
     @property
     def batchable(self) -> bool:
         """Whether its decode steps can run in a batch of sessions (:mod:`kvviz.runs.lockstep`): evictions only hide
-        slots (no KIVI, QuantizedCache, pruning, merging or re-rotation rewrites the cache) and the policy reads no
-        hidden states."""
+        slots (no cache format, pruning, merging or re-rotation rewrites the cache) and the policy reads no hidden
+        states."""
         reshape = self.settings.reshape
-        return (self.hidden is None and self.timeline.kivi is None and self.settings.quanto is None
-                and self.timeline.rotary is None and not (reshape is not None and (reshape.think or reshape.merge)))
+        return (self.hidden is None and self.timeline.format is None and self.timeline.rotary is None and not (reshape is not None and (reshape.think or reshape.merge)))
 
     def begin_step(self, token: int | None = None) -> Session:
         """The part of :meth:`step` before its pass: the compression due, then ``token`` forced. Returns the session
@@ -236,18 +225,16 @@ class CompressedSession:
         self._computed(len(self.session) - 1)
         self._received(slice(len(self.session) - 1, len(self.session)))
         self.steps += 1
-        self._quanto(1)
+        self._flush(1)
         return self.session.logits
 
-    def _quanto(self, added: int) -> None:
-        """QuantizedCache after a pass that added ``added`` slots (they attended unquantized): the first pass's K/V
-        are quantized at once; later ones join the residual, and once it would reach ``residual_length``
-        everything is quantized again together (kvviz.schemes.quanto)."""
-        quanto = self.settings.quanto
-        if quanto is None:
-            return
-        if self.residual is not None and self.residual + added < quanto.residual_length:
-            self.residual += added
+    def _flush(self, added: int) -> None:
+        """After a pass that added ``added`` slots (they attended unquantized), a flush when the cache format says
+        one is due (QuantizedCache: kvviz.schemes.quanto); otherwise they join its residual."""
+        cache_format = self.timeline.format
+        if cache_format is None or not cache_format.flush_due(self.residual, added):
+            if self.residual is not None:
+                self.residual += added
             return
         self.timeline.flush(len(self.session), len(self.session))
         self.residual = 0
@@ -278,8 +265,8 @@ class CompressedSession:
                 decision = self.settings.policy.decide(candidates)
                 self.reasons.record(decision)
                 evicted = decision.evicted
-        schedule = self.timeline.kivi  # KIVI's, or a written scheme's
-        if self.timeline.record(at, evicted, schedule.quantized_prefix(at) if schedule else 0):
+        cache_format = self.timeline.format
+        if self.timeline.record(at, evicted, cache_format.quantized_prefix(at) if cache_format else 0):
             self.session.version += 1
             self.session.memo.clear()
             if self.timeline.rotary is not None:  # the next token follows the kept ones

@@ -24,11 +24,12 @@ def _turn(run: TurnRun) -> dict:
 
 
 def _quantized(result: PolicyRun) -> list[dict]:
-    """KIVI's log for the last turn: ``{"first", "last", "step", "key_bits", "value_bits"}`` per run of slots quantized
-    before the same step (-1: before the turn)."""
-    kivi = result.settings.kivi
-    if kivi is None:
+    """The log of a window format (KIVI) for the last turn: ``{"first", "last", "step", "key_bits", "value_bits"}`` per
+    run of slots quantized before the same step (-1: before the turn)."""
+    cache_format = result.settings.cache_format
+    if cache_format is None or cache_format.window_bits is None:
         return []
+    key_bits, value_bits = cache_format.window_bits
     steps = result.quantized_steps().tolist()
     runs: list[dict] = []
     for slot, step in enumerate(steps):
@@ -37,8 +38,7 @@ def _quantized(result: PolicyRun) -> list[dict]:
         if runs and runs[-1]["step"] == step and runs[-1]["last"] == slot - 1:
             runs[-1]["last"] = slot
         else:
-            runs.append({"first": slot, "last": slot, "step": step, "key_bits": kivi.key_bits,
-                         "value_bits": kivi.value_bits})
+            runs.append({"first": slot, "last": slot, "step": step, "key_bits": key_bits, "value_bits": value_bits})
     return runs
 
 
@@ -67,9 +67,8 @@ def document(result: PolicyRun, blame: Blame | None = None) -> dict:
         "policy": policy.name if policy is not None else None,
         "params": policy.settings() if policy is not None else {},
         "budget": settings.budget, "mode": settings.mode, "every": settings.every,
-        "kivi": settings.kivi.settings() if settings.kivi is not None else None,
-        "quanto": settings.quanto.settings() if settings.quanto is not None else None,
-        "written": settings.written.settings() if settings.written is not None else None,
+        **{kind: None for kind in ("kivi", "quanto", "written")},  # the cache format under its kind's key
+        **({settings.cache_format.kind: settings.cache_format.settings()} if settings.cache_format else {}),
         "positions": settings.positions,
         "reshape": _reshaped(result),
         **{key: last[key] for key in ("prompt_ids", "kept_after_prompt", "full", "policy_run", "divergence", "steps")},

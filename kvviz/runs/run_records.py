@@ -82,6 +82,12 @@ class PolicyRun:
     def last(self) -> TurnRun:
         return self.turns[-1]
 
+    @property
+    def windowed(self) -> bool:
+        """Whether its cache format rounds slots as they leave a full-precision window (KIVI): then the bit-width
+        each slot is stored at changes over the steps (:meth:`quantized_steps`)."""
+        return self.settings.cache_format is not None and self.settings.cache_format.window_bits is not None
+
     def evictions(self, turn: int = -1) -> list[dict]:
         """When each slot left the cache during ``turn``: ``{"slot", "step", "layer", "kv_head"}`` with ``step`` the
         first decode step of the turn that no longer sees it (0 for a compression right after the prompt) and
@@ -139,7 +145,7 @@ class PolicyRun:
         return torch.where(later, NEVER, torch.where(slots < run.prompt_end, -1, slots - run.prompt_end))
 
     def quantized_steps(self, turn: int = -1) -> torch.Tensor:
-        """KIVI's side of the timeline: ``(n,)`` int, the turn's decode step from which each slot is stored at low
+        """The cache format's side of the timeline (KIVI's window): ``(n,)`` int, the turn's decode step from which each slot is stored at low
         bits (``-1``: before the turn; ``NEVER``: still at 16 bits at the end)."""
         run = self.turns[turn]
         timeline = run.forced.timeline

@@ -4,7 +4,8 @@ it stood at every step.
 
 Commit ``k`` is a compression made when ``at[k]`` slots were cached; it applies to the steps of slots ``≥ at[k]``.
 Evictions are final, so one tensor holds them all: ``evicted_at`` ``(L, KV, n)``, the commit that evicted each slot
-from each layer and KV head (``NEVER`` if none). Quantization (KIVI) covers a growing prefix of slots; the live cache
+from each layer and KV head (``NEVER`` if none). The run's cache format (KIVI's window, a written scheme) rounds a
+growing prefix of slots, or (QuantizedCache) flushes it all together; the live cache
 holds the quantized K/V, the originals are kept to reproduce any step exactly. With re-rotated positions
 (kvviz/rope.py) the keys as computed are kept too, with the position each slot held after every commit.
 """
@@ -20,9 +21,8 @@ from transformers import Cache
 from kvviz import kv_cache
 from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
-from kvviz.schemes.kivi import Kivi
-from kvviz.schemes.written import WrittenCache
 from kvviz.rope import Rotary
+from kvviz.schemes.cache_format import CacheFormat
 
 NEVER = torch.iinfo(torch.int32).max
 
@@ -32,11 +32,13 @@ class Timeline:
 
     stack = ()  # no hand-made commits: a run's cache is edited by its policy only
 
-    def __init__(self, cache: Cache, layers: int, kv_heads: int, kivi: Kivi | WrittenCache | None = None,
+    def __init__(self, cache: Cache, layers: int, kv_heads: int, cache_format: CacheFormat | None = None,
                  rotary: Rotary | None = None):
-        """``kivi``: the run's quantization schedule — KIVI, or a scheme written slot by slot (kvviz.schemes.written),
-        whose first-pass scales are fixed here when the first slots are rounded."""
-        self.cache, self.layers, self.kv_heads, self.kivi, self.rotary = cache, layers, kv_heads, kivi, rotary
+        """``cache_format``: how the run stores its cache (kvviz.schemes.cache_format), resolved for the model: KIVI's
+        window, a scheme written slot by slot (its first-pass scales fixed here when the first slots are rounded),
+        QuantizedCache's flushes; None for the model's own."""
+        self.cache, self.layers, self.kv_heads, self.rotary = cache, layers, kv_heads, rotary
+        self.format = cache_format
         self.computed: torch.Tensor | None = None  # re-rotated runs: (L, KV, n, D) keys at the position computed at
         self.processed: list[int] = []  # re-rotated runs: the position each slot was computed at
         self.placed: list[torch.Tensor] = []  # re-rotated runs: per commit, the positions of slots 0..at[k]-1
@@ -46,7 +48,6 @@ class Timeline:
         self.originals: tuple[torch.Tensor, torch.Tensor] | None = None  # (L, KV, q, D): quantized slots as computed
         self._edits: dict[int, Edit] = {}
         self.parts: list[tuple[int, Edit]] = []  # (commit, its prunings and merges), kvviz.edit.reshape
-        self.quanto = None  # a QuantizedCache run's settings (kvviz.schemes.quanto)
         self.flushes: list[tuple[int, int]] = []  # (commit, slots 0..upto-1 quantized again then)
         self.unshaped: tuple[torch.Tensor, torch.Tensor] | None = None  # (L, KV, m, D): slots 0..m-1 as computed
         self.own_from: int | None = None  # written ``own`` runs: the first slot whose pass attended to its K/V rounded
@@ -67,7 +68,7 @@ class Timeline:
             if len(self._edits) >= 8:
                 self._edits.pop(next(iter(self._edits)))
             evictions = Edit.from_evicted(self.evicted_at[:, :, : self.at[k]] <= k).evictions
-            quantized = self.kivi.edit(range(self.quantized[k])) if self.kivi and self.quantized[k] else Edit()
+            quantized = self.format.edit(range(self.quantized[k])) if self.format and self.quantized[k] else Edit()
             parts = [part for j, part in self.parts if j <= k]
             self._edits[k] = Edit(evictions=evictions, key_bits=quantized.key_bits, value_bits=quantized.value_bits,
                                   keys=quantized.keys, values=quantized.values, exact_layers=quantized.exact_layers,
@@ -106,7 +107,7 @@ class Timeline:
             return NEVER
         if self.flushes:
             return sum(j <= k for j, _ in self.flushes)
-        if self.parts:  # pruned keys (no KIVI then): the prunings in force
+        if self.parts:  # pruned keys (no cache format then): the prunings in force
             return sum(j <= k and bool(part.prunings) for j, part in self.parts)
         return self.quantized[k] if k >= 0 else 0
 
@@ -114,7 +115,7 @@ class Timeline:
         """Keys and values ``(KV, at, D)`` of the slots before ``at`` as the step of slot ``at`` saw them, before
         quantization: re-rotated to the positions they held then."""
         if self.flushes:  # QuantizedCache: its states cannot be rebuilt by an Edit; the step's own K/V
-            return self.quanto_kv(layer, self.index(at), at)
+            return self.flushed_kv(layer, self.index(at), at)
         keys, values = self.original_kv(layer, at)
         return (self._placed_keys(layer, at, at), values) if self.rotary is not None else (keys, values)
 
@@ -123,7 +124,7 @@ class Timeline:
         or None when as computed: written ``own`` runs after their first pass."""
         if self.own_from is None or slot < self.own_from:
             return None
-        return [partial(self.kivi.rounded, layer) for layer in range(self.layers)]
+        return [partial(self.format.rounded, layer) for layer in range(self.layers)]
 
     def _placed_keys(self, layer: int, slot: int, stop: int) -> torch.Tensor:
         """Re-rotated runs: keys ``(KV, stop, D)`` at the positions in force for the step of ``slot``."""
@@ -139,14 +140,14 @@ class Timeline:
         if self.rotary is not None:
             return self._placed_keys(layer, slot, stop)
         if self.flushes:
-            return self.quanto_kv(layer, self.index(slot), stop)[0]
+            return self.flushed_kv(layer, self.index(slot), stop)[0]
         if self.parts:
             return self.edit_at(slot).quantized_keys(self.original_kv(layer, stop)[0], layer)
         quantized = min(self.key_version(slot), stop)
         if not quantized:
             return self.original_kv(layer, stop)[0]
-        if self.kivi.grouping == "shared":  # the scales depended on every slot quantized then
-            return self.kivi.edit(range(quantized)).quantized_keys(self.original_kv(layer, stop)[0])
+        if self.format.grouping == "shared":  # the scales depended on every slot quantized then
+            return self.format.edit(range(quantized)).quantized_keys(self.original_kv(layer, stop)[0])
         live = kv_cache.layer_kv(self.cache, layer)[0][0, :, :stop]  # blocks: quantized once, never again
         return torch.cat([live[:, :quantized], self.original_kv(layer, stop)[0][:, quantized:]], dim=1)
 
@@ -179,7 +180,7 @@ class Timeline:
 
     def record(self, at: int, evict: torch.Tensor | None, quantize: int = 0) -> bool:
         """Compress before the step of slot ``at``: evict ``evict`` (bool ``(L, KV, at)``, alive slots) and quantize
-        the slots ``0..quantize-1`` (KIVI). Returns whether anything changed."""
+        the slots ``0..quantize-1`` (the cache format's schedule). Returns whether anything changed."""
         old_q = self.quantized[-1] if self.quantized else 0
         new = evict is not None and bool(evict.any())
         if not new and quantize <= old_q:
@@ -222,17 +223,17 @@ class Timeline:
         self._commit_at(at)
         live = self._keep_computed(upto)
         for keys, values in live:
-            keys[0, :, :upto], values[0, :, :upto] = self.quanto.flushed(keys[0, :, :upto], values[0, :, :upto])
+            keys[0, :, :upto], values[0, :, :upto] = self.format.flushed(keys[0, :, :upto], values[0, :, :upto])
         self.flushes.append((len(self.at) - 1, upto))
 
-    def quanto_kv(self, layer: int, k: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def flushed_kv(self, layer: int, k: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values ``(KV, stop, D)`` of ``layer`` as QuantizedCache held them under commit ``k``: the flushes
         up to it replayed in order on the K/V as computed, each on the whole flush (HQQ's axis-0 groups span slots)."""
         reach = max([stop] + [upto for j, upto in self.flushes if j <= k])
         keys, values = (t.clone() for t in self.original_kv(layer, reach))
         for j, upto in self.flushes:
             if j <= k:
-                keys[:, :upto], values[:, :upto] = self.quanto.flushed(keys[:, :upto], values[:, :upto])
+                keys[:, :upto], values[:, :upto] = self.format.flushed(keys[:, :upto], values[:, :upto])
         return keys[:, :stop], values[:, :stop]
 
     def _keep_computed(self, upto: int) -> list:
@@ -291,14 +292,14 @@ class Timeline:
         added = tuple(torch.stack([kv[i][0, :, old:new] for kv in live]) for i in (0, 1))  # (L, KV, new-old, D)
         self.originals = added if self.originals is None else tuple(
             torch.cat([o, a], dim=2) for o, a in zip(self.originals, added))
-        if not old and isinstance(self.kivi, WrittenCache) and self.kivi.first_pass:  # its scales fixed by the first pass
-            self.kivi = self.kivi.fixed(*added)
-        first = old if self.kivi.grouping == "blocks" else 0  # shared scales: the whole prefix again
-        edit = self.kivi.edit(range(first, new))
+        if not old:  # scales that span slots are fixed by the first pass
+            self.format = self.format.after_first_pass(*added)
+        first = old if self.format.grouping == "blocks" else 0  # shared scales: the whole prefix again
+        edit = self.format.edit(range(first, new))
         for layer, (keys, values) in enumerate(live):
             edit.quantize_(keys[0, :, :new], values[0, :, :new],
                            source=(self.originals[0][layer], self.originals[1][layer]), layer=layer)
-        if isinstance(self.kivi, WrittenCache) and self.kivi.own and self.own_from is None:
+        if self.format.own and self.own_from is None:
             self.own_from = new  # from now on the cache rounds what it is written, keeping it as computed here
             for layer, entry in enumerate(self.cache.layers):
                 entry.written = partial(self._write, layer)
@@ -309,7 +310,7 @@ class Timeline:
         if layer == 0:  # a new pass
             self._settle()
         self._fresh[layer].append((keys[0].detach().clone(), values[0].detach().clone()))
-        return self.kivi.rounded(layer, keys, values)
+        return self.format.rounded(layer, keys, values)
 
     def _settle(self) -> None:
         """Between passes: the K/V as computed that the live cache's writers kept move to :attr:`originals` (a pass

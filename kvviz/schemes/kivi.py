@@ -9,15 +9,19 @@ elsewhere: one scale per channel across all quantized slots, so every new group 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
 from kvviz.quant.quantizer import Quantizer, check_bits
+from kvviz.schemes.cache_format import CacheFormat
 
 
 @dataclass(frozen=True)
-class Kivi:
+class Kivi(CacheFormat):
+    """KIVI as a run's cache format (see the module doc)."""
+
+    kind: ClassVar[str] = "kivi"
     key_bits: int = 2
     value_bits: int = 2
     group: int = 32  # slots per key group (the paper's G)
@@ -49,6 +53,14 @@ class Kivi:
 
     def settings(self) -> dict:
         return asdict(self)
+
+    @property
+    def window_bits(self) -> tuple[int, int]:
+        return self.key_bits, self.value_bits
+
+    @property
+    def name(self) -> str:
+        return f"KIVI K{self.key_bits}/V{self.value_bits}"
 
     @property
     def label(self) -> str:

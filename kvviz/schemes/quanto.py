@@ -17,17 +17,23 @@ default) groups strided elements across slots and KV heads, so a flush's roundin
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import ClassVar
 
 import torch
 
 from kvviz.errors import KvvizError
 from kvviz.quant.quantizer import Quantizer, fake_quantize
+from kvviz.schemes.cache_format import CacheFormat
 
 BITS = {"quanto": (2, 4), "hqq": (1, 2, 3, 4, 8)}
 
 
 @dataclass(frozen=True)
-class QuantoCache:
+class QuantoCache(CacheFormat):
+    """transformers' QuantizedCache as a run's cache format (see the module doc)."""
+
+    kind: ClassVar[str] = "quanto"
+    per_slot: ClassVar[bool] = False  # a flush rounds the whole prefix again together
     nbits: int = 4  # quanto: 2 or 4 (qint2 / qint4); HQQ: 1, 2, 3, 4 or 8
     q_group_size: int = 64  # channels (quanto, HQQ axis 1) or elements (HQQ axis 0) per scale and zero point
     residual_length: int = 128  # full-precision slots gathered before they are quantized
@@ -66,6 +72,19 @@ class QuantoCache:
 
     def settings(self) -> dict:
         return asdict(self)
+
+    @property
+    def name(self) -> str:
+        return f"QuantizedCache ({self.backend}) {self.nbits} bits"
+
+    def for_model(self, lm) -> QuantoCache:
+        self.check(lm.head_dim)
+        return self
+
+    def flush_due(self, residual: int | None, added: int) -> bool:
+        """The first pass's K/V are quantized at once; later ones join the residual until it would reach
+        ``residual_length``, then everything is quantized again together."""
+        return residual is None or residual + added >= self.residual_length
 
     def check(self, head_dim: int) -> None:
         if self.backend == "quanto":

@@ -22,11 +22,13 @@ form of per-channel keys is ``kivi-N``), outlier channels (chosen over the slots
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 import torch
 
 from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
+from kvviz.schemes.cache_format import CacheFormat
 from kvviz.schemes.calibration import CALIBRATION_TEXT, calibrate
 from kvviz.schemes.catalogue import Scheme
 from kvviz.quant.fp4 import E2M1_MAX, E4M3_MAX
@@ -40,12 +42,13 @@ _TINY = torch.finfo(torch.float32).tiny
 
 
 @dataclass(frozen=True)
-class WrittenCache:
-    """Scheme ``scheme`` (kvviz.schemes.catalogue) as a run's cache. :meth:`for_model` resolves what it needs from the
-    model (its quantizers, widths and layers kept exact); :meth:`fixed` its first-pass scales. Provides what a run's
-    timeline asks of a quantization schedule: :meth:`quantized_prefix`, :meth:`edit`, ``grouping``, :attr:`label`;
-    with ``own``, :meth:`rounded` — how a pass stores (and attends to) its new K/V."""
+class WrittenCache(CacheFormat):
+    """Scheme ``scheme`` (kvviz.schemes.catalogue) as a run's cache format. :meth:`for_model` resolves what it needs
+    from the model (its quantizers, widths and layers kept exact); :meth:`fixed` its first-pass scales. Every slot
+    written before a step is rounded (:meth:`quantized_prefix`, :meth:`edit`); with ``own``, :meth:`rounded` — how a
+    pass stores (and attends to) its new K/V."""
 
+    kind: ClassVar[str] = "written"
     scheme: str
     own: bool = False  # the passes after the first attend to their own K/V rounded (the engines', transformers' fp8)
     template: Edit | None = field(default=None, compare=False)  # the scheme's quantization of one slot, resolved
@@ -85,6 +88,9 @@ class WrittenCache:
         if self.template is None:
             raise ValueError("a written cache needs its model first: WrittenCache.for_model(lm)")
         return self.template
+
+    def after_first_pass(self, keys: torch.Tensor, values: torch.Tensor) -> WrittenCache:
+        return self.fixed(keys, values) if self.first_pass else self
 
     def quantized_prefix(self, cached: int) -> int:
         """Every slot written before the step is rounded."""
@@ -142,19 +148,19 @@ def _fixed(quantizer: Quantizer, x: torch.Tensor) -> Quantizer:
 QUANTIZED_FP8 = WrittenCache("fp8-e4m3-tensor", own=True)  # transformers' QuantizedCache(backend="fp8")
 
 
-def run_cache(name: str, q_group_size: int = 64, residual: int = 128, axis: int = 0, own: bool = False) -> dict:
-    """The cache a policy run keeps for scheme ``name``, as :class:`~kvviz.runs.compressed.RunSettings` fields:
-    ``kivi`` (``kivi-N``), ``quanto`` (``quanto-N``, ``hqq-N``; ``axis``: QuantizedCache's, for keys and values) or
-    ``written`` (the per-slot schemes, each slot rounded when written — with ``own`` the step's own K/V too;
-    ``quantized-fp8``: transformers' fp8 QuantizedCache); ``fp16`` is the model's own cache. Per-channel and mixed
-    schemes are refused in one line (their scales span the slots)."""
+def run_cache(name: str, q_group_size: int = 64, residual: int = 128, axis: int = 0,
+              own: bool = False) -> CacheFormat | None:
+    """The cache format a policy run keeps for scheme ``name`` (``RunSettings.cache_format``): :class:`Kivi` (``kivi-N``), :class:`QuantoCache` (``quanto-N``, ``hqq-N``; ``axis``: QuantizedCache's, for keys and
+    values) or a :class:`WrittenCache` (the per-slot schemes, each slot rounded when written — with ``own`` the step's
+    own K/V too; ``quantized-fp8``: transformers' fp8 QuantizedCache); None for ``fp16``, the model's own cache.
+    Per-channel and mixed schemes are refused in one line (their scales span the slots)."""
     family, bits = run_family(name), name.rpartition("-")[2]
     if family == "fp16":
-        return {}
+        return None
     if family == "quantized":
-        return {"written": QUANTIZED_FP8}
+        return QUANTIZED_FP8
     if family == "kivi":
-        return {"kivi": Kivi(int(bits), int(bits))}
+        return Kivi(int(bits), int(bits))
     if family in ("quanto", "hqq"):
-        return {"quanto": QuantoCache(int(bits), q_group_size, residual, axis, axis, backend=family)}
-    return {"written": WrittenCache(name, own)}
+        return QuantoCache(int(bits), q_group_size, residual, axis, axis, backend=family)
+    return WrittenCache(name, own)

@@ -139,12 +139,10 @@ def _scores(prompt: Prompt, full: str, policy: str) -> Row:
 def run_settings(case: Case, classes: dict):
     """The :class:`~kvviz.runs.compressed.RunSettings` of ``case``: its policy (from ``classes``), budget, mode and
     cache scheme — the same for a sweep's run and for the case opened again."""
-    from kvviz.runs.compressed import RunSettings
-    from kvviz.policies.registry import make_policy
-    from kvviz.schemes.written import run_cache
+    from kvviz.runs.from_names import from_names
 
-    cache = run_cache(case.scheme) if case.scheme else {}
-    return RunSettings(make_policy(classes, case.policy, {}), case.budget, case.mode, case.every, **cache)
+    return from_names(case.policy, budget=case.budget, mode=case.mode, every=case.every,
+                      schemes=[case.scheme] if case.scheme else [], classes=classes)
 
 
 def case_of(row: Row) -> Case:

@@ -73,12 +73,12 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike, workers: int = 1, ray: st
     from kvviz.policies.base import slots_kept
     from kvviz.policies.user import available
     from kvviz.schemes.written import run_cache
-    from kvviz.policies.registry import make_policy
+    from kvviz.policies.registry import chosen
 
     refuse_busy(Path(out))
     cases = spec.cases()
     for name in spec.policies:  # refuse an unknown policy, scheme, budget or model before anything runs
-        make_policy(available(), name, {})
+        chosen(available(), name)
     for name in spec.schemes:
         run_cache(name)
     for budget in spec.budgets:

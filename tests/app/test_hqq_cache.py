@@ -24,5 +24,5 @@ def test_the_page_runs_an_hqq_cache():
     next(n for n in app.number_input if n.label == "Full-precision R").set_value(8)
     app.button[[b.label for b in app.button].index("Run the policy")].click().run()
     assert_clean(app)
-    assert app.session_state["policy_run"].settings.quanto == QuantoCache(4, 64, 8, backend="hqq")
+    assert app.session_state["policy_run"].settings.cache_format == QuantoCache(4, 64, 8, backend="hqq")
     assert any("QuantizedCache (hqq) 4 bits" in re.sub(r"\\(.)", r"\1", c.value) for c in app.caption)

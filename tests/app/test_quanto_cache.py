@@ -25,5 +25,5 @@ def test_the_page_runs_a_quantized_cache_alone():
     app.button[[b.label for b in app.button].index("Run the policy")].click().run()
     assert_clean(app)
     settings = app.session_state["policy_run"].settings
-    assert settings.policy is None and settings.quanto == QuantoCache(2, 64, 8)
+    assert settings.policy is None and settings.cache_format == QuantoCache(2, 64, 8)
     assert any("QuantizedCache (quanto) 2 bits" in re.sub(r"\\(.)", r"\1", c.value) for c in app.caption)

@@ -115,7 +115,7 @@ def test_blame_of_a_step_before_a_later_flush_sees_the_cache_that_step_saw(lm, e
     from kvviz.policies import H2O
     from kvviz.schemes.quanto import QuantoCache
 
-    settings = RunSettings(H2O(), 32, "decode", quanto=QuantoCache(nbits=2, q_group_size=32, residual_length=4))
+    settings = RunSettings(H2O(), 32, "decode", cache_format=QuantoCache(nbits=2, q_group_size=32, residual_length=4))
     result = run_policy(lm, [TURNS[0]], settings, max_new_tokens=10)
     run = result.last
     assert len(run.forced.timeline.flushes) >= 3  # the prompt's, then one every 4 steps

@@ -28,7 +28,7 @@ PROMPT = "My cat is called Whiskers and my dog is called Rex. The cat sleeps on 
 @pytest.mark.parametrize("bits, group, residual, axis", [(4, 64, 8, 0), (2, 32, 5, 0), (8, 64, 6, 1)])
 def test_an_hqq_cache_run_steps_as_transformers_quantized_cache(lm, bits, group, residual, axis):
     settings = QuantoCache(bits, group, residual, axis, axis, backend="hqq")
-    assert run_cache(f"hqq-{bits}", group, residual, axis) == {"quanto": settings}
+    assert run_cache(f"hqq-{bits}", group, residual, axis) == settings
     run = assert_steps_as_transformers(lm, settings, PROMPT)
     assert len(run.session.commits.flushes) == 1 + (2 * residual + 3) // residual
 

@@ -73,8 +73,8 @@ def test_rerotated_streaming_llm_equals_a_compacted_cache(make_chat, lm, eps):
 
 
 def test_rerotated_positions_are_refused_where_they_make_no_sense(lm):
-    for settings in (dict(policy=H2O(), budget=16), dict(policy=StreamingLLM(), budget=16, kivi=Kivi()),
-                     dict(policy=None, budget=None, kivi=Kivi())):
+    for settings in (dict(policy=H2O(), budget=16), dict(policy=StreamingLLM(), budget=16, cache_format=Kivi()),
+                     dict(policy=None, budget=None, cache_format=Kivi())):
         with pytest.raises(KvvizError, match="re-rotated positions need"):
             RunSettings(**settings, positions="rerotated")
 

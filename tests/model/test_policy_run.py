@@ -163,7 +163,7 @@ def _kivi_reference(keys: torch.Tensor, values: torch.Tensor, quantized: int, gr
 
 def test_kivi_quantizes_whole_groups_before_the_step_that_first_sees_them(lm):
     kivi = Kivi(key_bits=2, value_bits=4, group=8, residual=8)
-    run = CompressedSession(lm, RunSettings(None, None, kivi=kivi))
+    run = CompressedSession(lm, RunSettings(None, None, cache_format=kivi))
     run.add_turn(PROMPT)
     for _ in range(9):  # covers steps before which a new group left the window, and steps where none did
         logits = run.step()
@@ -317,7 +317,7 @@ def test_the_follow_up_demo_fails_only_on_the_follow_up(lm):
 
 def test_kivi_runs_with_eviction_and_the_timeline_names_when_each_group_was_quantized(lm):
     kivi = Kivi(key_bits=4, value_bits=4, group=8, residual=8)
-    result = run_policy(lm, [PROMPT], RunSettings(StreamingLLM(), 40, "decode", kivi=kivi), max_new_tokens=10)
+    result = run_policy(lm, [PROMPT], RunSettings(StreamingLLM(), 40, "decode", cache_format=kivi), max_new_tokens=10)
     run = result.last
     steps = result.quantized_steps()
     for step in range(len(run.steps)):  # before step s the cache held prompt_end + s slots

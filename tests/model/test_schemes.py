@@ -53,7 +53,7 @@ def test_quanto_prefix_follows_a_quantized_cache_runs_flushes(lm):
     """The flush rule replayed from the growth log equals the one a QuantizedCache run applied (two turns, a small
     residual so that flushes happen in decode steps and at the second prompt)."""
     quanto = QuantoCache(4, 64, 6)
-    run = CompressedSession(lm, RunSettings(quanto=quanto))
+    run = CompressedSession(lm, RunSettings(cache_format=quanto))
     run.add_turn(PROMPT)
     for _ in range(9):
         run.step()
@@ -70,7 +70,7 @@ def test_quanto_prefix_follows_a_quantized_cache_runs_flushes(lm):
 def test_the_quanto_scheme_holds_what_a_quantized_cache_holds_at_that_step(lm, chat, eps):
     """At the first decode step, where both hold the prompt's K/V as computed and QuantizedCache has quantized them
     once (later steps of a run see K/V computed on a quantized cache; a what-if keeps the full run's K/V)."""
-    run = CompressedSession(lm, RunSettings(quanto=QuantoCache(4)))
+    run = CompressedSession(lm, RunSettings(cache_format=QuantoCache(4)))
     run.add_turn(PROMPT)
     at = len(run.session)
     run.step(chat.transcript.ids[at])
@@ -134,7 +134,7 @@ def test_a_sweep_takes_cache_schemes_as_an_axis(lm, eps, tmp_path):
     spec = SweepSpec(str(prompts), ("streaming_llm",), (16,), max_new_tokens=4, schemes=("fp16", "quanto-2"))
     rows = records(run_sweep(spec, tmp_path / "out", progress=False))
     assert [r["scheme"] for r in rows] == ["fp16", "quanto-2"] and len({r["key"] for r in rows}) == 2
-    alone = run_policy(lm, [PROMPT], RunSettings(POLICIES["streaming_llm"](), 16, quanto=QuantoCache(2)), 4).last
+    alone = run_policy(lm, [PROMPT], RunSettings(POLICIES["streaming_llm"](), 16, cache_format=QuantoCache(2)), 4).last
     kls = [step.kl for step in alone.records]  # one per reply token, the prompt's last row (step -1) first
     mean = sum(kls) / len(kls)
     assert abs(rows[1]["kl_mean"] - mean) <= kl_rounding(eps, mean) and rows[1]["policy_text"] == alone.policy_text

@@ -88,11 +88,13 @@ def test_a_case_opened_again_keeps_its_cache_scheme(one_by_one):
     """A row of a sweep over cache schemes opens as a run with that scheme (the app's *Open as a policy run* once
     dropped it and ran the model's own cache)."""
     from kvviz.policies.user import available
+    from kvviz.schemes.kivi import Kivi
+    from kvviz.schemes.quanto import QuantoCache
     from kvviz.sweeps.cases import case_of, run_settings
 
     row = {**one_by_one[0], "scheme": "kivi-2"}
     settings = run_settings(case_of(row), available())
-    assert settings.kivi is not None and settings.kivi.key_bits == 2 and settings.policy.name == row["policy"]
+    assert settings.cache_format == Kivi(2, 2) and settings.policy.name == row["policy"]
     quanto = run_settings(case_of({**row, "scheme": "quanto-4"}), available())
-    assert quanto.quanto is not None and quanto.kivi is None
-    assert run_settings(case_of({**row, "scheme": "fp16"}), available()).kivi is None
+    assert quanto.cache_format == QuantoCache(4)
+    assert run_settings(case_of({**row, "scheme": "fp16"}), available()).cache_format is None

@@ -46,7 +46,7 @@ def rounded(name: str, x: torch.Tensor, first: torch.Tensor, value: bool) -> tor
 
 @pytest.mark.parametrize("name", ["nvfp4", "int4-token-head", "k8v4-token-head+skip-first2"])
 def test_each_step_is_a_step_on_the_tests_own_rounding_of_what_the_run_computed(lm, eps, name):
-    run = CompressedSession(lm, RunSettings(**run_cache(name)))
+    run = CompressedSession(lm, RunSettings(cache_format=run_cache(name)))
     run.add_turn(PROMPT)
     prompt = len(run)
     exact = Scheme(name).exact_layers((None,) * lm.layers)
@@ -71,7 +71,7 @@ def test_each_step_is_a_step_on_the_tests_own_rounding_of_what_the_run_computed(
 
 @pytest.mark.parametrize("name", ["nvfp4", "fp8-e4m3-head", "mxfp4"])
 def test_the_first_step_is_the_what_if_of_the_same_scheme(lm, make_chat, eps, name):
-    result = run_policy(lm, [PROMPT], RunSettings(**run_cache(name)), 2).last
+    result = run_policy(lm, [PROMPT], RunSettings(cache_format=run_cache(name)), 2).last
     first = result.steps[0]  # the first decode step: every prompt slot rounded, the scales the prompt's own
     chat = make_chat(PROMPT, steps=1)
     at = first.slot
@@ -93,7 +93,7 @@ def test_a_sweep_over_schemes_runs_and_its_worst_case_opens_as_a_run(lm, tmp_pat
     worst = max(rows, key=lambda r: r["kl_mean"])
     case = case_of(worst)
     settings = run_settings(case, available())
-    assert settings.written is not None and settings.written.scheme == worst["scheme"]
+    assert settings.cache_format is not None and settings.cache_format.scheme == worst["scheme"]
     again = run_policy(lm, list(case.prompt.turns), settings, case.max_new_tokens).last
     assert again.policy_text == worst["policy_text"]
 
@@ -108,8 +108,8 @@ def test_transformers_fp8_quantized_cache_as_a_run_steps_as_transformers(lm, eps
     from tests.support.references import AttentionSpy
     from tests.support.rounding import weight_rounding, worst_ratio
 
-    run = CompressedSession(lm, RunSettings(**run_cache("quantized-fp8")))
-    assert run.settings.written.own and "QuantizedCache (fp8)" in run.settings.label
+    run = CompressedSession(lm, RunSettings(cache_format=run_cache("quantized-fp8")))
+    assert run.settings.cache_format.own and "QuantizedCache (fp8)" in run.settings.label
     cache = QuantizedCache(backend="fp8", config=lm.model.config)
 
     def theirs(ids: list[int], start: int) -> torch.Tensor:
@@ -159,7 +159,7 @@ def test_a_what_if_at_a_step_of_a_quantized_fp8_run_replays_that_step(lm, eps, m
     from kvviz.whatif.continuation import greedy
     from kvviz.whatif.full_step import kept_full_step
 
-    run = CompressedSession(lm, RunSettings(**run_cache("quantized-fp8")))
+    run = CompressedSession(lm, RunSettings(cache_format=run_cache("quantized-fp8")))
     run.add_turn(PROMPT)
     seen = {}
     for _ in range(3):
@@ -181,7 +181,7 @@ def test_a_what_if_at_a_step_of_a_quantized_fp8_run_replays_that_step(lm, eps, m
     assert follow.full_ids == follow.edited_ids == run.session.transcript.ids[first + 1:first + 3]
     keys = kv_cache.layer_kv(caches[0], 0)[0][0, :, first + 1]  # layer 0: the next token's key, as the run stored it
     assert torch.equal(keys, run.session.layer_kv(0)[0][:, first + 1])
-    plain = CompressedSession(lm, RunSettings(**run_cache("fp8-e4m3-tensor")))  # its step's own K/V as computed
+    plain = CompressedSession(lm, RunSettings(cache_format=run_cache("fp8-e4m3-tensor")))  # its step's own K/V as computed
     plain.add_turn(PROMPT)
     at, logits = len(plain), plain.step()
     assert plain.timeline.writes(at) is None
@@ -197,7 +197,7 @@ def test_blame_puts_rounded_slots_back_at_full_precision(lm, eps, name, own):
     from kvviz.whatif.full_step import prefix_kv
     from kvviz.whatif.metrics import kl_divergence
 
-    result = run_policy(lm, [PROMPT], RunSettings(**run_cache(name)), 6)
+    result = run_policy(lm, [PROMPT], RunSettings(cache_format=run_cache(name)), 6)
     ranked = blame(result, step=3, limit=4)
     assert ranked.of == "rounded" and len(ranked.rows) == 4
     run = result.last

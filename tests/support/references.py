@@ -85,7 +85,7 @@ def assert_steps_as_transformers(lm: LoadedModel, settings, prompt: str):
     from kvviz.runs.compressed import CompressedSession, RunSettings
     from tests.support.rounding import logit_rounding
 
-    run = CompressedSession(lm, RunSettings(quanto=settings))
+    run = CompressedSession(lm, RunSettings(cache_format=settings))
     run.add_turn(prompt)
     ids, n = run.session.transcript.ids, len(run.session)
     cache = QuantizedCache(backend=settings.backend, config=lm.model.config, nbits=settings.nbits,
@@ -114,7 +114,7 @@ def assert_steps_as_transformers(lm: LoadedModel, settings, prompt: str):
             assert float(close.float().mean()) > 0.999  # a rare value at a rounding boundary may land a step away
     timeline = run.session.commits
     for layer in (0, lm.layers - 1):  # the timeline rebuilds the live cache from the K/V as computed
-        rebuilt = timeline.quanto_kv(layer, len(timeline.at) - 1, len(run.session))
+        rebuilt = timeline.flushed_kv(layer, len(timeline.at) - 1, len(run.session))
         assert all(torch.equal(a, b[:, : len(run.session)]) for a, b in zip(rebuilt, run.session.layer_kv(layer)))
     return run
 

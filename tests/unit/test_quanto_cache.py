@@ -29,7 +29,10 @@ def test_quantized_cache_settings_are_refused_in_one_line():
         QuantoCache(nbits=3)
     with pytest.raises(KvvizError, match="0 or -1 with quanto"):
         QuantoCache(axis_key=1)
+    from kvviz.schemes.cache_format import one_format
     from kvviz.schemes.kivi import Kivi
 
-    with pytest.raises(KvvizError, match="without KIVI"):
-        RunSettings(kivi=Kivi(2, 2, 32, 128), quanto=QuantoCache())
+    with pytest.raises(KvvizError, match="one cache: KIVI K2/V2 and QuantizedCache \\(quanto\\) 4 bits cannot be"):
+        one_format(Kivi(2, 2, 32, 128), QuantoCache())
+    with pytest.raises(KvvizError, match="a run's cache format is KIVI, a written scheme or QuantizedCache"):
+        RunSettings(cache_format={"quanto": QuantoCache()})

@@ -41,7 +41,15 @@ def test_schemes_whose_scales_span_slots_are_refused_in_one_line(name, message):
 
 
 def test_a_written_cache_runs_alone():
+    from kvviz.edit.reshape import Reshape
+    from kvviz.policies import H2O, StreamingLLM
+    from kvviz.schemes.cache_format import one_format
     from kvviz.schemes.kivi import Kivi
 
-    with pytest.raises(KvvizError, match="cache runs alone"):
-        RunSettings(kivi=Kivi(), written=WrittenCache("nvfp4"))
+    with pytest.raises(KvvizError, match="one cache: KIVI K2/V2 and nvfp4 cannot be combined"):
+        one_format(Kivi(), WrittenCache("nvfp4"))
+    with pytest.raises(KvvizError, match="pruning or merging runs without nvfp4 and with original positions"):
+        RunSettings(H2O(), 16, "prefill", cache_format=WrittenCache("nvfp4"), reshape=Reshape(0.25))
+    with pytest.raises(KvvizError, match="re-rotated positions need .* the model's own cache"):
+        RunSettings(StreamingLLM(), 16, cache_format=WrittenCache("nvfp4"), positions="rerotated")
+    assert one_format(None, WrittenCache("nvfp4"), None) == WrittenCache("nvfp4") and one_format(None) is None
