@@ -203,12 +203,12 @@ def notebook_shot() -> None:
             run_all(page, folder / "explore.ipynb")
             page.locator(".jp-CodeCell").last.locator(".jp-OutputArea-output").last.wait_for(timeout=300_000)
             widget = page.locator(".kvviz-widget").first
-            widget.locator(".kvviz-chip", has_text="\u2423Ada").first.click()
+            widget.locator(".kv-chip", has_text="\u2423Ada").first.click()
             page.wait_for_function("s => s.dataset.kl !== ''", arg=widget.locator(".kvviz-status").element_handle(),
                                    timeout=120_000)
-            widget.locator(".kvviz-chip", has_text="\u2423Lisbon").first.click(modifiers=["Shift"])
+            widget.locator(".kv-chip", has_text="\u2423Lisbon").first.click(modifiers=["Shift"])
             widget.get_by_text("2 bits", exact=True).click()
-            page.wait_for_function("() => document.querySelector('.kvviz-widget .kvviz-bits')", timeout=120_000)
+            page.wait_for_function("() => document.querySelector('.kvviz-widget .kv-bits')", timeout=120_000)
             time.sleep(2)
             widget.scroll_into_view_if_needed()
             box = widget.bounding_box()
@@ -230,7 +230,7 @@ def marimo_shot() -> None:
             page = browser.new_page(viewport={"width": 1280, "height": 1300})  # marimo scrolls inside its page
             page.goto(url)
             page.get_by_text("Click a chip above to evict it.").wait_for(timeout=300_000)
-            page.locator(".kvviz-widget .kvviz-chip", has_text="\u2423Ada").first.click()
+            page.locator(".kvviz-widget .kv-chip", has_text="\u2423Ada").first.click()
             page.get_by_text("KL in the widget").wait_for(timeout=120_000)
             time.sleep(2)
             page.screenshot(path=str(ROOT / "assets" / "screenshot-marimo.png"))

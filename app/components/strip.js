@@ -1,157 +1,6 @@
-// The clickable cache strip. Every chip's text is set with textContent (never innerHTML): model and user text
-// can contain markup, and it must show literally. Python holds the state; a click sends {slot, shift, nonce}.
-// A click changes one or two chips: when the slots and their texts are as last drawn, chips are updated in place
-// (only those whose row changed, compared field by field), so a long strip is not rebuilt (and laid out again) on
-// every click.
-const SEGMENTS = ["history", "query", "generated"];
-const MARKS = /(␣+|↵+|⇥+|∅|(?:<0x[0-9A-F]{2}>)+)/;  // kvviz.spelling's marks (a capture: split keeps them)
-
-function describe(chip, row, at) {
-  const [slot, text, segment, turn, attention, evicted, keyBits, valueBits, selected, typed, outside,
-         gone, committedKeyBits, committedValueBits, draftPairs, committedPairs, late, why] = row;
-  chip.className = "kv-chip kv-" + SEGMENTS[segment] + (evicted === 1 ? " kv-evicted" : "") +
-    (evicted === 2 ? " kv-partial" : "") + (selected ? " kv-selected" : "") + (slot === at ? " kv-current" : "") +
-    (typed ? " kv-typed" : "") + (outside ? " kv-outside" : "") + (late ? " kv-late" : "") +
-    (gone === 1 ? " kv-committed" : "") +
-    (gone === 2 ? " kv-committed-partial" : "");
-  chip.style.setProperty("--kv-attention", String(attention));
-  const quantized = keyBits < 16 || valueBits < 16;
-  const committedBits = committedKeyBits < 16 || committedValueBits < 16;
-  chip.title = "slot " + slot + " · " + SEGMENTS[segment] + " · turn " + (turn + 1) + " · attention " +
-    attention.toFixed(3) + " of max" + (quantized ? " · trying K" + keyBits + "/V" + valueBits : "") +
-    (evicted === 2 ? " · trying: evicted in " + draftPairs + " of the (layer, KV head) pairs" : "") +
-    (gone === 1 ? " · committed: evicted" : "") +
-    (gone === 2 ? " · committed: evicted in " + committedPairs + " of the (layer, KV head) pairs" : "") +
-    (committedBits ? " · committed: K" + committedKeyBits + "/V" + committedValueBits : "") +
-    (typed ? " · a control token typed by the user" : "") +
-    (late ? " · ends turn " + turn + "'s reply: chosen then, cached by turn " + (turn + 1) + "'s prefill" : "") +
-    (outside ? " · outside this layer's sliding window: the layer no longer holds it" : "") +
-    (why ? "\n" + why : "");
-  chip.textContent = "";  // the text comes spelled (kvviz.spelling): its marks for spaces, breaks and bytes drawn faint
-  text.split(MARKS).forEach((part, i) => {
-    if (!part) return;
-    if (i % 2 === 0) { chip.appendChild(document.createTextNode(part)); return; }
-    const mark = document.createElement("span");
-    mark.className = "kv-mark";
-    mark.textContent = part;
-    chip.appendChild(mark);
-  });
-  const badge = (className, k, v) => {
-    const sup = document.createElement("sup");
-    sup.className = className;
-    sup.textContent = k === v ? String(k) : k + "/" + v;
-    chip.appendChild(sup);
-  };
-  if (committedBits) badge("kv-bits kv-bits-committed", committedKeyBits, committedValueBits);
-  if (quantized) badge("kv-bits", keyBits, valueBits);
-}
-
-function rebuild(root, chips, at) {
-  const fragment = document.createDocumentFragment();
-  const drawn = [];
-  let turn = null;
-  for (const row of chips) {
-    if (turn !== null && row[3] !== turn && !row[16]) {  // a late end-of-turn stays with the reply it closes
-      const separator = document.createElement("span");
-      separator.className = "kv-turn";
-      separator.textContent = "turn " + (row[3] + 1);  // turns count from 1 on the page
-      fragment.appendChild(separator);
-    }
-    if (!row[16]) turn = row[3];
-    const chip = document.createElement("span");
-    chip.dataset.slot = row[0];
-    chip.setAttribute("role", "listitem");
-    describe(chip, row, at);
-    fragment.appendChild(chip);
-    drawn.push({ chip, row });
-  }
-  root.replaceChildren(fragment);
-  return drawn;
-}
-
-const SEGMENT_COLOURS = ["#7f8c9a", "#2f80ed", "#f2994a"];
-
-function chipAt(root, slot) {
-  return root.querySelector('.kv-chip[data-slot="' + slot + '"]');
-}
-
-function scrollToChip(root, chip) {
-  // within the strip only (the page stays where it is): the chip a third of the way down
-  if (!chip) return;
-  root.scrollTop += chip.getBoundingClientRect().top - root.getBoundingClientRect().top - root.clientHeight / 3;
-}
-
-function drawMinimap(canvas, root, chips, at, found) {
-  // the whole cache in one bar, one pixel column per slot or per few slots: attention (red, top; the strongest slot
-  // of the column), segments (band, bottom), evicted (dark), search hits (yellow), the current step (black) and the
-  // part of the strip in view (outline). Drawn as one image and a rectangle per run of equal columns: a fill per
-  // slot cost ~20 ms of every click at 8k slots.
-  const width = canvas.clientWidth || 600, height = 18, n = chips.length;
-  canvas.width = width;
-  canvas.height = height;
-  const ctx = canvas.getContext("2d");
-  if (!n) return;
-  const strongest = new Float32Array(width), segment = new Int8Array(width), dark = new Uint8Array(width);
-  const hit = new Uint8Array(width), hits = new Set(found);
-  chips.forEach((row, i) => {
-    const start = Math.floor(i * width / n), end = Math.max(start + 1, Math.floor((i + 1) * width / n));
-    for (let x = start; x < end; x++) {
-      strongest[x] = Math.max(strongest[x], row[4]);
-      segment[x] = row[2];
-      if (row[5] === 1 || row[11] === 1) dark[x] = 1;
-      if (hits.has(row[0])) hit[x] = 1;
-    }
-  });
-  const image = ctx.createImageData(width, 12), pixels = image.data;
-  for (let x = 0; x < width; x++) {
-    const alpha = Math.round(strongest[x] * 0.9 * 255);
-    for (let o = x * 4; o < pixels.length; o += width * 4) {
-      pixels[o] = 235;
-      pixels[o + 1] = 87;
-      pixels[o + 2] = 87;
-      pixels[o + 3] = alpha;
-    }
-  }
-  ctx.putImageData(image, 0, 0);
-  const runs = (values, y, h, colour) => {
-    for (let x = 0, end; x < width; x = end) {
-      for (end = x + 1; end < width && values[end] === values[x];) end++;
-      const fill = colour(values[x]);
-      if (fill) {
-        ctx.fillStyle = fill;
-        ctx.fillRect(x, y, end - x, h);
-      }
-    }
-  };
-  runs(segment, 13, 5, (s) => SEGMENT_COLOURS[s]);
-  runs(dark, 4, 5, (d) => d && "rgba(40, 40, 40, 0.75)");
-  runs(hit, 0, 4, (h) => h && "#f2c94c");
-  ctx.fillStyle = "#000";
-  ctx.fillRect(Math.floor(Math.min(at, n - 1) * width / n), 0, Math.max(width / n, 2), height);
-  const first = root.querySelector(".kv-chip");
-  if (first && root.scrollHeight > root.clientHeight) {
-    const top = root.scrollTop / root.scrollHeight, seen = root.clientHeight / root.scrollHeight;
-    ctx.strokeStyle = "#333";
-    ctx.strokeRect(top * width + 0.5, 0.5, Math.max(seen * width, 3), height - 1);
-  }
-}
-
-function sameRow(a, b) {
-  // rows are flat arrays of numbers, strings and booleans
-  if (a.length !== b.length) return false;
-  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
-  return true;
-}
-
-function sameLayout(drawn, chips) {
-  // the same slots, texts and turns as drawn: the chips can be updated in place
-  if (!drawn || drawn.length !== chips.length) return false;
-  for (let i = 0; i < chips.length; i++) {
-    const a = drawn[i].row, b = chips[i];
-    if (a[0] !== b[0] || a[1] !== b[1] || a[3] !== b[3] || a[16] !== b[16]) return false;
-  }
-  return true;
-}
+// The dashboard's host of the cache strip: kvviz/figures/strip.js (the one front end, loaded before these lines)
+// draws the chips and the minimap; here the Streamlit component receives rows and reports clicks. Python holds the
+// state; a click sends {slot, shift, nonce}.
 
 function decoded(data) {
   // the page sends one JSON byte string (see strip.py)
@@ -173,56 +22,38 @@ export default function (component) {
       const chips = root.kvChips || [];
       const rect = minimap.getBoundingClientRect();
       const index = Math.floor((event.clientX - rect.left) / rect.width * chips.length);
-      if (chips[index]) scrollToChip(root, chipAt(root, chips[index][0]));
+      if (chips[index]) kvScrollToChip(root, kvChipAt(root, chips[index][0]));
     });
     root = document.createElement("div");
     root.className = "kv-strip";
-    root.setAttribute("role", "list");
     parentElement.appendChild(root);
-    root.addEventListener("click", (event) => {
-      const chip = event.target.closest(".kv-chip");
-      if (!chip) return;
-      setTriggerValue("click", { slot: Number(chip.dataset.slot), shift: event.shiftKey || event.altKey || event.metaKey,
-                                 nonce: Date.now() + Math.random() });
-    });
+    kvOnChipClick(root, (slot, shift) => setTriggerValue("click", { slot, shift, nonce: Date.now() + Math.random() }));
   }
   const chips = (data && data.chips) || [];
   const at = data ? data.at : -1;
   const found = (data && data.found) || [];
-  const fresh = !(root.kvAt === at && sameLayout(root.kvDrawn, chips));
-  if (!fresh) {
-    chips.forEach((row, index) => {
-      const drawn = root.kvDrawn[index];
-      if (!sameRow(drawn.row, row)) {
-        describe(drawn.chip, row, at);
-        drawn.row = row;
-      }
-    });
-  } else {
-    root.kvDrawn = rebuild(root, chips, at);
-    root.kvAt = at;
-  }
+  const fresh = kvDrawStrip(root, chips, at);
   root.classList.toggle("kv-large", Boolean(data && data.large));
   const search = JSON.stringify(found), hits = new Set(found);
   if (fresh || search !== root.kvSearch) {  // a new search or strip: every chip's mark
     root.kvDrawn.forEach(({ chip }, index) => chip.classList.toggle("kv-found", hits.has(chips[index][0])));
-  } else if (found.length) {  // describe() reset the classes of the chips it updated: mark the hits again
+  } else if (found.length) {  // kvDescribe reset the classes of the chips it updated: mark the hits again
     chips.forEach((row, index) => { if (hits.has(row[0])) root.kvDrawn[index].chip.classList.add("kv-found"); });
   }
   const focus = data && data.focus !== undefined ? data.focus : null;
   if (search !== root.kvSearch && found.length) {
-    scrollToChip(root, chipAt(root, found[0]));  // a new search: its first hit
+    kvScrollToChip(root, kvChipAt(root, found[0]));  // a new search: its first hit
   } else if (focus !== null && (fresh || focus !== root.kvFocus)) {
-    scrollToChip(root, chipAt(root, focus));  // what a tour step's caption names
+    kvScrollToChip(root, kvChipAt(root, focus));  // what a tour step's caption names
   } else if (fresh) {
-    scrollToChip(root, root.querySelector(".kv-current"));  // a new step or conversation: the step in view
+    kvScrollToChip(root, root.querySelector(".kv-current"));  // a new step or conversation: the step in view
   }
   root.kvSearch = search;
   root.kvFocus = focus;
   root.kvChips = chips;
-  drawMinimap(minimap, root, chips, at, found);
+  kvDrawMinimap(minimap, root, chips, at, found);
   if (!root.kvScrollHooked) {
-    root.addEventListener("scroll", () => drawMinimap(minimap, root, root.kvChips || [], root.kvAt, root.kvFound || []));
+    root.addEventListener("scroll", () => kvDrawMinimap(minimap, root, root.kvChips || [], root.kvAt, root.kvFound || []));
     root.kvScrollHooked = true;
   }
   root.kvFound = found;

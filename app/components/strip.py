@@ -1,5 +1,6 @@
 """The cache strip as a Streamlit v2 component: one chip per cached slot; a click toggles eviction, a shift-click
-selects. Python holds every bit of state (the draft edit); the component only draws and reports clicks."""
+selects. Python holds every bit of state (the draft edit); the component only draws (kvviz/figures/strip.js, the
+strip's one front end, which the notebook widget and the offline page load too) and reports clicks."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from pathlib import Path
 import streamlit as st
 
 from kvviz.errors import KvvizError
+from kvviz.figures.strip import front_end, strip_css
 
-_HERE = Path(__file__).parent
-_component = st.components.v2.component(
-    "kvviz_strip", js=(_HERE / "strip.js").read_text(), css=(_HERE / "strip.css").read_text()
+_component = st.components.v2.component(  # the one front end of the strip, with this host's lines (strip.js here)
+    "kvviz_strip", js=front_end(Path(__file__).with_name("strip.js")), css=strip_css()
 )
 
 

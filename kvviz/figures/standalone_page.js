@@ -1,8 +1,9 @@
 // kvviz offline page. Every text from the model or the user is set with textContent, never as markup; the page makes
 // no request (its Content-Security-Policy forbids any). Data: the JSON in #kvviz-data (see kvviz/figures/standalone_page.py).
-"use strict";
+// The strip is drawn by kvviz/figures/strip.js, the strip's one front end, inlined before these lines, from rows of
+// the shape kvviz.view_data.strip_chips gives the dashboard.
 const DATA = JSON.parse(document.getElementById("kvviz-data").textContent);
-const SEGMENTS = ["history", "query", "generated"];
+const SEGMENTS = KV_SEGMENTS;
 const n = DATA.slots.length;
 const state = { view: 0, at: n - 1, edit: DATA.prepared.length ? 0 : -1 };
 
@@ -72,18 +73,7 @@ app.appendChild(el("p", { className: "kv-note", text: "Background: attention of 
 app.appendChild(strip);
 const notice = el("p", { className: "kv-notice", role: "status" });
 app.appendChild(notice);
-const chips = DATA.slots.map(([text, segment, turn], slot) => {
-  const chip = el("span", { className: `kv-chip kv-${SEGMENTS[segment]}`, role: "listitem",
-    title: `slot ${slot} · ${SEGMENTS[segment]} · turn ${turn + 1}` });
-  chip.dataset.slot = String(slot);
-  chip.textContent = text;  // spelled by kvviz.spelling.spell
-  strip.appendChild(chip);
-  return chip;
-});
-strip.addEventListener("click", (event) => {
-  const chip = event.target.closest(".kv-chip");
-  if (!chip) return;
-  const slot = Number(chip.dataset.slot);
+kvOnChipClick(strip, (slot) => {
   const covering = DATA.prepared.map((p, i) => [p, i]).filter(([p]) => p.evicted.includes(slot) ||
     slot in p.key_bits || slot in p.value_bits).map(([, i]) => i);
   if (!covering.length) { notice.textContent = `No prepared edit touches slot ${slot}.`; return; }
@@ -164,19 +154,13 @@ function draw() {
   const edit = state.edit >= 0 ? DATA.prepared[state.edit] : null;
   const evicted = new Set(edit ? edit.evicted : []);
   stepLabel.textContent = ` slot ${at} (${SEGMENTS[DATA.slots[at][1]]})`;
-  chips.forEach((chip, slot) => {
-    const seen = slot <= at;
-    chip.style.setProperty("--kv-attention", seen ? String(weights[slot] / top) : "0");
-    chip.classList.toggle("kv-later", !seen);
-    chip.classList.toggle("kv-current", slot === at);
-    chip.classList.toggle("kv-evicted", evicted.has(slot));
-    chip.title = `slot ${slot}` + (seen ? ` · attention ${fmt(weights[slot], 3)}` : " · after this step");
-    const old = chip.querySelector("sup");
-    if (old) old.remove();
-    const bits = edit && (edit.key_bits[slot] || edit.value_bits[slot]);
-    if (bits) chip.appendChild(el("sup", { className: "kv-bits",
-      text: `${edit.key_bits[slot] || 16}/${edit.value_bits[slot] || 16}` }));
-  });
+  // the strip's rows (kvviz.view_data.strip_chips' columns): the step's attention relative to its strongest slot, the
+  // chosen edit's evictions and bits; a slot after the step is drawn faint
+  const rows = DATA.slots.map(([text, segment, turn], slot) => [slot, text, segment, turn,
+    slot <= at ? Math.round(weights[slot] / top * 1e4) / 1e4 : 0, evicted.has(slot) ? 1 : 0,
+    (edit && edit.key_bits[slot]) || 16, (edit && edit.value_bits[slot]) || 16, 0, 0, 0, 0, 16, 16, 0, 0, 0, ""]);
+  kvDrawStrip(strip, rows, at);
+  strip.kvDrawn.forEach(({ chip, row }) => chip.classList.toggle("kv-later", row[0] > at));
   [...editList.children].forEach((b, i) => b.classList.toggle("kv-chosen", i === state.edit));
   result.replaceChildren();
   if (!edit) return;

@@ -21,6 +21,7 @@ from kvviz.edit.draft import EditDraft
 from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
 from kvviz.figures.slides import describe
+from kvviz.figures.strip import front_end, strip_css
 from kvviz.session import Session
 from kvviz.spelling import spell
 from kvviz.transcript import SEGMENTS
@@ -120,7 +121,8 @@ def standalone_html(data: dict) -> str:
     """The page: the data as JSON inside the HTML (``<`` escaped, so no text can close its script element), with the
     page's own CSS and JavaScript inlined."""
     payload = json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
-    css, js = ((_HERE / f"standalone_page.{kind}").read_text() for kind in ("css", "js"))
+    css = strip_css() + (_HERE / "standalone_page.css").read_text(encoding="utf-8")
+    js = front_end(_HERE / "standalone_page.js")  # the strip's one front end, then the page's own script
     policy = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'"
     return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8">\n'
             f'<meta http-equiv="Content-Security-Policy" content="{policy}">\n'

@@ -1,6 +1,6 @@
 """A live notebook widget on a :class:`~kvviz.session.Session` (anywidget: JupyterLab, Notebook 7, VS Code, Colab, and
-marimo through ``mo.ui.anywidget``). Its front end (``widget.js``, ``widget.css``) ships in the package and loads
-nothing from the network.
+marimo through ``mo.ui.anywidget``). Its front end (the strip's own, kvviz/figures/strip.js and strip.css, then
+``widget.js`` and ``widget.css``) ships in the package and loads nothing from the network.
 
 The widget draws the strip at the step of slot ``at``; a click evicts a chip (everywhere, in the shown layer, or in
 the shown layer's KV head, as ``scope`` says), a shift-click selects it for a bit-width. Each change re-runs
@@ -25,7 +25,8 @@ from kvviz.edit.edit import Edit, Eviction
 from kvviz.errors import KvvizError
 from kvviz.numbers import number, reply_length
 from kvviz.policies.base import Policy
-from kvviz.notebook.reprs import chip_fields, what_if_html
+from kvviz.figures.strip import front_end, strip_css
+from kvviz.notebook.reprs import what_if_html
 from kvviz.session import Session
 from kvviz.view_data import strip_chips
 from kvviz.whatif import WhatIf, what_if
@@ -37,13 +38,13 @@ SCOPES = ("everywhere", "layer", "kv head")
 class CacheWidget(anywidget.AnyWidget):
     """The strip, the step slider, the scope and bit-width controls and the what-if of the edit being tried."""
 
-    _esm = _HERE / "widget.js"
-    _css = _HERE / "widget.css"
+    _esm = front_end(_HERE / "widget.js")  # the strip's one front end, then the widget's own lines
+    _css = strip_css() + (_HERE / "widget.css").read_text(encoding="utf-8")
 
     # drawn by the front end
-    chips = traitlets.List().tag(sync=True)  # per slot up to `at`: reprs.chip_fields of its strip row — [slot, text,
-    # segment, shade, evicted, bits, committed, selected] (evicted: 0 no / 1 everywhere / 2 some layers or KV heads;
-    # bits: key bits, tried or committed)
+    chips = traitlets.List().tag(sync=True)  # per slot up to `at`: its kvviz.view_data.strip_chips row, as the
+    # dashboard's strip draws it — [slot, text, segment, turn, attention, evicted (0 no / 1 everywhere / 2 some layers
+    # or KV heads), key bits, value bits, selected, …, committed eviction (11), committed key bits (12), …]
     slots = traitlets.Int(0).tag(sync=True)
     layers = traitlets.Int(1).tag(sync=True)
     heads = traitlets.Int(1).tag(sync=True)
@@ -238,7 +239,7 @@ class CacheWidget(anywidget.AnyWidget):
         if not len(self.session):
             return []
         head = None if self.head < 0 else self.head
-        return [chip_fields(row) for row in strip_chips(self.session, self.draft, self.at, self.layer, head)]
+        return strip_chips(self.session, self.draft, self.at, self.layer, head)
 
     def _what_if(self, edit: Edit) -> WhatIf:
         self.busy = True

@@ -1,6 +1,7 @@
 // kvviz's notebook widget (anywidget): the strip of a session at one step, its controls, and the what-if the kernel
-// computes for the edit being tried. Text is set as text; the what-if's HTML is the kernel's own escaped rendering.
-const SEGMENTS = ["history", "query", "generated"];
+// computes for the edit being tried. The strip is drawn by kvviz/figures/strip.js, the strip's one front end, loaded
+// before these lines (kvviz/figures/strip.py); the rows are kvviz.view_data.strip_chips', as the dashboard's. Text
+// is set as text; the what-if's HTML is the kernel's own escaped rendering.
 
 function el(tag, className, text) {
   const node = document.createElement(tag);
@@ -67,32 +68,15 @@ function render({ model, el: root }) {
 
   const help = el("div", "kvviz-note",
     "click a chip: evict it · shift-click: select it for a bit-width · shade: attention of the step's token");
-  const strip = el("div", "kvviz-strip");
-  strip.addEventListener("click", (event) => {
-    const chip = event.target.closest("[data-slot]");
-    if (!chip) return;
-    request({ kind: event.shiftKey ? "select" : "evict", slot: Number(chip.dataset.slot) });
-  });
+  const strip = el("div", "kv-strip");
+  kvOnChipClick(strip, (slot, shift) => request({ kind: shift ? "select" : "evict", slot }));
   const status = el("div", "kvviz-status");
   const error = el("div", "kvviz-error");
   const result = el("div", "kvviz-result");
   root.append(bar, tools, help, strip, status, error, result);
 
   function drawStrip() {
-    const chips = model.get("chips");
-    strip.replaceChildren(...chips.map(([slot, text, segment, shade, evicted, bits, committed, selected]) => {
-      const chip = el("span", "kvviz-chip kvviz-" + SEGMENTS[segment], text);
-      chip.dataset.slot = String(slot);
-      chip.style.setProperty("--kvviz-shade", String(shade));
-      if (evicted) chip.classList.add(evicted === 1 ? "kvviz-evicted" : "kvviz-evicted-some");
-      if (committed) chip.classList.add("kvviz-committed");
-      if (selected) chip.classList.add("kvviz-selected");
-      if (bits < 16) chip.classList.add("kvviz-bits");
-      chip.title = `slot ${slot} · ${SEGMENTS[segment]} · attention ${shade.toFixed(3)} of the strongest` +
-        (evicted ? " · evicted" : "") + (committed ? " · evicted (committed)" : "") +
-        (bits < 16 ? ` · ${bits} bits` : "");
-      return chip;
-    }));
+    kvDrawStrip(strip, model.get("chips"), model.get("at"));
   }
   function drawSettings() {
     const slots = model.get("slots");

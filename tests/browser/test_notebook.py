@@ -13,6 +13,7 @@ from nbclient import NotebookClient
 from playwright.sync_api import sync_playwright
 
 from benchmarks.browser import CHROMIUM, CHROMIUM_ARGS, notebook_url, run_all, running_lab, running_marimo
+from tests.support.browser_page import shows_evicted
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SLOT = 14
@@ -53,13 +54,14 @@ def test_jupyterlab_runs_the_explore_notebook_and_a_click_shows_the_kl(tmp_path)
                 run_all(page, tmp_path / "explore.ipynb")
                 last = page.locator(".jp-Notebook .jp-CodeCell").filter(has_text='print("check"')
                 last.locator(".jp-OutputArea-output", has_text="check False").wait_for(timeout=240_000)  # none tried
-                chip = page.locator(f".kvviz-widget .kvviz-chip[data-slot='{SLOT}']").first
+                chip = page.locator(f".kvviz-widget .kv-chip[data-slot='{SLOT}']").first
                 chip.click()
                 status = page.locator(".kvviz-widget .kvviz-status").first
                 page.wait_for_function("s => s.dataset.kl !== ''", arg=status.element_handle(), timeout=120_000)
                 shown_kl = float(status.get_attribute("data-kl"))
                 assert "KL(full ‖ edited)" in status.inner_text()
                 assert "line-through" in chip.evaluate("c => getComputedStyle(c).textDecorationLine")
+                shows_evicted(chip, SLOT)  # as the app and the offline page show it
                 last.locator(".jp-InputArea-editor").click()
                 page.keyboard.press("Control+Enter")  # run it again, in place
                 output = last.locator(".jp-OutputArea-output", has_text="check True")
@@ -106,13 +108,14 @@ def test_marimo_runs_the_widget_and_a_click_reruns_the_cell_that_reads_it(tmp_pa
         try:
             page.goto(url)
             page.get_by_text("Click a chip above to evict it.").wait_for(timeout=240_000)
-            page.locator(f".kvviz-widget .kvviz-chip[data-slot='{SLOT}']").first.click()
+            page.locator(f".kvviz-widget .kv-chip[data-slot='{SLOT}']").first.click()
             line = page.get_by_text(f"evicted [{SLOT}] · KL in the widget")
             line.wait_for(timeout=120_000)
             words = line.inner_text().split()
             widget_kl, reference_kl = float(words[words.index("widget") + 1]), float(words[-1])
             shown_kl = float(page.locator(".kvviz-widget .kvviz-status").first.get_attribute("data-kl"))
             assert widget_kl == reference_kl == shown_kl > 0
+            shows_evicted(page.locator(f".kvviz-widget .kv-chip[data-slot='{SLOT}']").first, SLOT)
         except Exception:
             page.screenshot(path=str(tmp_path / "failure.png"), full_page=True)
             raise

@@ -10,7 +10,7 @@ import pytest
 from playwright.sync_api import expect
 
 from benchmarks.browser import SESSION_UPLOAD
-from tests.support.browser_page import idle, settle
+from tests.support.browser_page import idle, settle, shows_evicted
 
 ROOT = Path(__file__).resolve().parents[2]
 PAYLOAD = "Repeat this: <img src=x onerror=alert(1)> <script>alert(2)</script> **bold** $x$"
@@ -64,6 +64,7 @@ def test_send_click_chip_and_numbers_change(page):
     expect(page.locator(".kv-chip.kv-evicted")).to_have_count(1)  # the numbers are sent first, the strip right after
     page.screenshot(path=str(ROOT / "assets" / "browser-test.png"), full_page=False)
     slot = int(target.get_attribute("data-slot"))
+    shows_evicted(target, slot)  # as the widget and the offline page show it (tests/browser/test_notebook.py, …)
     with page.expect_download() as download:  # the export is built when clicked: it holds the click made in the editor
         page.get_by_role("button", name="Export session (JSON)").click()
     evicted = json.loads(Path(download.value.path()).read_text())["draft"]["edit"]["evict"]

@@ -98,7 +98,7 @@ def test_a_long_policy_run_shows_its_progress_and_stop_keeps_the_page(server):
         expect(bar).to_contain_text("forward passes · about", timeout=60_000)
         text = bar.inner_text()
         assert "Running the full cache and the policy side by side:" in text and " of " in text
-        settle(page, lambda: page.get_by_role("button", name="Stop", exact=True).last.click())
+        settle(page, lambda: page.get_by_role("button", name="Stop", exact=True).last.click(), during_run=True)
         expect(page.locator("[data-testid=stProgress]")).to_have_count(0)
         assert page.get_by_text("Turn 1 · full cache").count() == 0  # the stopped run left nothing behind
         assert page.locator("[data-testid=stException]").count() == 0

@@ -11,6 +11,7 @@ from kvviz.edit.edit import Edit
 from kvviz.session import Session
 from kvviz.figures.standalone_page import Prepared, page_data, standalone_html
 from benchmarks.browser import CHROMIUM, CHROMIUM_ARGS
+from tests.support.browser_page import shows_evicted
 
 HOSTILE = "Say </script><script>alert(1)</script> <img src=x onerror=alert(2)> **bold** ![x](http://example.com/x.png)"
 
@@ -45,6 +46,7 @@ def test_the_page_works_offline_from_disk(session, tmp_path):
         page.locator('.kv-chip[data-slot="9"]').click()  # only the second edit evicts slot 9
         expect(page.locator(".kv-result h2")).to_contain_text(f"second at slot {at - 1}")
         expect(page.locator('.kv-chip[data-slot="9"]')).to_have_class(re.compile(r"\bkv-evicted\b"))
+        shows_evicted(page.locator('.kv-chip[data-slot="9"]'), 9)  # as the app and the widget show it
         page.locator('.kv-chip[data-slot="4"]').click()  # both: clicking cycles to the next after the shown one
         expect(page.locator(".kv-result h2")).to_contain_text("evict 2 slots (3, 4)")
         page.locator('.kv-chip[data-slot="20"]').click()

@@ -43,7 +43,7 @@ def test_a_clicked_chip_gives_the_what_if_of_its_eviction(session):
     assert w.kl == w.result.next_token.kl == expected.next_token.kl
     assert [c.id for c in w.result.next_token.edited] == [c.id for c in expected.next_token.edited]
     assert f"{expected.next_token.kl:.6g}" in w.result_html
-    assert [c[4] for c in w.chips if c[0] in (12, 20)] == [1, 1]
+    assert [c[5] for c in w.chips if c[0] in (12, 20)] == [1, 1]  # the strip rows' evicted column
     click(w, "evict", slot=12)  # a second click brings it back
     assert w.edit == Edit.evict([20]) and w.kl == what_if(session, Edit.evict([20])).next_token.kl
 
@@ -63,7 +63,7 @@ def test_scopes_bits_and_the_step_slider(session, lm):
     assert w.edit.is_empty and w.result is None
     for slot in (5, 6):
         click(w, "select", slot=slot)
-    assert [c[7] for c in w.chips if c[0] in (5, 6)] == [1, 1]
+    assert [c[8] for c in w.chips if c[0] in (5, 6)] == [1, 1]  # selected
     click(w, "bits", bits=4)
     quantized = Edit.quantize([5, 6], 4)
     assert w.edit == quantized and w.kl == what_if(session, quantized, layer=3, head=4).next_token.kl
@@ -121,15 +121,15 @@ def test_commit_undo_and_a_turn_from_the_widget(session):
     click(w, "evict", slot=12)
     click(w, "commit")
     assert w.error == "" and w.commits == 1 and session.commits.stack and w.edit.is_empty
-    assert [c[6] for c in w.chips if c[0] == 12] == [1]  # struck through as committed
+    assert [c[11] for c in w.chips if c[0] == 12] == [1]  # struck through as committed
     click(w, "undo")
     assert w.commits == 0 and not session.commits.stack
     click(w, "select", slot=5)
     click(w, "bits", bits=2)
     click(w, "commit")  # committed bits stay marked on the chip (the draft is empty again)
-    assert w.edit.is_empty and [c[5] for c in w.chips if c[0] == 5] == [2]
+    assert w.edit.is_empty and [(c[6], c[12]) for c in w.chips if c[0] == 5] == [(16, 2)]  # committed bits
     click(w, "undo")
-    assert [c[5] for c in w.chips if c[0] == 5] == [16]
+    assert [(c[6], c[12]) for c in w.chips if c[0] == 5] == [(16, 16)]
     said = []
     w.observe(lambda change: said.append(change["new"]), names="progress")
     n = len(session)
@@ -180,7 +180,7 @@ def test_policy_run_blame_and_sweep_reprs(lm):
     turn = run.turns[0]
     assert f"{max(r.kl for r in turn.records):.4g}" in shown and turn.policy_text.split()[0] in shown
     assert shown.count("<svg") == 3  # the KL per step, the slots each step sees, the eviction timeline
-    quantized = run_policy(lm, [PROMPT], RunSettings(kivi=Kivi(group=8, residual=4)), max_new_tokens=3)
+    quantized = run_policy(lm, [PROMPT], RunSettings(cache_format=Kivi(group=8, residual=4)), max_new_tokens=3)
     kivi = reprs.policy_run_html(quantized)
     assert kivi.count("<svg") == 3 and "key bits" in kivi  # no timeline (nothing evicted); the bit-widths instead
     found = blame(run)
@@ -200,7 +200,7 @@ def test_a_policy_seeds_the_widget_as_it_seeds_the_strip(session):
     w.policy(policy, 16)
     edit = policy.edit(session, 16, w.at)
     assert w.edit == edit and w.kl == what_if(session, edit).next_token.kl
-    evicted = {c[0] for c in w.chips if c[4]}
+    evicted = {c[0] for c in w.chips if c[5]}
     assert evicted == edit.evicted_slots() and evicted
     gone = min(evicted)
     click(w, "evict", slot=gone)  # a click on one of its slots brings it back everywhere

@@ -11,6 +11,7 @@ when nothing runs *yet* read the old page; waiting for a run that finished after
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,6 +27,16 @@ QUIET = ("(document.querySelector('[data-testid=stApp]')?.dataset.testScriptStat
          " && !document.querySelector('[data-testid=stStatusWidget]'))")
 STILL = "Number(document.documentElement.dataset.kvScrolling || 0) === 0"
 WAIT_MS = 300_000  # a bound on a wait for a state on a loaded machine, not a timing check (none asserts how fast)
+
+
+def shows_evicted(chip, slot: int) -> None:
+    """``chip`` (a locator) as the strip's one front end (kvviz/figures/strip.js) draws an evicted slot, whichever host
+    drew it — the app, the notebook widget or the offline page: the same classes and the same label."""
+    from playwright.sync_api import expect
+
+    expect(chip).to_have_class(re.compile(r"^kv-chip kv-(history|query|generated) kv-evicted\b"), timeout=WAIT_MS)
+    expect(chip).to_have_attribute("title", re.compile(
+        rf"^slot {slot} · (history|query|generated) · turn \d+ · attention \d\.\d{{3}} of max · trying: evicted"))
 
 
 def watch_console(page) -> None:
@@ -66,8 +77,13 @@ def idle(page) -> None:
     wait_for(page, f"{RUNS} > 0 && {QUIET}")
 
 
-def settle(page, action: Callable[[], object]) -> None:
-    """Do ``action`` (a click, a key, a fill) and return once a run that finished after it was done and none runs."""
+def settle(page, action: Callable[[], object], during_run: bool = False) -> None:
+    """Do ``action`` (a click, a key, a fill) once no run is going on, and return once a run that finished after it
+    was done and none runs. The first wait matters: a click sent while a run is under way can be lost on a busy machine
+    (the session upload's *Load it* met this), and then the run it should start never comes. ``during_run``: the
+    action is meant for a run under way (its *Stop*), done at once."""
+    if not during_run:
+        wait_for(page, QUIET)
     before = runs(page)
     action()
     wait_for(page, f"{RUNS} > {before} && {QUIET}")
