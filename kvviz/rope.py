@@ -6,6 +6,10 @@ another position ``c`` is the cached one turned by ``c − p`` (docs/math.md §9
 turned by ``−p`` (what a pre-RoPE key quantizer rounds, docs/math.md §4). Re-rotated positions (StreamingLLM's
 "positions within the cache") turn the kept keys to the positions ``0..k-1`` of their order after each compression;
 a run keeps the keys as computed and turns them from there each time, so rotations never accumulate rounding.
+
+Some models leave RoPE out of some layers (SmolLM3's NoPE layers, transformers' ``self_attn.use_rope``): their keys
+carry no position, so moving a slot leaves its key as it is, and the key as cached is already the key before RoPE. A
+NoPE layer is RoPE with every frequency 0 — a rotation by any angle 0 — and that is how it is treated here.
 """
 
 from __future__ import annotations
@@ -36,9 +40,17 @@ def rope_rotate(x: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor) ->
 ROTATIONS = ("default", "linear", "llama3")  # RoPE variants whose angle is position × a fixed frequency
 
 
+def no_rope_layers(lm: LoadedModel) -> tuple[int, ...]:
+    """The layers of ``lm`` whose attention applies no RoPE (SmolLM3's NoPE layers: transformers' ``use_rope``)."""
+    layers = getattr(getattr(lm.model, "model", None), "layers", ())
+    return tuple(index for index, layer in enumerate(layers)
+                 if not getattr(getattr(layer, "self_attn", None), "use_rope", True))
+
+
 class Rotary:
     """The model's RoPE frequencies ``θ`` ``(D/2,)``: rotating by ``δ`` positions multiplies each channel pair
-    ``(x_i, x_{i+D/2})`` by the angle ``δ·θ_i`` (transformers' ``rotate_half`` layout)."""
+    ``(x_i, x_{i+D/2})`` by the angle ``δ·θ_i`` (transformers' ``rotate_half`` layout); in the layers ``nope`` (no
+    RoPE) it leaves a key as it is."""
 
     def __init__(self, lm: LoadedModel):
         rotary = getattr(getattr(lm.model, "model", None), "rotary_emb", None)
@@ -47,33 +59,47 @@ class Rotary:
             raise KvvizError(f"re-rotated positions need a plain RoPE model ({', '.join(ROTATIONS)}); "
                              f"{lm.name} has {kind or 'no RoPE'}: use original positions")
         self.inv_freq = rotary.inv_freq.detach().float()
+        self.nope = frozenset(no_rope_layers(lm))
 
     @classmethod
     def for_layer(cls, lm: LoadedModel, layer: int) -> Rotary:
-        """The RoPE of ``layer``: the model's, or its layer type's where layer types have their own (Gemma 3)."""
+        """The RoPE of ``layer``: the model's, its layer type's where layer types have their own (Gemma 3), or none
+        (every frequency 0) in a NoPE layer."""
         rotary = getattr(getattr(lm.model, "model", None), "rotary_emb", None)
         types = getattr(rotary, "layer_types", None)
         if not types:
-            return cls(lm)
+            found = cls(lm)
+            if layer in found.nope:
+                found.inv_freq = torch.zeros_like(found.inv_freq)
+            return found
         kind = rotary.config.layer_types[layer]
         if rotary.rope_type[kind] not in ROTATIONS or getattr(rotary, f"{kind}_attention_scaling", 1.0) != 1.0:
             raise KvvizError(f"{lm.name}'s {kind} layers use {rotary.rope_type[kind]} RoPE, not a plain rotation")
         found = cls.__new__(cls)
         found.inv_freq = getattr(rotary, f"{kind}_inv_freq").detach().float()
+        found.nope = frozenset()
         return found
 
-    def rotate(self, keys: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-        """``keys`` ``(..., n, D)`` rotated by ``delta`` ``(n,)`` positions each (float32 angles, as the model)."""
-        return rope_rotate(keys, delta, self.inv_freq)
+    def rotate(self, keys: torch.Tensor, delta: torch.Tensor, layer: int | None = None) -> torch.Tensor:
+        """``keys`` ``(..., n, D)`` (of ``layer``) rotated by ``delta`` ``(n,)`` positions each (float32 angles, as
+        the model); a copy as they are in a NoPE layer."""
+        return keys.clone() if layer in self.nope else rope_rotate(keys, delta, self.inv_freq)
 
 
 @lru_cache(maxsize=4)
 def rope_frequencies(lm: LoadedModel) -> tuple[float, ...]:
-    """The RoPE frequencies ``θ`` ``(D/2,)`` every layer of ``lm`` shares (what a pre-RoPE key quantizer needs);
-    refuses a model without a plain RoPE or whose layer types have their own (Gemma 3). Memoized per model: the app
-    and every pre-RoPE check ask for it."""
-    found = {tuple(Rotary.for_layer(lm, layer).inv_freq.tolist()) for layer in range(lm.layers)}
+    """The RoPE frequencies ``θ`` ``(D/2,)`` every layer of ``lm`` that applies RoPE shares (what a pre-RoPE key
+    quantizer needs, with :func:`no_rope_layers`); refuses a model without a plain RoPE or whose layer types have their
+    own (Gemma 3). Memoized per model: the app and every pre-RoPE check ask for it."""
+    nope = no_rope_layers(lm)
+    found = {tuple(Rotary.for_layer(lm, layer).inv_freq.tolist()) for layer in range(lm.layers) if layer not in nope}
     if len(found) != 1:
         raise KvvizError(f"{lm.name}'s layers use different RoPE frequencies: keys before RoPE are quantized for "
                          "models with one RoPE")
     return found.pop()
+
+
+def pre_rope(lm: LoadedModel) -> dict[str, tuple]:
+    """What a key quantizer needs to round ``lm``'s keys before RoPE: ``rope``, the frequencies (:func:`rope_frequencies`),
+    and ``no_rope``, the layers whose keys carry none (:func:`no_rope_layers`) — ``Quantizer(..., **pre_rope(lm))``."""
+    return {"rope": rope_frequencies(lm), "no_rope": no_rope_layers(lm)}

@@ -183,7 +183,8 @@ def schema(lm: Geometry) -> dict:
                          "block": {"anyOf": [{"type": "null"}, _integer(1, 1 << 20)]},
                          "scales": {"anyOf": [{"type": "null"}, _list(_list(scale, lm.kv_heads), lm.layers)]},
                          "rope": {"anyOf": [{"type": "null"}, _list({"type": "number", "exclusiveMinimum": 0,
-                                                                     "maximum": ROPE_MAX}, lm.head_dim // 2)]}},
+                                                                     "maximum": ROPE_MAX}, lm.head_dim // 2)]},
+                         "no_rope": _list(_integer(0, lm.layers - 1), lm.layers)},
                         ("axis",))
     bits = _fast({"type": "object", "maxProperties": window, "propertyNames": {"pattern": "^(0|[1-9][0-9]{0,5})$"},
                   "additionalProperties": _integer(2, 16)})  # which widths exist: Edit.from_dict, before the replay

@@ -23,6 +23,8 @@ ARCHITECTURES = {  # each with a GQA ratio other than the bundled model's 3
                                     attn_logit_softcapping=2.0)),  # soft-cap low enough to bite; local / global
     "gemma3": ("Gemma3TextConfig", dict(num_key_value_heads=1, head_dim=16, sliding_window=WINDOW,
                                         layer_types=["sliding_attention", "sliding_attention", "full_attention"])),
+    "smollm3": ("SmolLM3Config", dict(num_key_value_heads=2, no_rope_layer_interval=2, pad_token_id=None,
+                                      bos_token_id=None, eos_token_id=None)),  # layer 1 of 3 applies no RoPE (NoPE)
 }
 
 

@@ -13,7 +13,7 @@ from app.components.strip import clicked, parse_click, token_strip
 from app.views import branches, reshape, schemes
 from kvviz.attention_math import kv_head_of
 from kvviz.schemes.calibration import calibrate
-from kvviz.rope import rope_frequencies
+from kvviz.rope import pre_rope
 from kvviz.errors import KvvizError
 from kvviz.spelling import spell
 from kvviz.quant.quantizer import Quantizer
@@ -172,7 +172,7 @@ def apply_quantizers() -> str | None:
             draft.keys = Quantizer(ss.key_axis, int(ss.group) or None, ss.symmetric, format=ss.number_format)
             draft.values = Quantizer(ss.value_axis, int(ss.group) or None, ss.symmetric, format=ss.number_format)
         if ss.pre_rope:  # KVQuant: keys rounded before RoPE, with the model's own frequencies
-            draft.keys = replace(draft.keys, rope=rope_frequencies(lm))
+            draft.keys = replace(draft.keys, **pre_rope(lm))
         draft.keys.check(lm.head_dim)
     except KvvizError as exc:
         return str(exc)

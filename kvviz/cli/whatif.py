@@ -164,14 +164,14 @@ def build_edit(args: argparse.Namespace, session: Session, at: int) -> Edit:
         layers = None if args.evict_layers is None else parse_slots(args.evict_layers, "layer", lm.layers)
         heads = None if args.evict_heads is None else parse_slots(args.evict_heads, "KV head", lm.kv_heads)
         evictions = Edit.evict(parse_slots(args.evict, limit=slots), layers, heads).evictions
-    rope = None
+    rope = {}
     if args.pre_rope:
-        from kvviz.rope import rope_frequencies
+        from kvviz.rope import pre_rope
 
-        rope = rope_frequencies(session.lm)
+        rope = pre_rope(session.lm)
     hand = Edit(
         evictions=evictions, key_bits=key_bits, value_bits=value_bits, full_precision_window=args.window,
-        keys=Quantizer(args.key_axis, args.group_size, args.symmetric, format=args.format, rope=rope),
+        keys=Quantizer(args.key_axis, args.group_size, args.symmetric, format=args.format, **rope),
         values=Quantizer(args.value_axis, args.group_size, args.symmetric, format=args.format),
     )
     if args.scheme is not None:

@@ -17,7 +17,11 @@ def check_edit(lm: LoadedModel, transcript: Transcript, edit: Edit, at: int) -> 
     if transcript.renumbered is not None or any(s.position != s.slot for s in transcript.slots[:at]):
         raise KvvizError("keys are quantized before RoPE only where each cached key sits at its slot's position; this "
                          "cache was re-rotated to other positions")
-    from kvviz.rope import rope_frequencies
+    from kvviz.rope import no_rope_layers, rope_frequencies
 
     if edit.keys.rope != rope_frequencies(lm):
         raise KvvizError("the pre-RoPE keys' frequencies are not this model's RoPE: take the model's own")
+    if edit.keys.no_rope != no_rope_layers(lm):
+        nope = ", ".join(map(str, no_rope_layers(lm))) or "none"
+        raise KvvizError(f"the pre-RoPE keys' layers without RoPE are not this model's ({nope}): take the model's own "
+                         "(kvviz.rope.pre_rope)")

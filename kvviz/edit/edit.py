@@ -5,6 +5,7 @@ through :meth:`Edit.quantized`, which returns new tensors."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
@@ -286,8 +287,8 @@ class Edit:
             "evict": [asdict(e) for e in self.evictions],
             "key_bits": {str(s): b for s, b in self.key_bits.items()},
             "value_bits": {str(s): b for s, b in self.value_bits.items()},
-            "keys": asdict(self.keys),
-            "values": asdict(self.values),
+            "keys": _quantizer_fields(self.keys),
+            "values": _quantizer_fields(self.values),
             "full_precision_window": self.full_precision_window,
         } | ({"head_widths": self.head_widths} if self.head_widths is not None else {}) \
             | ({"exact_layers": list(self.exact_layers)} if self.exact_layers else {}) \
@@ -313,3 +314,12 @@ class Edit:
             if isinstance(exc, KvvizError):
                 raise
             raise KvvizError(f"malformed edit: {exc}") from exc
+
+
+def _quantizer_fields(quantizer: Quantizer) -> dict:
+    """A quantizer's fields as JSON values (lists, not tuples); ``no_rope`` only where a model has layers without
+    RoPE, so that other documents read as they did."""
+    fields = json.loads(json.dumps(asdict(quantizer)))
+    if not fields["no_rope"]:
+        del fields["no_rope"]
+    return fields

@@ -49,6 +49,7 @@ class Quantizer:
     outliers: int = 0  # channels per KV head kept exact: the largest max |x| over the slots quantized together
     scales: tuple[tuple[float, ...], ...] | None = None  # FP8 static scales, per layer one per KV head (else dynamic)
     rope: tuple[float, ...] | None = None  # keys only: rounded before RoPE, whose frequencies θ (D/2,) these are
+    no_rope: tuple[int, ...] = ()  # with rope: layers that apply no RoPE (NoPE), whose keys are rounded as stored
     fp32_scales: bool = False  # int: float32 scales (vLLM's per-token-head caches) instead of fp16
 
     def __post_init__(self) -> None:
@@ -83,6 +84,13 @@ class Quantizer:
                 raise KvvizError("the RoPE frequencies of pre-RoPE keys are a list of numbers") from None
             if not self.rope or not all(0 < f < float("inf") for f in self.rope):
                 raise KvvizError("the RoPE frequencies of pre-RoPE keys must be positive and finite")
+        try:
+            layers = tuple(sorted(set(self.no_rope)))
+        except TypeError:
+            raise KvvizError("the layers without RoPE are a list of layer numbers") from None
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in layers):
+            raise KvvizError("the layers without RoPE are a list of layer numbers")
+        object.__setattr__(self, "no_rope", layers if self.rope is not None else ())  # they matter before RoPE only
 
     def _check_scales(self) -> None:
         # FP8's per KV head or per layer, or NVFP4's tensor scale (per layer, one per KV head: the same in a layer)
@@ -132,7 +140,7 @@ class Quantizer:
     @property
     def plain(self) -> Quantizer:
         """This quantizer without its rotation or outlier channels (what rounds the rest)."""
-        return replace(self, rotation="none", outliers=0, rope=None)
+        return replace(self, rotation="none", outliers=0, rope=None, no_rope=())
 
     @property
     def fp8(self) -> torch.dtype | None:
@@ -218,11 +226,16 @@ def fake_quantize_(
     quantizer.check_bits(bits)
     if x.dtype != torch.float32 or source.dtype != torch.float32:  # half precision: round trip in float32
         return x.copy_(fake_quantize(source, bits, quantizer, layer, positions))
+    if quantizer.rope is not None and quantizer.no_rope and layer is None:
+        raise ValueError("keys quantized before RoPE in a model with NoPE layers need their layer")
+    if quantizer.rope is not None and layer in quantizer.no_rope:  # a NoPE layer's key is its key before RoPE
+        return fake_quantize_(x, bits, replace(quantizer, rope=None, no_rope=()), source, layer, positions)
     if quantizer.rope is not None:  # KVQuant: back to the key before RoPE, rounded there, rotated forward again
         if positions is None:
             raise ValueError("keys quantized before RoPE need the positions of their slots")
         theta = torch.tensor(quantizer.rope, dtype=torch.float32, device=x.device)
-        pre = fake_quantize_(rope_rotate(source, -positions, theta), bits, replace(quantizer, rope=None), None, layer)
+        pre = fake_quantize_(rope_rotate(source, -positions, theta), bits, replace(quantizer, rope=None, no_rope=()),
+                             None, layer)
         return x.copy_(rope_rotate(pre, positions, theta))
     if quantizer.rotation == "hadamard":  # QuaRot: round x·H, store; read back (x·H)^·H (H symmetric, H·H = I)
         h = hadamard(x.shape[-1], x.device)

@@ -45,7 +45,7 @@ def quantize_slots(x: torch.Tensor, slots: slice | list[int], width: int, quanti
     for row_width in rows.unique().tolist():
         chosen = (rows == row_width).nonzero()[:, 0]
         part = source[chosen][:, columns]  # (rows, slots, D)
-        x[chosen[:, None], columns] = fake_quantize(part, row_width, quantizer, None, positions)
+        x[chosen[:, None], columns] = fake_quantize(part, row_width, quantizer, layer, positions)
 
 
 def width_groups(bits: Mapping[int, int], n: int) -> list[tuple[int, slice | list[int]]]:

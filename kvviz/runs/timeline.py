@@ -133,7 +133,7 @@ class Timeline:
         if k >= 0:
             placed = self.placed[k][:stop]
             delta[: len(placed)] = placed - torch.tensor(self.processed[: len(placed)])
-        return self.rotary.rotate(self.computed[layer, :, :stop], delta)
+        return self.rotary.rotate(self.computed[layer, :, :stop], delta, layer)
 
     def keys_at(self, layer: int, slot: int, stop: int) -> torch.Tensor:
         """Keys ``(KV, stop, D)`` of ``layer`` as the step of slot ``slot`` saw them."""
@@ -147,7 +147,7 @@ class Timeline:
         if not quantized:
             return self.original_kv(layer, stop)[0]
         if self.format.grouping == "shared":  # the scales depended on every slot quantized then
-            return self.format.edit(range(quantized)).quantized_keys(self.original_kv(layer, stop)[0])
+            return self.format.edit(range(quantized)).quantized_keys(self.original_kv(layer, stop)[0], layer)
         live = kv_cache.layer_kv(self.cache, layer)[0][0, :, :stop]  # blocks: quantized once, never again
         return torch.cat([live[:, :quantized], self.original_kv(layer, stop)[0][:, quantized:]], dim=1)
 
@@ -276,7 +276,7 @@ class Timeline:
         delta = placed - torch.tensor(self.processed[:at])
         for layer in range(self.layers):
             keys = kv_cache.layer_kv(self.cache, layer)[0]
-            keys[0, :, :at] = self.rotary.rotate(self.computed[layer, :, :at], delta)
+            keys[0, :, :at] = self.rotary.rotate(self.computed[layer, :, :at], delta, layer)
 
     def kept_count(self, at: int) -> int:
         """Slots before ``at`` the next step sees (the same in every layer and KV head in re-rotated runs)."""

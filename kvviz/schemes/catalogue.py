@@ -198,14 +198,15 @@ class Scheme:
 
     def edit(self, passes: Sequence[int], at: int, calibration: Calibration | None = None,
              rope: tuple[float, ...] | None = None, head_widths: tuple[tuple[int, ...], ...] | None = None,
-             windows: Sequence[int | None] | None = None) -> Edit:
+             windows: Sequence[int | None] | None = None, no_rope: tuple[int, ...] = ()) -> Edit:
         """The Edit of this scheme before the step of slot ``at``; ``passes`` are the slots each forward pass added
         (the transcript's growth log, for ``quanto``'s flushes); ``calibration`` gives a static scheme its scales,
-        ``rope`` (the model's RoPE frequencies, kvviz.rope.rope_frequencies) a ``+prerope`` one its keys',
+        ``rope`` (the model's RoPE frequencies, kvviz.rope.rope_frequencies) and ``no_rope`` (its layers without
+        RoPE, kvviz.rope.no_rope_layers) a ``+prerope`` one its keys',
         ``head_widths`` a ``mix`` one its widths (kvviz.quant.allocation), ``windows`` (each layer's sliding window,
         None: full attention) a ``+skip`` one its layers. :func:`kvviz.schemes.compare.scheme_edits` supplies
         them from a session."""
-        edit = self._edit(passes, at, calibration, rope, head_widths)
+        edit = self._edit(passes, at, calibration, rope, head_widths, no_rope)
         if self.skips:
             if windows is None:
                 raise KvvizError(f"{self.name} needs the model's layers (their sliding windows) for its +skip rules")
@@ -213,11 +214,12 @@ class Scheme:
         return edit
 
     def _edit(self, passes: Sequence[int], at: int, calibration: Calibration | None,
-              rope: tuple[float, ...] | None, head_widths: tuple[tuple[int, ...], ...] | None) -> Edit:
+              rope: tuple[float, ...] | None, head_widths: tuple[tuple[int, ...], ...] | None,
+              no_rope: tuple[int, ...] = ()) -> Edit:
         family, parts, extra = self.family, self.base.split("-"), self.outlier_settings
         if self.pre_rope and rope is None:
             raise KvvizError(f"{self.name} needs the model's RoPE frequencies to round keys before RoPE")
-        key_extra = extra | ({"rope": rope} if self.pre_rope else {})
+        key_extra = extra | ({"rope": rope, "no_rope": no_rope} if self.pre_rope else {})
         slots = range(at)
         if family == "fp16":
             return Edit()

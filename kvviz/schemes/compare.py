@@ -9,7 +9,7 @@ from kvviz.edit.check import check_edit
 from kvviz.edit.edit import Edit
 from kvviz.quant.allocation import allocate
 from kvviz.quant.quantizer import saturated
-from kvviz.rope import rope_frequencies
+from kvviz.rope import no_rope_layers, rope_frequencies
 from kvviz.schemes.catalogue import MIX_KEYS, Scheme
 from kvviz.session import Session
 from kvviz.spelling import spell
@@ -80,13 +80,14 @@ def scheme_edits(session: Session, schemes: list[Scheme], at: int, calibration_t
     passes = [event.added for event in session.transcript.growth]
     calibration = calibrate(session.lm, calibration_text) if any(s.static for s in schemes) else None
     rope = rope_frequencies(session.lm) if any(s.pre_rope for s in schemes) else None
+    no_rope = no_rope_layers(session.lm)
     keys = [session.commits.step_kv(layer, at)[0] for layer in range(session.lm.layers)] if any(
         s.family == "mix" for s in schemes) else None  # (KV, at, D) per layer, as the step sees them
     windows = session.lm.attention.windows or (None,) * session.lm.layers
     edits = []
     for scheme in schemes:
         widths = allocate(keys, *scheme.mix, MIX_KEYS) if scheme.family == "mix" else None
-        edits.append(scheme.edit(passes, at, calibration, rope, widths, windows))
+        edits.append(scheme.edit(passes, at, calibration, rope, widths, windows, no_rope))
     return edits
 
 

@@ -36,7 +36,7 @@ from kvviz.schemes.kivi import Kivi
 from kvviz.quant.names import WRITTEN_FAMILIES, run_family
 from kvviz.schemes.quanto import QuantoCache
 from kvviz.quant.quantizer import Quantizer
-from kvviz.rope import rope_frequencies
+from kvviz.rope import no_rope_layers, rope_frequencies
 
 _TINY = torch.finfo(torch.float32).tiny
 
@@ -66,7 +66,7 @@ class WrittenCache(CacheFormat):
         calibration = calibrate(lm, CALIBRATION_TEXT) if scheme.static else None
         rope = rope_frequencies(lm) if scheme.pre_rope else None
         windows = lm.attention.windows or (None,) * lm.layers
-        template = scheme.edit([1], 1, calibration, rope, None, windows)
+        template = scheme.edit([1], 1, calibration, rope, None, windows, no_rope_layers(lm))
         for quantizer in (template.keys, template.values):
             quantizer.check_model(lm.layers, lm.kv_heads, lm.head_dim)
         return replace(self, template=template)

@@ -154,7 +154,7 @@ class FullStep:
                 for layer, (own_keys, own_values) in enumerate(zip(*self.originals)):
                     keys[layer], values[layer] = reshaped(own_keys, own_values, layer, *plan[2])
                 source = None
-            if edit.keys.per_layer or edit.values.per_layer or edit.exact_layers:  # quantized layer by layer
+            if edit.keys.per_layer or edit.values.per_layer or edit.keys.no_rope or edit.exact_layers:  # layer by layer
                 for layer in range(len(keys)):
                     pending.quantize_(keys[layer], values[layer], source=None if source is None else tuple(
                         t[layer] for t in self.originals), layer=layer)

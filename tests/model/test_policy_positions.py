@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import DynamicCache
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
@@ -14,20 +12,10 @@ from kvviz.policies import H2O, StreamingLLM
 from kvviz.runs.compressed import CompressedSession, RunSettings
 from kvviz.schemes.kivi import Kivi
 from kvviz.whatif import what_if
+from tests.support.references import compacted_rerotated_steps
 from tests.support.rounding import kl_rounding, logit_rounding, probability_rounding
 
 PROMPT = "My name is Zorblax and I live in the city of Quintara. I like green tea. What is my name?"
-
-
-def _moved(model, keys: torch.Tensor, old: list[int], new: list[int]) -> torch.Tensor:
-    """Keys ``(1, KV, n, D)`` computed at positions ``old`` moved to ``new``: undo RoPE at ``old`` (the rotation by
-    −old), then apply it at ``new`` — transformers' rotary embedding and ``apply_rotary_pos_emb``."""
-    rotary = model.model.rotary_emb
-    cos, sin = rotary(keys, torch.tensor([old]))
-    _, unrotated = apply_rotary_pos_emb(keys, keys, cos, -sin)
-    cos, sin = rotary(keys, torch.tensor([new]))
-    _, moved = apply_rotary_pos_emb(unrotated, unrotated, cos, sin)
-    return moved
 
 
 def test_rerotated_streaming_llm_equals_a_compacted_cache(make_chat, lm, eps):
@@ -42,29 +30,8 @@ def test_rerotated_streaming_llm_equals_a_compacted_cache(make_chat, lm, eps):
     logits = [run.step(token) for token in tokens]
 
     ids = run.session.transcript.ids[: run.prompt_end[0]]
-    with torch.no_grad():
-        out = lm.model(input_ids=torch.tensor([ids]), use_cache=True)
-    layers = [(out.past_key_values.layers[l].keys, out.past_key_values.layers[l].values) for l in range(lm.layers)]
-    computed_at = list(range(len(ids)))  # per slot: the position its key was computed at
-    kept = list(range(len(ids)))
-    for step, token in enumerate(tokens):
-        if len(kept) > budget:
-            kept = kept[:4] + kept[-(budget - 4):]
-        cache = DynamicCache(config=lm.model.config)
-        for layer, (keys, values) in enumerate(layers):
-            moved = _moved(lm.model, keys[:, :, kept], [computed_at[s] for s in kept], list(range(len(kept))))
-            cache.update(moved, values[:, :, kept], layer)
-        with torch.no_grad():
-            step_out = lm.model(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[len(kept)]]),
-                                cache=cache, use_cache=True)
-        reference = step_out.logits[0, -1]
+    for step, (reference, _) in enumerate(compacted_rerotated_steps(lm, ids, tokens, budget)):
         assert (reference - logits[step]).abs().max() <= logit_rounding(lm.config, reference), step
-        for layer in range(lm.layers):
-            new = step_out.past_key_values.layers[layer]
-            keys, values = layers[layer]
-            layers[layer] = (torch.cat([keys, new.keys[:, :, -1:]], 2), torch.cat([values, new.values[:, :, -1:]], 2))
-        computed_at.append(len(kept))
-        kept.append(len(computed_at) - 1)
     # time travel: a step's what-if, taken at the end, sees the keys where they were then
     slot = run.prompt_end[0] + 6
     result = what_if(run.session, Edit(), at=slot, topk=3)

@@ -138,6 +138,51 @@ FP8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 FP8_GROUPS = {"head": (1, 2), "channel": 1, "tensor": (0, 1, 2)}  # the dims a scale spans, besides "token"'s last
 
 
+def rope_moved(model, keys: torch.Tensor, old: list[int], new: list[int]) -> torch.Tensor:
+    """Keys ``(1, KV, n, D)`` computed at positions ``old`` moved to ``new``: undo RoPE at ``old`` (the rotation by
+    −old), then apply it at ``new`` — transformers' rotary embedding and ``apply_rotary_pos_emb``."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    rotary = model.model.rotary_emb
+    cos, sin = rotary(keys, torch.tensor([old]))
+    _, unrotated = apply_rotary_pos_emb(keys, keys, cos, -sin)
+    cos, sin = rotary(keys, torch.tensor([new]))
+    return apply_rotary_pos_emb(unrotated, unrotated, cos, sin)[1]
+
+
+def compacted_rerotated_steps(lm: LoadedModel, ids: list[int], tokens: list[int], budget: int, sinks: int = 4):
+    """StreamingLLM with re-rotated positions the plain way: the prompt ``ids``' K/V computed by the model, then
+    before each step the kept slots (``sinks`` first and the most recent) physically compacted into a new cache,
+    their keys moved to the positions ``0..k-1`` of their order with the model's own RoPE — in the layers whose
+    attention applies RoPE (transformers' ``use_rope``; a NoPE layer's keys stay as they are) — and the step's token
+    at position ``k``. Yields each step's logits ``(V,)`` and whether any key moved."""
+    from transformers import DynamicCache
+
+    with torch.no_grad():
+        out = lm.model(input_ids=torch.tensor([ids]), use_cache=True)
+    layers = [(out.past_key_values.layers[i].keys, out.past_key_values.layers[i].values) for i in range(lm.layers)]
+    uses_rope = [bool(getattr(layer.self_attn, "use_rope", True)) for layer in lm.model.model.layers]
+    computed_at, kept = list(range(len(ids))), list(range(len(ids)))  # per slot: the position its key was computed at
+    for token in tokens:
+        if len(kept) > budget:
+            kept = kept[:sinks] + kept[-(budget - sinks):]
+        cache, old = DynamicCache(config=lm.model.config), [computed_at[s] for s in kept]
+        for layer, (keys, values) in enumerate(layers):
+            chosen = keys[:, :, kept]
+            cache.update(rope_moved(lm.model, chosen, old, list(range(len(kept)))) if uses_rope[layer] else chosen,
+                         values[:, :, kept], layer)
+        with torch.no_grad():
+            step_out = lm.model(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[len(kept)]]),
+                                cache=cache, use_cache=True)
+        yield step_out.logits[0, -1], old != list(range(len(kept)))
+        for layer in range(lm.layers):
+            new = step_out.past_key_values.layers[layer]
+            keys, values = layers[layer]
+            layers[layer] = (torch.cat([keys, new.keys[:, :, -1:]], 2), torch.cat([values, new.values[:, :, -1:]], 2))
+        computed_at.append(len(kept))
+        kept.append(len(computed_at) - 1)
+
+
 def fp8_round_trip(x: torch.Tensor, fmt: str, axis: str) -> torch.Tensor:
     """``x`` ``(KV, n, D)`` through an FP8 cache: per group ``scale = amax / max``, torch's cast, back."""
     dtype = FP8_DTYPES[fmt]
