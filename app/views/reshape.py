@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import streamlit as st
 
-from app.plain import warn
+from app import state
 from kvviz.errors import KvvizError
 from kvviz.policies.reshaping import merge_evicted, think
 
@@ -21,31 +21,30 @@ def render(session, draft, at: int) -> None:
                                   "are zeroed in every slot before this step")
         window = prune.number_input("Queries that score them", 1, 1024, 32, key="think_window",
                                     help="ThinK's window: the last queries before this step")
-        if prune.button("Prune with ThinK", disabled=at < 1):
-            _apply(lambda: draft.reshape(prunings=think(session, float(ratio), int(window), at)))
+        prune.button("Prune with ThinK", disabled=at < 1, on_click=_apply,
+                     args=(lambda: draft.reshape(prunings=think(session, float(ratio), int(window), at)),))
         rule = merge.selectbox("Merge rule", ["average", "add"], key="merge_rule",
                                help="average (D2O, kvpress' MergingPress): the kept value becomes (v + Σ w·v_e)/(1 + Σ w)"
                                     " · add (CaM): v + Σ w·v_e")
         threshold = merge.slider("Least key similarity to merge", 0.0, 1.0, 0.0, 0.05, key="merge_threshold")
         evicted = bool(draft.evicted_somewhere())
-        if merge.button("Merge the evicted slots", disabled=not evicted,
-                        help="Each slot evicted in a layer and KV head folds its value into the kept slot whose key "
-                             "is most like its own there (its most similar kept slot), weighted by that similarity "
-                             "and the two value norms"):
-            _apply(lambda: draft.reshape(merges=merge_evicted(session, replace(draft.edit(at), merges=()), at,
-                                                              float(threshold)).merges, rule=rule))
+        merge.button("Merge the evicted slots", disabled=not evicted, on_click=_apply,
+                     args=(lambda: draft.reshape(merges=merge_evicted(session, replace(draft.edit(at), merges=()), at,
+                                                                      float(threshold)).merges, rule=rule),),
+                     help="Each slot evicted in a layer and KV head folds its value into the kept slot whose key is "
+                          "most like its own there (its most similar kept slot), weighted by that similarity and the "
+                          "two value norms")
         if draft.prunings or draft.merges:
             channels = sum(len(p.channels) for p in draft.prunings)
             st.caption(f"{channels} key channels pruned in {len(draft.prunings)} (layer, KV head) pairs · "
                        f"{len(draft.merges)} merges ({draft.merge_rule})")
-            if st.button("Clear prunings and merges"):
-                _apply(lambda: draft.reshape((), ()))
+            st.button("Clear prunings and merges", on_click=_apply, args=(lambda: draft.reshape((), ()),))
 
 
 def _apply(change) -> None:
+    """A button's callback: the change made before the run its click starts (the strip and the what-if of that run
+    show it; a refusal is that run's warning)."""
     try:
         change()
     except KvvizError as exc:
-        warn(exc)
-    else:
-        st.rerun()
+        state.notify(str(exc))
