@@ -48,7 +48,8 @@ if TYPE_CHECKING:  # what editors and type checkers resolve; at run time each na
 _EXPORTS = {
     "EditDraft": "kvviz.edit.draft", "Edit": "kvviz.edit.edit", "Eviction": "kvviz.edit.edit",
     "KvvizError": "kvviz.errors", "ModelLoadError": "kvviz.errors", "LoadedModel": "kvviz.model",
-    "load_model": "kvviz.model", "CacheFormat": "kvviz.schemes.cache_format", "Kivi": "kvviz.schemes.kivi", "Quantizer": "kvviz.quant.quantizer",
+    "load_model": "kvviz.model", "CacheFormat": "kvviz.schemes.cache_format", "Kivi": "kvviz.schemes.kivi",
+    "Quantizer": "kvviz.quant.quantizer",
     "Sampling": "kvviz.sampling", "Session": "kvviz.session", "CacheWidget": "kvviz.notebook",
     "widget": "kvviz.notebook",
     "export_session": "kvviz.session_file", "import_session": "kvviz.session_file",

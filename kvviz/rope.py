@@ -100,6 +100,7 @@ def rope_frequencies(lm: LoadedModel) -> tuple[float, ...]:
 
 
 def pre_rope(lm: LoadedModel) -> dict[str, tuple]:
-    """What a key quantizer needs to round ``lm``'s keys before RoPE: ``rope``, the frequencies (:func:`rope_frequencies`),
-    and ``no_rope``, the layers whose keys carry none (:func:`no_rope_layers`) — ``Quantizer(..., **pre_rope(lm))``."""
+    """What a key quantizer needs to round ``lm``'s keys before RoPE: ``rope``, the frequencies
+    (:func:`rope_frequencies`), and ``no_rope``, the layers whose keys carry none (:func:`no_rope_layers`) —
+    ``Quantizer(..., **pre_rope(lm))``."""
     return {"rope": rope_frequencies(lm), "no_rope": no_rope_layers(lm)}

@@ -53,7 +53,8 @@ export default function (component) {
   root.kvChips = chips;
   kvDrawMinimap(minimap, root, chips, at, found);
   if (!root.kvScrollHooked) {
-    root.addEventListener("scroll", () => kvDrawMinimap(minimap, root, root.kvChips || [], root.kvAt, root.kvFound || []));
+    root.addEventListener("scroll",
+      () => kvDrawMinimap(minimap, root, root.kvChips || [], root.kvAt, root.kvFound || []));
     root.kvScrollHooked = true;
   }
   root.kvFound = found;

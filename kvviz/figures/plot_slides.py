@@ -200,7 +200,8 @@ def timeline_slide(result: PolicyRun, pieces: list[str], turn: int, caption_text
 def bit_widths_slide(result: PolicyRun, pieces: list[str], turn: int, caption_text: str) -> dict:
     """The key bit-width of each slot at each decode step of a KIVI run (:func:`kvviz.figures.bit_widths`)."""
     cache_format = result.settings.cache_format
-    colour = {"title": "key bits", "scale": {"domain": [cache_format.window_bits[0], 16], "range": ["#f2994a", "#2f80ed"]}}
+    colour = {"title": "key bits",
+              "scale": {"domain": [cache_format.window_bits[0], 16], "range": ["#f2994a", "#2f80ed"]}}
     return _slot_grid(bits_grid(result, turn), pieces, "bits", colour, f"Bit-widths: {cache_format.label}",
                       caption_text)
 

@@ -123,7 +123,8 @@ def bit_widths(result: PolicyRun, pieces: list[str], turn: int = -1) -> go.Figur
     bits = bits_grid(result, turn)
     n = bits.shape[0]
     labels = [spell_slot(slot, pieces[slot]) for slot in range(n)]
-    data = [dict(type="heatmap", z=bits, x=np.arange(bits.shape[1]), y=labels, zmin=cache_format.window_bits[0], zmax=16,
+    data = [dict(type="heatmap", z=bits, x=np.arange(bits.shape[1]), y=labels, zmin=cache_format.window_bits[0],
+                 zmax=16,
                  colorscale=[[0, "#f2994a"], [1, "#2f80ed"]], colorbar=dict(title="key bits"),
                  hovertemplate="step %{x} · slot %{y}<br>keys at %{z} bits<extra></extra>")]
     height = grid_height(n)

@@ -205,7 +205,8 @@ class CompressedSession:
         slots (no cache format, pruning, merging or re-rotation rewrites the cache) and the policy reads no hidden
         states."""
         reshape = self.settings.reshape
-        return (self.hidden is None and self.timeline.format is None and self.timeline.rotary is None and not (reshape is not None and (reshape.think or reshape.merge)))
+        return (self.hidden is None and self.timeline.format is None and self.timeline.rotary is None
+                and not (reshape is not None and (reshape.think or reshape.merge)))
 
     def begin_step(self, token: int | None = None) -> Session:
         """The part of :meth:`step` before its pass: the compression due, then ``token`` forced. Returns the session

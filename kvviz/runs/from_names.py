@@ -39,28 +39,26 @@ def from_names(policy: str | None = None, params: Mapping[str, object] | None = 
         raise KvvizError("give --budget or --ratio, not both")
     budget = Ratio(ratio) if ratio is not None else budget
     pick = _pick(policy, params, press_file, classes)
-    if pick is None:
-        return RunSettings(None, budget, mode or "decode", 1 if every is None else every,
-                           _format(schemes, kivi, q_group_size, residual, axis, round_own), positions or "original",
-                           reshape)
-    if budget is not None and set(params or {}) & {"compression_ratio", "target_size"}:
-        raise KvvizError("give the budget once: the press's compression_ratio (or target_size), or --ratio / "
-                         "--budget")
-    if budget is None:  # a press's own: its compression_ratio, DecodingPress' target_size, all for an adaptive one
-        budget = pick.budget
-    if press_file is not None and budget is None:
-        if not pick.policy.decides_count:
-            raise KvvizError("give --ratio R: the press's compression_ratio, the fraction it removes")
-        budget = Ratio(0.0)
-    mode = mode or pick.mode or "decode"
-    if pick.mode == "after_steps" and mode == "after_steps":  # DecodingPress' compression_interval
-        if every not in (None, 1, pick.every):
-            raise KvvizError("DecodingPress sets the interval: --param compression_interval=N, not --every")
-        every = pick.every
-    if positions in (None, "original"):
-        positions = pick.positions or "original"
-    return RunSettings(pick.policy, budget, mode, 1 if every is None else every,
-                       _format(schemes, kivi, q_group_size, residual, axis, round_own), positions, reshape)
+    if pick is not None:  # what the press says about the run, where the caller left it open
+        if budget is not None and set(params or {}) & {"compression_ratio", "target_size"}:
+            raise KvvizError("give the budget once: the press's compression_ratio (or target_size), or --ratio / "
+                             "--budget")
+        if budget is None:  # a press's own: its compression_ratio, DecodingPress' target_size, all for an adaptive one
+            budget = pick.budget
+        if press_file is not None and budget is None:
+            if not pick.policy.decides_count:
+                raise KvvizError("give --ratio R: the press's compression_ratio, the fraction it removes")
+            budget = Ratio(0.0)
+        mode = mode or pick.mode
+        if pick.mode == "after_steps" and mode == "after_steps":  # DecodingPress' compression_interval
+            if every not in (None, 1, pick.every):
+                raise KvvizError("DecodingPress sets the interval: --param compression_interval=N, not --every")
+            every = pick.every
+        if positions in (None, "original"):
+            positions = pick.positions
+    return RunSettings(None if pick is None else pick.policy, budget, mode or "decode", 1 if every is None else every,
+                       _format(schemes, kivi, q_group_size, residual, axis, round_own), positions or "original",
+                       reshape)
 
 
 def _format(schemes: Sequence[str], kivi: Kivi | None, q_group_size: int, residual: int, axis: int,

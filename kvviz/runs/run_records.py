@@ -145,8 +145,8 @@ class PolicyRun:
         return torch.where(later, NEVER, torch.where(slots < run.prompt_end, -1, slots - run.prompt_end))
 
     def quantized_steps(self, turn: int = -1) -> torch.Tensor:
-        """The cache format's side of the timeline (KIVI's window): ``(n,)`` int, the turn's decode step from which each slot is stored at low
-        bits (``-1``: before the turn; ``NEVER``: still at 16 bits at the end)."""
+        """The cache format's side of the timeline (KIVI's window): ``(n,)`` int, the turn's decode step from which
+        each slot is stored at low bits (``-1``: before the turn; ``NEVER``: still at 16 bits at the end)."""
         run = self.turns[turn]
         timeline = run.forced.timeline
         n = run.prompt_end + len(run.steps)

@@ -150,10 +150,11 @@ QUANTIZED_FP8 = WrittenCache("fp8-e4m3-tensor", own=True)  # transformers' Quant
 
 def run_cache(name: str, q_group_size: int = 64, residual: int = 128, axis: int = 0,
               own: bool = False) -> CacheFormat | None:
-    """The cache format a policy run keeps for scheme ``name`` (``RunSettings.cache_format``): :class:`Kivi` (``kivi-N``), :class:`QuantoCache` (``quanto-N``, ``hqq-N``; ``axis``: QuantizedCache's, for keys and
-    values) or a :class:`WrittenCache` (the per-slot schemes, each slot rounded when written — with ``own`` the step's
-    own K/V too; ``quantized-fp8``: transformers' fp8 QuantizedCache); None for ``fp16``, the model's own cache.
-    Per-channel and mixed schemes are refused in one line (their scales span the slots)."""
+    """The cache format a policy run keeps for scheme ``name`` (``RunSettings.cache_format``): :class:`Kivi`
+    (``kivi-N``), :class:`QuantoCache` (``quanto-N``, ``hqq-N``; ``axis``: QuantizedCache's, for keys and values) or a
+    :class:`WrittenCache` (the per-slot schemes, each slot rounded when written — with ``own`` the step's own K/V too;
+    ``quantized-fp8``: transformers' fp8 QuantizedCache); None for ``fp16``, the model's own cache. Per-channel and
+    mixed schemes are refused in one line (their scales span the slots)."""
     family, bits = run_family(name), name.rpartition("-")[2]
     if family == "fp16":
         return None

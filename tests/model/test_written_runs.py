@@ -181,7 +181,7 @@ def test_a_what_if_at_a_step_of_a_quantized_fp8_run_replays_that_step(lm, eps, m
     assert follow.full_ids == follow.edited_ids == run.session.transcript.ids[first + 1:first + 3]
     keys = kv_cache.layer_kv(caches[0], 0)[0][0, :, first + 1]  # layer 0: the next token's key, as the run stored it
     assert torch.equal(keys, run.session.layer_kv(0)[0][:, first + 1])
-    plain = CompressedSession(lm, RunSettings(cache_format=run_cache("fp8-e4m3-tensor")))  # its step's own K/V as computed
+    plain = CompressedSession(lm, RunSettings(cache_format=run_cache("fp8-e4m3-tensor")))  # own K/V as computed
     plain.add_turn(PROMPT)
     at, logits = len(plain), plain.step()
     assert plain.timeline.writes(at) is None
