@@ -19,8 +19,9 @@ def architecture_rows(bench, count: int = 512) -> list[Row]:
     tokenizer = AutoTokenizer.from_pretrained(resolve_checkpoint(None)[0])
     rows = []
     for kind in ARCHITECTURES:
-        ours = tiny(kind).requires_grad_(False)  # transformers runs soft-capped attention (Gemma 2) eagerly only
-        plain = tiny(kind, attention="eager" if ours.config.model_type == "gemma2" else "sdpa").requires_grad_(False)
+        ours = tiny(kind).requires_grad_(False)  # transformers runs soft-capped attention (Gemma 2) and learned
+        eager = ours.config.model_type in ("gemma2", "gpt_oss")  # sinks (gpt-oss) eagerly only
+        plain = tiny(kind, attention="eager" if eager else "sdpa").requires_grad_(False)
         plain.load_state_dict(ours.state_dict())
         lm = LoadedModel(model=ours, tokenizer=tokenizer, name=f"tiny {kind}", device=torch.device("cpu"))
         session = Session(lm)

@@ -58,7 +58,7 @@ def planned(quick: bool = False, browser: bool = True) -> dict[str, Callable[[Be
                               "sweep beside kvpress' pipeline": kvpress_rows.pipeline_row}
     rows |= {"launches of two what-ifs at 1024": launch_rows}
     rows |= {"sweep throughput, batch 4": sweep_row}
-    rows |= {"whatif evict 512 on tiny llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3": architecture_rows}
+    rows |= {"whatif evict 512 on tiny llama … gemma3, smollm3, gpt_oss": architecture_rows}
     if browser and not quick:
         rows["browser click and settled 2048, 8000, overview draw"] = _browser
         rows["timeline draw 1k × 256"] = policy_rows.timeline_draw

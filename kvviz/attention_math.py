@@ -77,12 +77,15 @@ def causal_weights(
 
 def visible_softmax(
     s: torch.Tensor, evicted: torch.Tensor | None = None, dtype: torch.dtype | None = None, window: Window = None,
-    own: bool = False,
+    own: bool = False, sink: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Softmax of scores ``(..., H, q, n)`` over the slots row ``i`` sees (causal: ``0..n-q+i``; the last ``window``
     of them, one window or one per index of the leading axis), except those ``evicted`` (bool ``(..., KV, n)`` per
     KV head, or ``(..., KV, q, n)`` per KV head and row); leading dimensions (e.g. layers) batched. ``own``: ``s``
-    may be overwritten (the caller made it for this); otherwise it is left as it was (masked on a copy)."""
+    may be overwritten (the caller made it for this); otherwise it is left as it was (masked on a copy).
+
+    ``sink``: learned sink logits ``(..., H)`` (gpt-oss): one more term ``exp(σ_h)`` in each row's denominator, a
+    column with no value, so the weights over slots sum to ``1 − α_sink`` (docs/math.md §3)."""
     own = own or (dtype is not None and s.dtype != dtype)  # a conversion is a copy of our own
     s = s if dtype is None else s.to(dtype)
     *lead, heads, q_len, n = s.shape
@@ -98,10 +101,26 @@ def visible_softmax(
         masks.append((s.view(*lead, kv, heads // kv, q_len, n), evicted[..., None, None, :]))
     if masks and not own:
         s = s.clone()  # one copy, masked in place below (the views above are remade on it)
-        return visible_softmax(s, evicted, None, window, own=True)
+        return visible_softmax(s, evicted, None, window, own=True, sink=sink)
     for view, mask in masks:
         view.masked_fill_(mask, float("-inf"))
-    return torch.softmax(s, dim=-1)
+    return sink_softmax(s, sink)
+
+
+def sink_softmax(s: torch.Tensor, sink: torch.Tensor | None = None) -> torch.Tensor:
+    """Softmax of masked scores ``(..., H, q, n)`` over the last axis, with a learned ``sink`` logit ``(..., H)`` as
+    one more term of each denominator (none: the plain softmax): ``α_j = exp(s_j) / (Σ_k exp(s_k) + exp(σ_h))``. A
+    row with every slot masked gives zeros (all its mass on the sink)."""
+    if sink is None:
+        return torch.softmax(s, dim=-1)
+    total = torch.logaddexp(torch.logsumexp(s, -1, keepdim=True), sink.to(s)[..., None, None])  # slots and sink
+    return torch.exp(s - total)
+
+
+def sink_mass(alpha: torch.Tensor) -> torch.Tensor:
+    """The mass a learned sink took: ``α_sink = 1 − Σ_j α_j`` of weights ``(..., n)`` → ``(...)`` (0 without a
+    sink, up to rounding)."""
+    return 1 - alpha.sum(-1)
 
 
 def evicted_mass(alpha: torch.Tensor, evicted: torch.Tensor) -> torch.Tensor:

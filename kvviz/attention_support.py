@@ -1,11 +1,11 @@
 """What kvviz reproduces of a model's attention, read and checked when the model loads (docs/math.md §2).
 
 kvviz recomputes attention weights from recorded queries and cached keys, and re-runs steps with slots hidden. It
-reproduces causal softmax attention with one score scale, an optional soft-cap of the scores (Gemma 2) and a sliding
-window per layer (Mistral, Qwen2 with ``use_sliding_window``, Gemma 2 / 3): an :class:`AttentionRule`. A model whose
-attention adds something else is refused with a line naming it, never shown with wrong numbers: learned attention
-sinks (gpt-oss), multi-head latent attention (DeepSeek's MLA), chunked or other non-causal layers, bidirectional
-windows, attention modules that differ in their score scale or soft-cap."""
+reproduces causal softmax attention with one score scale, an optional soft-cap of the scores (Gemma 2), a sliding
+window per layer (Mistral, Qwen2 with ``use_sliding_window``, Gemma 2 / 3, gpt-oss) and learned attention sinks per
+layer and head (gpt-oss): an :class:`AttentionRule`. A model whose attention adds something else is refused with a
+line naming it, never shown with wrong numbers: multi-head latent attention (DeepSeek's MLA), chunked or other
+non-causal layers, bidirectional windows, attention modules that differ in their score scale or soft-cap."""
 
 from __future__ import annotations
 
@@ -22,11 +22,23 @@ from kvviz.errors import ModelLoadError
 class AttentionRule:
     """What a model's attention applies between ``q·kᵀ`` and the softmax: the score ``scaling``, a ``softcap``
     ``c`` (scores become ``c·tanh(s/c)``; None: none) and each layer's sliding window (None: the layer sees every
-    earlier slot). kvviz keeps every slot in every layer; a window only hides slots, as the model's mask does."""
+    earlier slot). kvviz keeps every slot in every layer; a window only hides slots, as the model's mask does.
+    ``sinks``: each layer's learned sink logit per query head (gpt-oss; empty: none), one more term in the softmax's
+    denominator with no value (docs/math.md §3)."""
 
     scaling: float
     softcap: float | None = None
     windows: tuple[int | None, ...] = ()  # one per layer (empty: no layer has a window)
+    sinks: tuple[tuple[float, ...], ...] = ()  # (L, H) logits, as the model holds them
+
+    def sink(self, layer: int | None, device: torch.device | str | None = None,
+             head: int | None = None) -> torch.Tensor | None:
+        """The sink logits of ``layer`` ``(H,)`` (``(1,)``: query head ``head`` alone), or with ``None`` of every
+        layer ``(L, H)``; None without sinks."""
+        if not self.sinks:
+            return None
+        found = torch.tensor(self.sinks if layer is None else self.sinks[layer], dtype=torch.float64, device=device)
+        return found if head is None else found[..., head : head + 1]
 
     def window(self, layer: int | None) -> am.Window:
         """The window of ``layer``, or with ``None`` those of all layers (for tensors with a leading layer axis)."""
@@ -44,17 +56,18 @@ class AttentionRule:
         return am.scores(query, keys, self.scaling, self.softcap)
 
     def softmax(self, s: torch.Tensor, layer: int | None, evicted: torch.Tensor | None = None,
-                dtype: torch.dtype | None = None, own: bool = False) -> torch.Tensor:
-        """Weights from scores ``(H, q, n)`` of ``layer`` (``(L, H, q, n)`` with ``layer=None``), causal, within the
-        layer's window, ``evicted`` slots hidden (see :func:`~kvviz.attention_math.visible_softmax`; ``own``: ``s``
-        may be overwritten)."""
-        return am.visible_softmax(s, evicted, dtype, self.window(layer), own)
+                dtype: torch.dtype | None = None, own: bool = False, head: int | None = None) -> torch.Tensor:
+        """Weights from scores ``(H, q, n)`` of ``layer`` (``(L, H, q, n)`` with ``layer=None``; ``(1, q, n)`` of query
+        head ``head`` alone), causal, within the layer's window, ``evicted`` slots hidden, with the layer's learned
+        sinks (see :func:`~kvviz.attention_math.visible_softmax`; ``own``: ``s`` may be overwritten)."""
+        return am.visible_softmax(s, evicted, dtype, self.window(layer), own, self.sink(layer, s.device, head))
 
     def weights(self, query: torch.Tensor, keys: torch.Tensor, layer: int | None,
-                evicted: torch.Tensor | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """Weights ``(H, q, n)`` of ``layer`` (``(L, H, q, n)`` with ``layer=None``): row ``i`` is the slot
-        ``n - q + i``."""
-        return self.softmax(self.scores(query, keys), layer, evicted, dtype, own=True)
+                evicted: torch.Tensor | None = None, dtype: torch.dtype | None = None,
+                head: int | None = None) -> torch.Tensor:
+        """Weights ``(H, q, n)`` of ``layer`` (``(L, H, q, n)`` with ``layer=None``; ``(1, q, n)`` when ``query`` is
+        query head ``head``'s alone): row ``i`` is the slot ``n - q + i``."""
+        return self.softmax(self.scores(query, keys), layer, evicted, dtype, own=True, head=head)
 
     def outside(self, at: int, n: int, device: torch.device | str | None = None) -> torch.Tensor:
         """Bool ``(L, n)``: the slots ``0..n-1`` each layer's window hides from the query at slot ``at`` (all False
@@ -94,15 +107,17 @@ def read(model: torch.nn.Module) -> tuple[AttentionRule | None, list[str]]:
     if getattr(config, "kv_lora_rank", None):  # DeepSeek-V2/V3: keys and values expanded from a cached latent
         problems.append("multi-head latent attention (MLA: a compressed latent cached instead of keys and values, "
                         "query / key heads wider than value heads)")
-    if any(getattr(m, "sinks", None) is not None for m in modules):
-        problems.append("learned attention sinks")
+    sinks = [getattr(m, "sinks", None) for m in modules]
+    if any(sink is not None for sink in sinks) and any(sink is None for sink in sinks):
+        problems.append("learned attention sinks in some layers only")
     scales = {getattr(m, "scaling", None) for m in modules}
     if len(scales) != 1 or None in scales:
         problems.append("attention modules without one shared score scale")
     if problems:
         return None, problems
     softcap = caps.pop() if caps else None
-    return AttentionRule(float(scales.pop()), None if softcap is None else float(softcap), windows), []
+    sinks = () if sinks[0] is None else tuple(tuple(sink.detach().float().tolist()) for sink in sinks)
+    return AttentionRule(float(scales.pop()), None if softcap is None else float(softcap), windows, sinks), []
 
 
 def _windows(config) -> tuple[tuple[int | None, ...], list[str]]:

@@ -51,6 +51,6 @@ def recorded_weights(commits: Commits, queries: QueryLog, shape: Geometry, rule:
         if kv_head is not None:
             keys = keys[kv_head : kv_head + 1]
             evicted = None if evicted is None else evicted[kv_head : kv_head + 1]
-        part = rule.weights(queries[:, first:end], keys, layer, evicted)  # (H, end - first, end)
+        part = rule.weights(queries[:, first:end], keys, layer, evicted, head=head)  # (H, end - first, end)
         rows.append(part if end == stop else torch.nn.functional.pad(part, (0, stop - end)))
     return rows[0] if len(rows) == 1 else torch.cat(rows, dim=1)  # one group: its rows, not a copy

@@ -2,9 +2,10 @@
 
 The model is shared by every browser session, so the function itself holds no state: the probe of the call in
 progress lives in a ``ContextVar`` that the caller sets around its forward pass (``with probing(probe): model(...)``).
-Without a probe the function is plain SDPA
-(or transformers' eager attention when the caller asks for ``output_attentions`` or the model soft-caps its scores). A probe may record the post-RoPE query, hide cached slots per KV head
-(what-if masking) and read the per-head attention output.
+Without a probe the function is plain SDPA (or transformers' eager attention when the caller asks for
+``output_attentions`` or the model soft-caps its scores; kvviz's own softmax with a sink column for a model with
+learned sinks, which SDPA cannot add). A probe may record the post-RoPE query, hide cached slots per KV head (what-if
+masking) and read the per-head attention output.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward  # llama's, with a soft-cap
 
-from kvviz.attention_math import causal_mask, expand_kv
+from kvviz.attention_math import causal_mask, expand_kv, sink_softmax
 
 ATTENTION_NAME = "kvviz"
 
@@ -99,7 +100,12 @@ def kvviz_attention(
     and the weights ``(B, H, q, n)`` or None."""
     probe = _probe.get()
     visible = probe.on_query(module.layer_idx, query, key, value) if probe is not None else None
-    if kwargs.pop("output_attentions", False) or kwargs.get("softcap") is not None:
+    sinks = kwargs.pop("s_aux", None)  # gpt-oss passes its learned sinks under this name
+    if sinks is not None:
+        output, weights = _with_sinks(query, key, value, _full_mask(attention_mask, query, key, visible), scaling,
+                                      sinks)
+        weights = weights if kwargs.pop("output_attentions", False) else None
+    elif kwargs.pop("output_attentions", False) or kwargs.get("softcap") is not None:
         allowed = _full_mask(attention_mask, query, key, visible)
         additive = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device).masked_fill(
             ~allowed, torch.finfo(query.dtype).min
@@ -120,6 +126,22 @@ def kvviz_attention(
     if probe is not None:
         probe.on_output(module.layer_idx, output)
     return output, weights
+
+
+def _with_sinks(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor,
+                scaling: float | None, sinks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention with a learned sink per query head (gpt-oss): the softmax over the ``allowed`` slots (bool
+    ``(B, 1|H, q, n)``) and one more logit ``sinks`` ``(H,)`` with no value, so a row's weights sum to ``1 − α_sink``
+    (:func:`~kvviz.attention_math.sink_softmax`, in float32). GQA per KV group, K/V never repeated. Query
+    ``(B, H, q, D)`` → output ``(B, q, H, D)`` and weights ``(B, H, q, n)``."""
+    batch, heads, rows, dim = query.shape
+    groups, n = key.shape[1], key.shape[2]
+    scale = dim**-0.5 if scaling is None else scaling
+    s = (query.reshape(batch, groups, heads // groups * rows, dim) @ key.transpose(-1, -2)).view(batch, heads, rows, n)
+    s = s.float().mul_(scale).masked_fill_(~allowed, float("-inf"))
+    weights = sink_softmax(s, sinks[None]).to(value.dtype)
+    output = weights.view(batch, groups, heads // groups * rows, n) @ value
+    return output.view(batch, heads, rows, -1).transpose(1, 2).contiguous(), weights
 
 
 def _decode_step(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: torch.Tensor,

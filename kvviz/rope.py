@@ -37,7 +37,8 @@ def rope_rotate(x: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor) ->
     return x * cos + rotated_half * sin
 
 
-ROTATIONS = ("default", "linear", "llama3")  # RoPE variants whose angle is position × a fixed frequency
+ROTATIONS = ("default", "linear", "llama3", "yarn")  # RoPE variants whose angle is position × a fixed frequency
+# (YaRN also multiplies cos and sin by one attention factor: a constant in every cached key, which a rotation keeps)
 
 
 def no_rope_layers(lm: LoadedModel) -> tuple[int, ...]:
@@ -55,7 +56,7 @@ class Rotary:
     def __init__(self, lm: LoadedModel):
         rotary = getattr(getattr(lm.model, "model", None), "rotary_emb", None)
         kind = getattr(rotary, "rope_type", None)
-        if rotary is None or kind not in ROTATIONS or getattr(rotary, "attention_scaling", 1.0) != 1.0:
+        if rotary is None or kind not in ROTATIONS:
             raise KvvizError(f"re-rotated positions need a plain RoPE model ({', '.join(ROTATIONS)}); "
                              f"{lm.name} has {kind or 'no RoPE'}: use original positions")
         self.inv_freq = rotary.inv_freq.detach().float()
@@ -73,7 +74,7 @@ class Rotary:
                 found.inv_freq = torch.zeros_like(found.inv_freq)
             return found
         kind = rotary.config.layer_types[layer]
-        if rotary.rope_type[kind] not in ROTATIONS or getattr(rotary, f"{kind}_attention_scaling", 1.0) != 1.0:
+        if rotary.rope_type[kind] not in ROTATIONS:
             raise KvvizError(f"{lm.name}'s {kind} layers use {rotary.rope_type[kind]} RoPE, not a plain rotation")
         found = cls.__new__(cls)
         found.inv_freq = getattr(rotary, f"{kind}_inv_freq").detach().float()

@@ -25,7 +25,13 @@ ARCHITECTURES = {  # each with a GQA ratio other than the bundled model's 3
                                         layer_types=["sliding_attention", "sliding_attention", "full_attention"])),
     "smollm3": ("SmolLM3Config", dict(num_key_value_heads=2, no_rope_layer_interval=2, pad_token_id=None,
                                       bos_token_id=None, eos_token_id=None)),  # layer 1 of 3 applies no RoPE (NoPE)
+    "gpt_oss": ("GptOssConfig", dict(num_key_value_heads=2, head_dim=16, sliding_window=WINDOW, num_local_experts=2,
+                                     num_experts_per_tok=1, rope_parameters=dict(
+                                         rope_type="yarn", rope_theta=150000.0, factor=8.0, beta_fast=32.0,
+                                         beta_slow=1.0, truncate=False, original_max_position_embeddings=128))),
+    # learned sinks (drawn by `tiny` so they bite), sliding / full layers alternating, YaRN RoPE, a mixture of experts
 }
+SINKS = (4.0, 2.0)  # a learned sink's logit ~ N(4, 2²): some heads give it most of their mass, others little
 
 
 def tiny(kind: str, attention: str = "kvviz", **overrides) -> torch.nn.Module:
@@ -34,16 +40,21 @@ def tiny(kind: str, attention: str = "kvviz", **overrides) -> torch.nn.Module:
     name, settings = ARCHITECTURES[kind] if kind in ARCHITECTURES else (kind, {})
     config = getattr(transformers, name)(**{**COMMON, **settings, **overrides})
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config, attn_implementation=attention, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attention, dtype=torch.float32).eval()
+    with torch.no_grad():  # the config's initializer draws sinks near 0, where they would hardly change a weight
+        for module in model.modules():
+            if isinstance(getattr(module, "sinks", None), torch.Tensor):
+                module.sinks.normal_(*SINKS)
+    return model
 
 
-def tiny_pair(kind: str, tokenizer, turns: list[str], new_tokens: int = 6):
-    """A tiny model of ``kind`` through kvviz (a :class:`LoadedModel`), the same weights with transformers' eager
-    attention, and a session that answered ``turns`` with ``new_tokens`` each."""
+def tiny_pair(kind: str, tokenizer, turns: list[str], new_tokens: int = 6, **overrides):
+    """A tiny model of ``kind`` (its config changed by ``overrides``) through kvviz (a :class:`LoadedModel`), the same
+    weights with transformers' eager attention, and a session that answered ``turns`` with ``new_tokens`` each."""
     from kvviz.model import LoadedModel
     from kvviz.session import Session
 
-    ours, eager = tiny(kind), tiny(kind, attention="eager")
+    ours, eager = tiny(kind, **overrides), tiny(kind, attention="eager", **overrides)
     eager.load_state_dict(ours.state_dict())
     lm = LoadedModel(model=ours.requires_grad_(False), tokenizer=tokenizer, name=f"tiny {kind}",
                      device=torch.device("cpu"))

@@ -29,6 +29,16 @@ def attention_row(session: Session, at: int, layer: int, head: int | None) -> to
     return session.memoized("views", ("row", at, layer, head), compute)
 
 
+def sink_share(session: Session, at: int, layer: int, head: int | None) -> dict | None:
+    """A learned sink's share of slot ``at``'s attention in ``layer`` (one query head, or the mean over heads with
+    None) as the strip draws it: ``{"share", "layer", "head"}`` (``1 − Σ α`` of :func:`attention_row`, float64); None
+    for a model without sinks."""
+    if not session.lm.attention.sinks:
+        return None
+    share = float(1 - attention_row(session, at, layer, head).double().sum())
+    return {"share": share, "layer": layer, "head": "the mean of heads" if head is None else f"head {head}"}
+
+
 def reply_as_cached(session: Session) -> tuple[str, str | None]:
     """The newest turn's reply as the cache holds it — its generated slots, decoded — and the text of the pending
     token (chosen, not yet cached; None once the turn has ended)."""

@@ -33,6 +33,7 @@ export default function (component) {
   const at = data ? data.at : -1;
   const found = (data && data.found) || [];
   const fresh = kvDrawStrip(root, chips, at);
+  kvDrawSink(root, data ? data.sink : null);
   root.classList.toggle("kv-large", Boolean(data && data.large));
   const search = JSON.stringify(found), hits = new Set(found);
   if (fresh || search !== root.kvSearch) {  // a new search or strip: every chip's mark

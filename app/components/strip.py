@@ -19,14 +19,16 @@ _component = st.components.v2.component(  # the one front end of the strip, with
 
 
 def token_strip(chips: list[list], at: int, on_click: Callable[[], None], large: bool = False, key: str = "strip",
-                found: list[int] | None = None, focus: int | None = None):
+                found: list[int] | None = None, focus: int | None = None, sink: dict | None = None):
     """Mount the strip; ``on_click`` runs (as a callback) after a chip is clicked: read ``clicked(key)`` there.
     ``found``: slots a search matched (highlighted; the strip scrolls to the first). ``focus``: a slot to scroll to
-    when it changes (a tour step's subject), instead of the current step. A minimap of the whole cache above the
-    strip scrolls it."""
+    when it changes (a tour step's subject), instead of the current step. ``sink``: a learned sink's share of the
+    step's attention (``{"share", "layer", "head"}``, :func:`kvviz.view_data.sink_share`), drawn as a chip before
+    slot 0. A minimap of the whole cache above the strip scrolls it."""
     # sent as one JSON byte string: a dict is serialised twice by Streamlit (once more to hash it for the element's
     # identity), which cost ~40 ms per click at 8k chips; bytes are hashed as they are
-    payload = json.dumps({"chips": chips, "at": at, "large": large, "found": found or [], "focus": focus},
+    payload = json.dumps({"chips": chips, "at": at, "large": large, "found": found or [], "focus": focus,
+                          "sink": sink},
                          separators=(",", ":"),
                          ensure_ascii=False)
     return _component(data=payload.encode(), key=key, on_click_change=on_click)

@@ -17,8 +17,8 @@ from kvviz.rope import pre_rope
 from kvviz.errors import KvvizError
 from kvviz.spelling import spell
 from kvviz.quant.quantizer import Quantizer
-from kvviz.view_data import (SHADINGS, commit_rows, find_slots, kept_per_head, strip_chips, strip_reasons,
-                             window_start)
+from kvviz.view_data import (SHADINGS, commit_rows, find_slots, kept_per_head, sink_share, strip_chips,
+                             strip_reasons, window_start)
 
 BITS = [16, 8, 4, 3, 2]
 
@@ -85,7 +85,8 @@ def render() -> None:
         _find(session, at)
     found = find_slots(session, at, st.session_state.get("find") or "")
     tour = state.kept("tour")
-    token_strip(chips, at, _on_click, large=large, found=found, focus=tour and tour.get("focus"))
+    token_strip(chips, at, _on_click, large=large, found=found, focus=tour and tour.get("focus"),
+                sink=sink_share(session, at, st.session_state.layer, state.head()))
     if not large:  # presentation mode draws them below the top-k tables (see controls)
         controls()
 

@@ -200,6 +200,12 @@ def _summary(result: WhatIf) -> None:
                help=f"Evicted mass: the share of layer {layer}, {shown}'s attention that went to the evicted slots "
                     "(the mean over the layer's query heads of each one's share, with the Head picker's mean); the "
                     "rest is rescaled by 1/(1−ρ). Choose a head above for one head's.")
+    sink = result.sink(layer, head)
+    if sink is not None:
+        row.metric(f"Sink (layer {layer}, {shown})", f"{sink[1]:.4f}", f"{sink[1] - sink[0]:+.4f} vs {sink[0]:.4f}",
+                   delta_color="off", help="This model's learned attention sink: a logit per head with no value in "
+                   "the softmax's denominator, the share of attention that goes nowhere. Evicting slots leaves it "
+                   "the same logit, so its share grows to α_sink/(1−ρ) as the rest does")
     saved = 1 - memory.edited_bytes / max(memory.full_bytes, 1)
     large = st.session_state.large  # presentation mode: the saving in the label, the numbers on one line
     smaller = f"{saved:.1%}" != "0.0%"  # an edit that saves nothing (or rounds to nothing) shows no "↓ -0.0%"

@@ -160,6 +160,8 @@ function draw() {
     slot <= at ? Math.round(weights[slot] / top * 1e4) / 1e4 : 0, evicted.has(slot) ? 1 : 0,
     (edit && edit.key_bits[slot]) || 16, (edit && edit.value_bits[slot]) || 16, 0, 0, 0, 0, 16, 16, 0, 0, 0, ""]);
   kvDrawStrip(strip, rows, at);
+  kvDrawSink(strip, DATA.sinks ? { share: 1 - weights.slice(0, at + 1).reduce((a, b) => a + b, 0),
+    layer: view.layer, head: view.head === null ? "the mean of heads" : "head " + view.head } : null);
   strip.kvDrawn.forEach(({ chip, row }) => chip.classList.toggle("kv-later", row[0] > at));
   [...editList.children].forEach((b, i) => b.classList.toggle("kv-chosen", i === state.edit));
   result.replaceChildren();

@@ -110,6 +110,7 @@ def page_data(session: Session, prepared: list[Prepared], views: list[tuple[int,
     slots = [[spell(s.text), SEGMENTS.index(segments[s.slot]), s.turn] for s in session.transcript.slots]
     return {
         "title": title or f"kvviz — {lm.name}", "model": lm.name, "slots": slots,
+        "sinks": bool(lm.attention.sinks),  # learned sinks: each row's share 1 − Σ α is drawn as a chip of its own
         "turns": session.conversation(),
         "views": [{"layer": layer, "head": head, "weights": _floats(_triangle(session, layer, head))}
                   for layer, head in views],

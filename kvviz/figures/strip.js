@@ -116,6 +116,29 @@ function kvDrawStrip(root, chips, at) {
   return moved;
 }
 
+function kvDrawSink(root, sink) {
+  // a model with learned attention sinks (gpt-oss): one chip before slot 0 with the sink's share of the current
+  // step's attention (``sink``: {share, layer, head}; null: none). It holds no key or value, so it cannot be clicked
+  // to evict; it is not a .kv-chip (rows, clicks and the minimap skip it) and stays first when the chips are rebuilt.
+  let chip = root.querySelector(":scope > .kv-sink");
+  if (sink === null || sink === undefined) {
+    if (chip) chip.remove();
+    return;
+  }
+  if (!chip) {
+    chip = document.createElement("span");
+    chip.className = "kv-sink";
+    chip.setAttribute("role", "listitem");
+  }
+  if (root.firstChild !== chip) root.prepend(chip);
+  chip.style.setProperty("--kv-attention", String(Math.min(1, Math.max(0, sink.share))));
+  chip.textContent = "sink " + sink.share.toFixed(3);
+  chip.dataset.share = String(sink.share);
+  chip.title = "The learned attention sink of layer " + sink.layer + ", " + sink.head + ": the share of this step's " +
+    "attention that goes to no slot (a logit with no value in the softmax). Evicting slots leaves it, so its share " +
+    "grows with the rest's: α_sink / (1 − ρ)";
+}
+
 function kvOnChipClick(root, handler) {
   // ``handler(slot, shift)`` for a click on a chip of ``root`` (shift: a shift-, alt- or meta-click)
   root.addEventListener("click", (event) => {

@@ -59,7 +59,8 @@ def _field(name: str, kind: str, **settings) -> dict:
 
 def alpha_chart(detail: Detail, texts: list[str]) -> Chart:
     """α (full cache), α′ = α/(1−ρ) (closed form) and the weights the edited run used, per slot; evicted slots are
-    crossed (their α′ and edited weight are 0). Hovering a slot shows its token and the weight. Over
+    crossed (their α′ and edited weight are 0); a model with learned sinks has the sink's mass as a column of its own
+    (slot −1, token "sink"). Hovering a slot shows its token and the weight. Over
     :data:`POINT_LIMIT` slots, each series is drawn as its maximum over blocks of ``ceil(n / POINT_LIMIT)`` slots
     (as the attention maps do), a block crossed when it holds an evicted slot; the title says so."""
     n = len(detail.slots)
@@ -74,6 +75,10 @@ def alpha_chart(detail: Detail, texts: list[str]) -> Chart:
         flags = [pool(f.astype(float), POINT_LIMIT, 0) > 0 for f in flags]
         slots = slots[::block]
         labels = np.array([f"slots {a}–{min(a + block, n) - 1}" for a in slots], dtype=object)
+    if detail.sink is not None:  # a learned sink: one more column, before slot 0, with its three masses
+        weights = [np.concatenate([[mass], w]) for mass, w in zip(detail.sink, weights)]
+        flags = [np.concatenate([[False], f]) for f in flags]
+        slots, labels = np.concatenate([[-1], slots]), np.concatenate([np.array(["sink"], dtype=object), labels])
     count = len(slots)
     data = pd.DataFrame({
         "slot": np.tile(slots, 3), "token": np.tile(labels, 3),
@@ -87,7 +92,7 @@ def alpha_chart(detail: Detail, texts: list[str]) -> Chart:
         marks = [{"mark": "bar", "encoding": {"x": x, "xOffset": _field("series", "nominal", sort=names),
                                               "y": _field("weight", "quantitative", stack=None)}}]
     else:
-        x = _field("slot", "quantitative", title="slot", scale={"domain": [0, n - 1], "nice": False})
+        x = _field("slot", "quantitative", title="slot", scale={"domain": [int(slots[0]), n - 1], "nice": False})
         marks = [{"mark": {"type": "line", "interpolate": "step", "strokeWidth": 1}, "encoding": {"x": x}},
                  {"mark": {"type": "point", "opacity": 0, "size": 20}, "encoding": {"x": x}}]  # hover targets
     crosses = {"transform": [{"filter": f"datum.evicted && datum.series == '{names[0]}'"}],
@@ -99,6 +104,7 @@ def alpha_chart(detail: Detail, texts: list[str]) -> Chart:
                "encoding": {"x": x, "color": {"value": "#9e9e9e"}}}
     spec = {
         "title": f"Layer {detail.layer}, head {detail.head}: attention weights of the step (evicted slots crossed"
+                 + ("; slot −1: the learned sink's mass" if detail.sink is not None else "")
                  + ("; grey squares: outside this layer's sliding window" if windowed else "")
                  + (f"; the maximum over each block of {block} slots" if block > 1 else "") + ")",
         "height": 300, "layer": [*marks, crosses, *([dropped] if windowed else [])],

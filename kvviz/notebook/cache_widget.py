@@ -28,7 +28,7 @@ from kvviz.policies.base import Policy
 from kvviz.figures.strip import front_end, strip_css
 from kvviz.notebook.reprs import what_if_html
 from kvviz.session import Session
-from kvviz.view_data import strip_chips
+from kvviz.view_data import sink_share, strip_chips
 from kvviz.whatif import WhatIf, what_if
 
 _HERE = Path(__file__).parent
@@ -45,6 +45,8 @@ class CacheWidget(anywidget.AnyWidget):
     chips = traitlets.List().tag(sync=True)  # per slot up to `at`: its kvviz.view_data.strip_chips row, as the
     # dashboard's strip draws it — [slot, text, segment, turn, attention, evicted (0 no / 1 everywhere / 2 some layers
     # or KV heads), key bits, value bits, selected, …, committed eviction (11), committed key bits (12), …]
+    sink = traitlets.Dict(allow_none=True, default_value=None).tag(sync=True)  # a learned sink's share (gpt-oss):
+    # kvviz.view_data.sink_share, drawn as a chip before slot 0; None without sinks
     slots = traitlets.Int(0).tag(sync=True)
     layers = traitlets.Int(1).tag(sync=True)
     heads = traitlets.Int(1).tag(sync=True)
@@ -224,6 +226,8 @@ class CacheWidget(anywidget.AnyWidget):
         session, error = self.session, ""
         try:
             self.chips = self._chips()
+            head = None if self.head < 0 else self.head
+            self.sink = sink_share(session, self.at, self.layer, head) if len(session) else None
             if run:
                 self._result = None
                 self.result_html, self.kl = "", None

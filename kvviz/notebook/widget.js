@@ -77,6 +77,7 @@ function render({ model, el: root }) {
 
   function drawStrip() {
     kvDrawStrip(strip, model.get("chips"), model.get("at"));
+    kvDrawSink(strip, model.get("sink"));
   }
   function drawSettings() {
     const slots = model.get("slots");
@@ -102,6 +103,7 @@ function render({ model, el: root }) {
   drawSettings();
   drawStatus();
   model.on("change:chips", drawStrip);
+  model.on("change:sink", drawStrip);
   for (const name of ["slots", "at", "layer", "head", "scope", "commits"]) model.on("change:" + name, drawSettings);
   for (const name of ["kl", "error", "result_html", "busy", "progress"]) model.on("change:" + name, drawStatus);
 }

@@ -42,6 +42,7 @@ class Detail:
     weight_term: list[float] = field(default_factory=list)  # Σ (α̂−α) v
     content_term: list[float] = field(default_factory=list)  # Σ α̂ ε^V
     outside: list[bool] = field(default_factory=list)  # per slot: outside the layer's sliding window (α = 0)
+    sink: tuple[float, float, float] | None = None  # a learned sink's mass: full α_sink, α_sink/(1−ρ), edited run's
 
 
 @dataclass
@@ -51,7 +52,8 @@ class WhatIf:
     token: int
     edit: Edit
     next_token: NextToken
-    heads: dict[str, torch.Tensor]  # name -> (L, H): rho, delta_isolated, weight_term, content_term, delta_propagated
+    heads: dict[str, torch.Tensor]  # name -> (L, H): rho, delta_isolated, weight_term, content_term, delta_propagated,
+    # and with learned sinks sink (the full run's α_sink) and sink_edited (the edited run's)
     detail: Detail
     hidden_delta: list[float]  # ‖h̃ − h‖ after the embeddings and after each layer
     memory: CacheBytes
@@ -69,6 +71,14 @@ class WhatIf:
         over the layer's query heads — as the strip's shading reads attention."""
         rho = self.heads["rho"][layer]  # (H,)
         return float(rho.mean() if head is None else rho[head])
+
+    def sink(self, layer: int, head: int | None) -> tuple[float, float] | None:
+        """A learned sink's mass ``(full, edited)`` for query head ``head`` of ``layer`` (``None``: the mean over the
+        layer's heads); None for a model without sinks."""
+        if "sink" not in self.heads:
+            return None
+        full, edited = self.heads["sink"][layer], self.heads["sink_edited"][layer]  # (H,)
+        return (float(full.mean()), float(edited.mean())) if head is None else (float(full[head]), float(edited[head]))
 
     def to_dict(self) -> dict:
         return {"at": self.at, "position": self.position, "token": self.token, "edit": self.edit.to_dict(),
@@ -110,15 +120,20 @@ class EditedStepProbe(Probe):
         """docs/math.md §4 for all layers at once: ``Σ (α̂ − α) v`` and ``Σ α̂ (v̂ − v)`` ``(L, H, D)``, with α̂ the full run's
         queries' weights on the edited cache (the kept buffers after the run). The step's own key and value are the
         full run's: its score is the full run's own score, and its ``v̂ − v`` is 0."""
-        full = self.full.probe
-        keys_hat, values_hat = self.full.edited  # (L, KV, n, D)
-        values = self.full.buffers[1]
-        scores = full.rule.scores(full.queries, keys_hat)  # (L, H, 1, n)
-        scores[..., -1:] = full.own_scores
-        alpha_hat = full.rule.softmax(scores, None, self.hidden if self.masked else None, torch.float64)[..., 0, :]
+        values_hat, values = self.full.edited[1], self.full.buffers[1]  # (L, KV, n, D)
+        alpha_hat = self._edited_weights()
         error = values_hat - values
         error[..., -1, :] = 0
-        return am.quantization_split(full.alpha, alpha_hat, values, error)
+        return am.quantization_split(self.full.probe.alpha, alpha_hat, values, error)
+
+    def _edited_weights(self) -> torch.Tensor:
+        """α̂ ``(L, H, n)``: the weights of the full run's queries on the edited cache (α′ for evictions alone). The
+        step's own key is the full run's: its score is the full run's own score."""
+        full = self.full.probe
+        keys = self.full.edited[0] if self.rewrites else self.full.buffers[0]
+        scores = full.rule.scores(full.queries, keys)  # (L, H, 1, n)
+        scores[..., -1:] = full.own_scores
+        return full.rule.softmax(scores, None, self.hidden if self.masked else None, torch.float64)[..., 0, :]
 
     def _evicted(self) -> torch.Tensor:
         """Isolated Δo ``(L, H, D)`` of evictions alone: ``o′ − o`` with ``o′ = (o − Σ α_e v_e)/(1 − ρ)``, i.e.
@@ -157,12 +172,18 @@ class EditedStepProbe(Probe):
             norms["content_term"] = torch.zeros_like(self.rho)
         propagated = torch.stack(self.outputs)[:, 0, 0].float() - self.full.probe.outputs
         maps = {"rho": self.rho, **norms, "delta_propagated": propagated.norm(dim=-1)}
+        if self.full.probe.rule.sinks:  # the mass the sinks took, before and after (eviction alone: α_sink/(1−ρ))
+            maps["sink"] = am.sink_mass(self.full.probe.alpha)
+            maps["sink_edited"] = am.sink_mass(self._edited_weights())
         layer, head = self.detail
         alpha, new, rho = self.full.probe.alpha[layer, head], self.new[layer, head], self.rho[layer, head]
         if float(rho) >= 1:
             am.renormalized(alpha, new)  # refuses ρ = 1 where it shows
         rows = {"alpha": alpha, "renorm": alpha.masked_fill(new, 0.0) / (1 - rho), "edited": self.used[head],
                 "new": new, "isolated": isolated[layer, head]}
+        if "sink" in maps:
+            sink = float(maps["sink"][layer, head])
+            rows["sink"] = (sink, sink / (1 - float(rho)), float(am.sink_mass(self.used[head])))
         rows |= {"weight": weight[layer, head], "content": content[layer, head]} if self.rewrites else {
             "weight": rows["isolated"], "content": torch.zeros(isolated.shape[-1], dtype=isolated.dtype)}
         return maps, rows
@@ -235,4 +256,4 @@ def _detail(rows: dict[str, torch.Tensor], layer: int, head: int, at: int, outsi
     hide = lambda values: [None if gone else v for v, gone in zip(values.tolist(), evicted)]  # noqa: E731
     return Detail(layer, head, list(range(at + 1)), rows["alpha"].tolist(), hide(rows["renorm"]),
                   hide(rows["edited"]), rows["isolated"].tolist(), rows["weight"].tolist(), rows["content"].tolist(),
-                  outside)
+                  outside, rows.get("sink"))

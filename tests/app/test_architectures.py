@@ -1,5 +1,6 @@
-"""The app on tiny random models of other architectures (no download), under AppTest: a page runs tiny Qwen3 and
-Gemma 2 models with their heads named by KV group, and switches between the server's models."""
+"""The app on tiny random models of other architectures (no download), under AppTest: a page runs tiny Qwen3, Gemma 2
+and gpt-oss models with their heads named by KV group (and gpt-oss's sink share beside ρ), and switches between the
+server's models."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from kvviz.tiny_models import tiny
 @pytest.mark.parametrize("kind, labels", [
     ("qwen3", ["head 5 (KV 2)", "head 7 (KV 3)"]),  # 8 query heads over 4 KV heads
     ("gemma2", ["head 3 (KV 0)", "head 4 (KV 1)"]),  # over 2 KV heads; soft-capped, local / global layers
+    ("gpt_oss", ["head 3 (KV 0)", "head 4 (KV 1)"]),  # learned sinks, sliding / full layers
 ])
 def test_the_app_runs_a_tiny_non_llama_model(tokenizer, tmp_path, monkeypatch, kind, labels):
     from pathlib import Path
@@ -37,7 +39,11 @@ def test_the_app_runs_a_tiny_non_llama_model(tokenizer, tmp_path, monkeypatch, k
         assert len(app.get("vega_lite_chart")) == 1 and not app.exception
         assert not [w.value for w in app.warning if "could not be drawn" in w.value]
     windows = [c.value for c in app.caption if "sliding window of" in c.value]
-    assert bool(windows) == (kind == "gemma2")  # layer 0 is a local layer of Gemma 2
+    assert bool(windows) == (kind in ("gemma2", "gpt_oss"))  # layer 0 is a local layer
+    sinks = [m for m in app.metric if m.label.startswith("Sink (layer 0")]
+    assert len(sinks) == (kind == "gpt_oss")  # the sink's share beside ρ
+    if sinks:
+        assert 0 < float(sinks[0].value) < 1
 
 
 def test_a_page_switches_between_the_servers_models(tokenizer, tmp_path, monkeypatch):

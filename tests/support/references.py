@@ -140,12 +140,15 @@ FP8_GROUPS = {"head": (1, 2), "channel": 1, "tensor": (0, 1, 2)}  # the dims a s
 
 def rope_moved(model, keys: torch.Tensor, old: list[int], new: list[int]) -> torch.Tensor:
     """Keys ``(1, KV, n, D)`` computed at positions ``old`` moved to ``new``: undo RoPE at ``old`` (the rotation by
-    −old), then apply it at ``new`` — transformers' rotary embedding and ``apply_rotary_pos_emb``."""
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+    −old), then apply it at ``new`` — transformers' rotary embedding and ``apply_rotary_pos_emb`` (with YaRN, whose
+    cos and sin carry an attention factor, the factor divided out of the unrotated key)."""
+    import sys
 
+    apply_rotary_pos_emb = sys.modules[type(model).__module__].apply_rotary_pos_emb  # the model's own (gpt-oss: half)
     rotary = model.model.rotary_emb
     cos, sin = rotary(keys, torch.tensor([old]))
     _, unrotated = apply_rotary_pos_emb(keys, keys, cos, -sin)
+    unrotated = unrotated / rotary.attention_scaling**2  # YaRN scales cos and sin: once in the key, once just now
     cos, sin = rotary(keys, torch.tensor([new]))
     return apply_rotary_pos_emb(unrotated, unrotated, cos, sin)[1]
 

@@ -107,8 +107,9 @@ def test_export_then_import_gives_identical_logits(model):
 
 
 @pytest.mark.parametrize("kind, overrides, words", [
-    ("GptOssConfig", dict(num_key_value_heads=2, head_dim=16, sliding_window=16, num_local_experts=2,
-                          num_experts_per_tok=1), "learned attention sinks"),
+    ("DeepseekV3Config", dict(num_key_value_heads=8, kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=8,
+                              qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=2, num_experts_per_tok=1,
+                              first_k_dense_replace=1, n_group=1, topk_group=1), "multi-head latent attention"),
     ("Gemma3TextConfig", dict(num_key_value_heads=1, head_dim=16, sliding_window=16, use_bidirectional_attention=True),
      "bidirectional attention"),
 ])

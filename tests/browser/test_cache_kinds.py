@@ -1,0 +1,81 @@
+"""The caches of other model families in a real headless Chromium at 1500×1000, each served from a tiny random model
+saved to a folder (no download): the strip shows what is particular to the cache, a click evicts, the numbers appear
+and the console stays clean. Learned sinks (gpt-oss): a sink chip before slot 0 with the sink's share of the step's
+attention, which grows when slots are evicted (α_sink / (1 − ρ)), as the what-if's sink number says."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.support.browser_page import send, settle, shows_evicted, watch_console
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_server(tokenizer, tmp_path_factory):
+    from benchmarks.browser import running_app
+    from kvviz.tiny_models import tiny
+
+    folder = tmp_path_factory.mktemp("tiny-gpt-oss")
+    tiny("gpt_oss").save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    with running_app({"KVVIZ_MODEL": str(folder)}) as url:
+        yield url
+
+
+def _share(page) -> float:
+    return float(page.locator(".kv-sink").get_attribute("data-share"))
+
+
+def test_the_sink_has_a_chip_of_its_own_and_eviction_grows_its_share(gpt_oss_server):
+    from benchmarks.browser import browser_page
+
+    with browser_page(gpt_oss_server, width=1500, height=1000) as page:
+        watch_console(page)
+        page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=120_000)
+        send(page, "a = 3, b = 5. What is a + b?")
+        sink = page.locator(".kv-sink")
+        expect(sink).to_have_count(1)
+        expect(sink).to_have_text(re.compile(r"^sink 0\.\d{3}$"))
+        assert page.locator(".kv-strip > *").first.get_attribute("class") == "kv-sink"  # before slot 0
+        before = _share(page)
+        metric = page.locator("[data-testid=stMetric]", has_text="Sink (layer 0")
+        expect(metric).to_have_count(1)
+        page.screenshot(path="/tmp/sink-before.png")
+        chip = page.locator('.kv-chip[data-slot="3"]')
+        settle(page, lambda: chip.click())
+        shows_evicted(chip, 3)
+        expect(metric).to_contain_text("vs")  # the what-if's sink share, edited vs full
+        expect(page.locator(".kv-chip.kv-evicted")).to_have_count(1)  # the sink is no slot: not a .kv-chip
+        assert _share(page) == pytest.approx(before)  # the strip shows the step as cached; the what-if the edit
+        page.screenshot(path="/tmp/sink-after.png")
+        assert page.console == []
+
+
+def test_the_offline_page_of_a_sink_model_draws_the_sinks_chip(tokenizer, tmp_path):
+    """The offline page computes each step's sink share from the rows it carries (1 − Σ α): the chip equals the
+    library's, to the float32 rounding of the rows (each weight within 2^-24 relative, summed over the slots)."""
+    from playwright.sync_api import sync_playwright
+
+    from benchmarks.browser import CHROMIUM, CHROMIUM_ARGS
+    from kvviz.edit.edit import Edit
+    from kvviz.figures.standalone_page import Prepared, page_data, standalone_html
+    from kvviz.tiny_models import tiny_pair
+    from kvviz.view_data import sink_share
+
+    _, _, session = tiny_pair("gpt_oss", tokenizer, ["a = 3, b = 5. What is a + b?"])
+    at = len(session) - 1
+    path = tmp_path / "page.html"
+    path.write_text(standalone_html(page_data(session, [Prepared(at, Edit.evict([3]))], [(1, 4)])))
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_context(offline=True, viewport={"width": 1500, "height": 1000}).new_page()
+        watch_console(page)
+        page.goto(path.as_uri())
+        expect(page.locator(".kv-sink")).to_have_count(1)
+        expected = sink_share(session, at, 1, 4)["share"]
+        assert _share(page) == pytest.approx(expected, abs=(at + 1) * 2**-23)
+        assert page.console == []
+        browser.close()
