@@ -42,13 +42,14 @@ def _answers(url: str, process: subprocess.Popen, name: str, timeout_s: float = 
 
 @contextmanager
 def app_process(env: dict[str, str] | None = None, startup_s: float = 120, cwd: Path = ROOT,
-                args: tuple[str, ...] = ()) -> Iterator[tuple[str, subprocess.Popen]]:
+                args: tuple[str, ...] = (), log: Path | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
     """Start ``streamlit run app/main.py`` (from ``cwd``, with extra ``args``) on a free port; yields its loopback URL
-    and the server process once it answers."""
+    and the server process once it answers. ``log``: a file for the server's output (else it is dropped)."""
     port = free_port()
+    out = open(log, "w") if log is not None else subprocess.DEVNULL  # noqa: SIM115 — closed below
     process = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "main.py"), "--server.port", str(port),
-         "--server.headless", "true", *args], cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+         "--server.headless", "true", *args], cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
         env={**os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     try:
@@ -57,13 +58,15 @@ def app_process(env: dict[str, str] | None = None, startup_s: float = 120, cwd: 
     finally:
         process.terminate()
         process.wait(timeout=30)
+        if log is not None:
+            out.close()
 
 
 @contextmanager
 def running_app(env: dict[str, str] | None = None, startup_s: float = 120, cwd: Path = ROOT,
-                args: tuple[str, ...] = ()) -> Iterator[str]:
+                args: tuple[str, ...] = (), log: Path | None = None) -> Iterator[str]:
     """:func:`app_process`, yielding only the URL."""
-    with app_process(env, startup_s, cwd, args) as (url, _):
+    with app_process(env, startup_s, cwd, args, log) as (url, _):
         yield url
 
 

@@ -2,7 +2,8 @@
 same way everywhere: a real number (not a bool, not text that only looks like one), not NaN, finite as the float32
 it becomes where it is used (|x| ≤ 3.4e38: 1e39 is finite in Python and infinite in a float32 tensor), an integer
 where one is meant (within int32), and inside its field's range. Each refusal is one line naming the field. Imports
-nothing heavy, so the command line refuses a bad flag without loading torch."""
+nothing heavy, so the command line refuses a bad flag without loading torch. (And :func:`ordinal`, a count said as a
+place: 1st, 2nd, 11th.)"""
 
 from __future__ import annotations
 
@@ -33,6 +34,12 @@ def number(value: object, what: str, low: float | None = None, high: float | Non
             (high is not None and (value >= high if below else value > high)):
         raise KvvizError(f"{what} must be {_range(low, high, above, below)}, got {_shown(value)}")
     return int(value) if integer else float(value)
+
+
+def ordinal(n: int) -> str:
+    """``n`` as an English ordinal: 1st, 2nd, 3rd, 4th, 11th, 12th, 13th, 21st, 102nd."""
+    suffix = "th" if n % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def reply_length(value: object) -> int:

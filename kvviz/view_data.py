@@ -157,11 +157,33 @@ def kept_per_head(session: Session, edit, at: int) -> tuple[int, int]:
     return int(kept.min()), int(kept.max())
 
 
+FORMAT_WORDS = {"int": "int", "e4m3": "FP8 E4M3", "e5m2": "FP8 E5M2", "nvfp4": "NVFP4", "nvfp4-4over6": "NVFP4 4/6",
+                "mxfp4": "MXFP4"}
+
+
+def quantized_words(bits: dict[int, int], quantizer, noun: str) -> str:
+    """``bits`` (slot → width) of one tensor kind (``noun``: "keys" or "values") in words, with the format and axis of
+    its ``quantizer``: ``"3 keys to int4 per channel"``, ``"2 values to int4 and 1 to int2, per token"``, ``"1 key
+    to NVFP4 per token"``, ``"2 keys back to 16 bits"``."""
+    if not bits:
+        return ""
+    counts = {width: sum(1 for b in bits.values() if b == width) for width in sorted(set(bits.values()), reverse=True)}
+    name = FORMAT_WORDS.get(quantizer.format, quantizer.format)
+    fixed = quantizer.format != "int"  # a float format has its own width: named as it is
+    parts = [("back to 16 bits" if width >= 16 else f"to {name}" if fixed else f"to {name}{width}") for width in counts]
+    first, *rest = [f"{count} {part}" for count, part in zip(counts.values(), parts)]
+    count = next(iter(counts.values()))
+    words = f"{first.split(' ', 1)[0]} {noun if count != 1 else noun[:-1]} {first.split(' ', 1)[1]}"
+    words += "".join(f" and {part}" for part in rest)
+    rounded = any(width < 16 for width in counts)
+    return words + (("," if rest else "") + f" per {quantizer.axis}" if rounded else "")
+
+
 def commit_rows(session: Session) -> list[dict]:
     """The session's committed edits, oldest first: ``{"index", "at" (the step it applies from), "turn" (from 1),
     "evicted"
     (slots it newly evicted, everywhere or in some layers / heads), "keys", "values" (slots whose key / value bits it
-    changed)}``."""
+    changed), "quantized" (those changes in words: bits, format and axis of each kind, :func:`quantized_words`)}``."""
     rows, before = [], None
     for index, commit in enumerate(session.commits.stack):
         edit = commit.edit.resolved(commit.at)
@@ -172,6 +194,10 @@ def commit_rows(session: Session) -> list[dict]:
                      "evicted": sorted(s for s, c in gone.items() if old_gone.get(s) != c),
                      "keys": changed(edit.key_bits, before.key_bits if before else {}),
                      "values": changed(edit.value_bits, before.value_bits if before else {})})
+        words = [quantized_words({s: table[s] for s in rows[-1][kind]}, quantizer, kind)
+                 for kind, table, quantizer in (("keys", edit.key_bits, edit.keys), ("values", edit.value_bits,
+                                                                                   edit.values)) if rows[-1][kind]]
+        rows[-1]["quantized"] = "quantized " + " and ".join(words) if words else ""
         before = edit
     return rows
 

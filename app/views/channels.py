@@ -22,8 +22,9 @@ def render() -> None:
         return
     lm, at = session.lm, state.step_slot()
     cols = st.columns(4)
-    layer = cols[0].number_input("Layer", 0, lm.layers - 1, 0, key="channels_layer")
-    kv_head = cols[1].number_input("KV head", 0, lm.kv_heads - 1, 0, key="channels_kv_head")
+    # no default value beside the key: tours set these through Session State (Streamlit warns of both)
+    layer = cols[0].number_input("Layer", 0, lm.layers - 1, key="channels_layer")
+    kv_head = cols[1].number_input("KV head", 0, lm.kv_heads - 1, key="channels_kv_head")
     bits = cols[2].selectbox("Bits for the error", [2, 3, 4, 8], key="channels_bits")
     kind = cols[3].radio("Map", ["keys", "values"], horizontal=True, key="channels_kind")
     try:

@@ -54,7 +54,7 @@ def render(session, at: int) -> None:
             return
         version, when, rows = kept
         if (version, when) != (session.version, at):
-            st.caption(f"These rows are of the step of slot {when}" + (" before the cache changed" if version !=
+            st.caption(f"These rows are of step {when}" + (" before the cache changed" if version !=
                        session.version else "") + "; compare again for this one.")
         table = [{header: row.to_dict()[name] for name, header in HEADERS.items()} for row in rows]
         st.dataframe(table, hide_index=True, column_config={

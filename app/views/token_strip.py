@@ -126,9 +126,8 @@ def _commits(session) -> None:
             if row["evicted"]:
                 words = session.transcript.text_of(row["evicted"][:6]) + ("…" if len(row["evicted"]) > 6 else "")
                 parts.append(f"evicted {plural(len(row['evicted']), 'slot')} ({spell(words)})")
-            if row["keys"] or row["values"]:
-                parts.append(f"quantized the keys of {len(row['keys'])} and the values of "
-                             f"{plural(len(row['values']), 'slot')}")
+            if row["quantized"]:
+                parts.append(row["quantized"])
             text, button = st.columns([5, 1], vertical_alignment="center")
             ran = len(session) - row["at"]  # the steps that ran on it: one per slot cached since
             text.text(f"#{row['index'] + 1} · from slot {row['at']} (turn {row['turn']}) · "

@@ -8,11 +8,12 @@ from app import state
 from app.components.scroll import mark
 from app.long_work import Work, hand_over
 from app.views import branches
-from app.plain import code, warn
+from app.plain import code, plural, warn
 from app.views.slide_download import FORMATS, download
 from app.views.token_strip import apply_quantizers
 from kvviz import figures
 from kvviz.errors import KvvizError
+from kvviz.numbers import ordinal
 from kvviz.fork import check as fork_check, fork
 from kvviz.spelling import spell
 from kvviz.figures.slides import whatif_slides
@@ -266,7 +267,9 @@ def _where(result: WhatIf) -> None:
 
 def _continuation(result: WhatIf) -> None:
     cont = result.continuation
-    where = "no divergence" if cont.first_divergence is None else f"diverges at token {cont.first_divergence}"
+    index = cont.first_divergence  # 0: the first continued token already differs
+    where = "the same tokens" if index is None else "they differ from their 1st token on" if index == 0 else \
+        f"the same first {plural(index, 'token')}, different from the {ordinal(index + 1)} on"
     st.markdown(f"**Greedy continuations** ({where})")
     full, edited = st.columns(2)
     full.caption("full cache")

@@ -23,7 +23,7 @@ PLOT_WIDTH, PLOT_HEIGHT = WIDTH - 2 * 24 - 220, 640  # the plot area of a slide 
 
 def caption(model: str, at: int, edit: Edit) -> str:
     """The caption of a figure of the step of slot ``at`` on a cache with the committed ``edit``."""
-    return f"{model} · step of slot {at} · {'committed: ' + describe(edit) if not edit.is_empty else 'full cache'}"
+    return f"{model} · step {at} · {'committed: ' + describe(edit) if not edit.is_empty else 'full cache'}"
 
 
 def _framed(spec: dict, title: str, caption_text: str) -> dict:

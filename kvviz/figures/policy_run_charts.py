@@ -7,6 +7,7 @@ import plotly.graph_objects as go
 import torch
 
 from kvviz.figures.growth import SEGMENT_COLOURS
+from kvviz.numbers import ordinal
 from kvviz.runs.policy_run import PolicyRun
 from kvviz.runs.timeline import NEVER
 from kvviz.spelling import spell_slot
@@ -146,7 +147,7 @@ def slot_axis(labels: list[str], height: int) -> dict:
     frame's 70 px off): labels never overprint, and a long run keeps some."""
     fit = max(1, (height - 70) // LABEL_PX)
     every = -(-len(labels) // fit)
-    return dict(title="slot" if every == 1 else f"slot (every {every}th named)", autorange="reversed",
+    return dict(title="slot" if every == 1 else f"slot (every {ordinal(every)} named)", autorange="reversed",
                 type="category", tickvals=labels[::every])
 
 

@@ -169,7 +169,7 @@ def whatif_slides(result: WhatIf, chips: list[list], model: str) -> dict[str, di
     """Every figure of one what-if for slides, by name, each captioned with the model, the step, the edit and the
     detail head (``chips``: the strip as :func:`kvviz.view_data.strip_chips` gives it for the same step)."""
     detail = result.detail
-    caption = (f"{model} · step of slot {result.at} · {describe(result.edit)} · layer {detail.layer}, "
+    caption = (f"{model} · step {result.at} · {describe(result.edit)} · layer {detail.layer}, "
                f"head {detail.head}")
     texts = [chip[1] for chip in chips]
     return {

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from app.views.whatif import CHARTS
+from kvviz.numbers import ordinal
 from kvviz.policies import H2O, KVZip
 from kvviz.view_data import reply_as_cached
 from tests.support.app_test import assert_clean, metric, open_view, start, strip_data
@@ -126,6 +127,10 @@ def test_demo_scenarios_load_with_their_edits():
     evicted = sorted(draft.evicted)
     assert evicted and "".join(session.transcript.slots[s].text for s in evicted).strip() == "Whiskers"
     assert app.session_state["continuation"] == 12  # the demo opens with both continuations
+    heading = next(m.value for m in app.markdown if m.value.startswith("**Greedy continuations**"))
+    parted = re.fullmatch(r"\*\*Greedy continuations\*\* \(the same first (\d+) tokens?, different from the "
+                          r"(\d+\w\w) on\)", heading)  # the demo's continuations part after a few tokens
+    assert parted and ordinal(int(parted[1]) + 1) == parted[2], heading  # counted from the 1st, not from 0
     assert any("Whiskers" in i.value for i in app.info)  # its story, as a note
     assert isinstance(app.session_state["head"], int)  # one head (the edit's largest ρ), not the mean
     next(b for b in app.button if b.label == "Toy numbers: ρ and α′").click().run()
@@ -212,7 +217,7 @@ def test_committed_edits_stay_on_the_strip_and_the_commit_list_undoes_them():
     assert [c[11] for c in chips[28:33]] == [0, 0, 1, 1, 0] and all(c[5] == 0 for c in chips)
     assert [(c[12], c[13]) for c in chips[4:9]] == [(16, 16), (4, 2), (4, 2), (4, 2), (16, 16)]
     listed = [t.value for t in app.text if t.value.startswith("#")]
-    assert listed[0].startswith("#2 ") and "quantized the keys of 3 and the values of 3 slots" in listed[0]
+    assert listed[0].startswith("#2 ") and "quantized 3 keys to int4 per channel and 3 values to int2 per token" in listed[0]
     assert listed[1].startswith("#1 ") and "evicted 2 slots" in listed[1]
     app.button(key="undo-0").click().run()  # the first commit, and the one made on top of it
     assert_clean(app)

@@ -48,7 +48,7 @@ def test_attention_growth_and_whatif_figures_download_for_a_slide(made):
         assert 600 <= _png_width(made[file]()) <= 1920, file
     app.radio(key="growth-slide-format").set_value("SVG").run()
     svg = made[f"kvviz-growth-{at + 1}.svg"]()
-    assert svg.startswith("<svg") and name.split(" ")[0] in svg and f"step of slot {at}" in svg
+    assert svg.startswith("<svg") and name.split(" ")[0] in svg and f"step {at} · " in svg
 
 
 def test_policy_run_figures_download_for_a_slide(made):

@@ -63,8 +63,8 @@ def _values(spec: dict, layer: int | None = None) -> list[dict]:
 
 def test_the_caption_names_model_step_and_committed_edit(chat):
     at = len(chat) - 1
-    assert plot_slides.caption("M", at, chat.commits.edit_at(at)) == f"M · step of slot {at} · committed: evict 2 slots (3, 4)"
-    assert plot_slides.caption("M", 2, chat.commits.edit_at(2)) == "M · step of slot 2 · full cache"
+    assert plot_slides.caption("M", at, chat.commits.edit_at(at)) == f"M · step {at} · committed: evict 2 slots (3, 4)"
+    assert plot_slides.caption("M", 2, chat.commits.edit_at(2)) == "M · step 2 · full cache"
 
 
 def test_growth_and_attention_slides_show_the_apps_numbers(chat):

@@ -53,7 +53,7 @@ def test_every_slide_is_a_valid_png_and_svg_that_fits_a_slide(prepared):
         assert svg.tag.endswith("svg") and 600 <= natural[0] and height == pytest.approx(
             natural[1] * width / natural[0], abs=1), name
         text = " ".join(t for t in svg.itertext())
-        assert f"step of slot {result.at}" in text and "evict 3 slots (10, 11, 12)" in text, name
+        assert f"step {result.at} · " in text and "evict 3 slots (10, 11, 12)" in text, name
 
 
 def test_the_strip_slide_draws_each_box_as_wide_as_its_text(prepared):
