@@ -20,6 +20,7 @@ from kvviz.errors import KvvizError
 from kvviz.runs.blame import blame, restorable, restore, variants
 from kvviz.runs.forecast import first_compression
 from kvviz.runs.from_names import from_names
+from kvviz.policies.base import Ratio
 from kvviz.policies.registry import is_press, names
 from kvviz.schemes.kivi import Kivi
 from kvviz.runs.policy_run import held_slots, run_policy
@@ -118,14 +119,20 @@ def render() -> None:
                         lambda progress: run_policy(lm, lines, settings, count, progress),
                         lambda result: state.keep_policy_run(result, named=name))
             forecast = first_compression(lm, lines, settings)
-            state.ask_before(work, str(forecast) if forecast is not None and forecast.recency_only else None)
+            window = next(((key, value) for key, value in (params or {}).items() if "window" in key), None) \
+                if policy is not None else None
+            state.ask_before(work, f"{forecast} {forecast.advice(by_ratio, 'Budget (slots)', 'kvpress ratio', window)}"
+                             if forecast is not None and forecast.recency_only else None)
             if not state.asked():
                 hand_over(work)
         except KvvizError as exc:
             warn(exc)
     _ask()
     result = state.kept("policy_run")
-    if result is not None:
+    if result is not None and state.asked() is not None:  # the result below would read as these settings'
+        st.caption("The previous run's result is hidden while these settings wait: run them, or change them to see "
+                   "it again.")
+    elif result is not None:
         _show(result)
 
 
@@ -159,9 +166,11 @@ def _show(result) -> None:
     for index in range(len(result.turns)):
         only, decisions = result.recency_only(index)
         if only:
+            pressed = isinstance(result.settings.budget, Ratio)
             warn(f"Turn {index + 1}: at {only} of its {decisions} compressions the budget held only the slots "
                  f"{policy.name} always keeps (its recent window or sinks) — its scores chose nothing, the most "
-                 "recent slots were kept. A larger budget (or a smaller window) lets the policy choose.")
+                 "recent slots were kept. " + ("A lower kvpress ratio" if pressed else "A larger Budget (slots)")
+                 + " (or a smaller window, where the policy has a window parameter) lets it choose.")
     for index, turn in enumerate(result.turns):
         left, right = st.columns(2)
         parted = "same answer" if not turn.changed else (

@@ -137,7 +137,11 @@ def run(args: argparse.Namespace) -> None:
     lm = load_model(args.model)
     forecast = first_compression(lm, args.turn, settings)
     if forecast is not None and forecast.recency_only:  # said before the run (which then says it again)
-        print(f"kvviz: warning: {forecast}", file=sys.stderr)
+        from kvviz.policies.base import Ratio
+
+        window = next(((f"--param {k}", v) for k, v in _params(args.param).items() if "window" in k), None)
+        advice = forecast.advice(isinstance(settings.budget, Ratio), "--budget", "--ratio", window)
+        print(f"kvviz: warning: {forecast} {advice}", file=sys.stderr)
     result = run_policy(lm, args.turn, settings, args.max_new_tokens)
     last = result.last
     if args.blame_step is not None:

@@ -32,8 +32,24 @@ class Forecast:
         than = "more than" if self.protected > self.keep else "as many as"
         return (f"{self.policy}'s first compression keeps {self.keep} of {self.at} slots in every layer and KV head, "
                 f"and {self.policy} protects {self.protected} of them whatever their scores (its recent window or "
-                f"sinks), {than} it keeps: its scores will choose nothing (the newest protected slots stay). A larger "
-                "budget (or a smaller window) lets the policy choose.")
+                f"sinks), {than} it keeps: its scores will choose nothing (the newest protected slots stay).")
+
+    def advice(self, by_ratio: bool, budget: str = "the budget", ratio: str = "the ratio",
+               window: tuple[str, object] | None = None) -> str:
+        """What lets the policy choose, naming the controls the caller shows: the ``budget`` (slots) raised to
+        ``protected + 1``, or with ``by_ratio`` kvpress' ``ratio`` lowered until ``int(n·(1 − ratio))`` keeps that
+        many of the ``at`` slots; and the policy's own ``window`` parameter (name, value), where it has one, set
+        below the slots kept."""
+        need = self.protected + 1
+        if by_ratio:
+            highest = int((1 - need / self.at) * 100) / 100  # two decimals, rounded down: int(n·(1 − r)) ≥ need
+            ways = [f"lower {ratio} to {highest:.2f} or less (it then keeps at least {need} of {self.at} slots)"
+                    if highest > 0 else f"no {ratio} can ({self.policy} protects all {self.at} slots)"]
+        else:
+            ways = [f"raise {budget} to {need} or more"]
+        if window is not None:
+            ways.append(f"set {window[0]} (now {window[1]}) below {self.keep}")
+        return "To let it choose: " + ", or ".join(ways) + "."
 
 
 def first_compression(lm: LoadedModel, turns: Sequence[str], settings: RunSettings) -> Forecast | None:

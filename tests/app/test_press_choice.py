@@ -60,7 +60,7 @@ def test_a_run_that_would_keep_recency_only_asks_before_it_runs(lm):
     from kvviz.policies.base import Ratio
     from kvviz.policies.kvpress.presses import from_kvpress
     from kvviz.runs.compressed import RunSettings
-    from kvviz.runs.forecast import first_compression
+    from kvviz.runs.forecast import Forecast, first_compression
 
     text = "My secret word is mango. Remember it."
     wide = first_compression(lm, [text], RunSettings(from_kvpress("SnapKVPress").policy, Ratio(0.5), "prefill"))
@@ -77,7 +77,16 @@ def test_a_run_that_would_keep_recency_only_asks_before_it_runs(lm):
     assert_clean(app)
     assert "policy_run" not in app.session_state  # held back: nothing ran
     held = [w.value.replace("\\", "") for w in app.warning if "Not run yet" in w.value]
-    assert held == [f"Not run yet: {wide}"] and f"keeps {wide.keep} of {wide.at} slots" in held[0]
+    advice = wide.advice(True, "Budget (slots)", "kvpress ratio", ("window_size", 64))
+    assert held == [f"Not run yet: {wide} {advice}"] and f"keeps {wide.keep} of {wide.at} slots" in held[0]
+    # the advice names the press's controls, not the budget its form disables: its ratio and its window_size
+    assert wide.protected >= wide.at  # the 64-slot window covers the whole prompt: no ratio helps, a smaller window
+    assert advice == (f"To let it choose: no kvpress ratio can (snapkv protects all {wide.at} slots), or set "
+                      f"window_size (now 64) below {wide.keep}.")
+    assert Forecast("snapkv", 100, 50, 60).advice(True, ratio="kvpress ratio") == \
+        "To let it choose: lower kvpress ratio to 0.39 or less (it then keeps at least 61 of 100 slots)."
+    assert Forecast("h2o", 33, 32, 40).advice(False, "Budget (slots)") == \
+        "To let it choose: raise Budget (slots) to 41 or more."
     app.button(key="run-anyway").click().run()
     assert_clean(app)
     result = app.session_state["policy_run"]
@@ -88,3 +97,11 @@ def test_a_run_that_would_keep_recency_only_asks_before_it_runs(lm):
     assert_clean(app)
     assert not any("Not run yet" in w.value for w in app.warning)
     assert app.session_state["policy_run"].recency_only(0) == (0, 1)
+    app.number_input(key="run-kvpress:SnapKVPress-window_size").set_value(64)  # held back again: the 8-slot run's
+    app.button[[b.label for b in app.button].index("Run the policy")].click().run()  # result is not shown as this one
+    assert_clean(app)
+    assert any("Not run yet" in w.value for w in app.warning)
+    assert any(c.value.startswith("The previous run's result is hidden") for c in app.caption)
+    assert not [m.value for m in app.markdown if "full cache" in m.value]  # no turn of the earlier run below
+    app.button(key="run-change").click().run()
+    assert [m.value for m in app.markdown if "full cache" in m.value]  # there again
