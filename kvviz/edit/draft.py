@@ -52,6 +52,15 @@ class EditDraft:
                 else:
                     table[slot] = bits
 
+    def rewidth(self, bits: int) -> int:
+        """Every quantized key and value of the draft at ``bits`` instead (a number format with one width of its own:
+        FP8 8, FP4 4); returns how many slots changed."""
+        check_bits(bits)
+        changed = {s for table in (self.key_bits, self.value_bits) for s, b in table.items() if b != bits}
+        for table in (self.key_bits, self.value_bits):
+            table.update(dict.fromkeys(table, bits))
+        return len(changed)
+
     def evict_many(self, slots: list[int]) -> None:
         self.evicted.update(slots)
 
