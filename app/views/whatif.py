@@ -8,12 +8,11 @@ from app import state
 from app.components.scroll import mark
 from app.long_work import Work, hand_over
 from app.views import branches
-from app.plain import code, plural, warn
+from app.plain import code, warn
 from app.views.slide_download import FORMATS, download
 from app.views.token_strip import apply_quantizers
 from kvviz import figures
 from kvviz.errors import KvvizError
-from kvviz.numbers import ordinal
 from kvviz.fork import check as fork_check, fork
 from kvviz.spelling import spell
 from kvviz.figures.slides import whatif_slides
@@ -267,10 +266,7 @@ def _where(result: WhatIf) -> None:
 
 def _continuation(result: WhatIf) -> None:
     cont = result.continuation
-    index = cont.first_divergence  # 0: the first continued token already differs
-    where = "the same tokens" if index is None else "they differ from their 1st token on" if index == 0 else \
-        f"the same first {plural(index, 'token')}, different from the {ordinal(index + 1)} on"
-    st.markdown(f"**Greedy continuations** ({where})")
+    st.markdown(f"**Greedy continuations** ({cont.parting})")
     full, edited = st.columns(2)
     full.caption("full cache")
     full.code(cont.full, language=None, wrap_lines=True)

@@ -174,6 +174,13 @@ function draw() {
     el("div", { className: "kv-metric" }, [el("div", { text: label }), el("strong", { text: value })]))));
   result.appendChild(el("div", { className: "kv-tables" }, [table(edit.full, "Full cache: next token"),
     table(edit.edited, "Edited cache: next token")]));
+  if (edit.continuation) {  // what the edit does to the reply, not only to the next token
+    const cont = edit.continuation;
+    result.appendChild(el("h3", { text: `Greedy continuations (${cont.parting})` }));
+    result.appendChild(el("div", { className: "kv-tables" }, [["full cache", cont.full], ["edited cache", cont.edited]]
+      .map(([caption, text]) => el("div", { className: "kv-continuation" }, [el("div", { className: "kv-note",
+        text: caption }), el("pre", { text })]))));
+  }
   result.appendChild(el("p", { className: "kv-note", text: `α (grey), α′ = α/(1−ρ) (blue) and the weights the ` +
     `edited run used (orange), layer ${edit.layer}, head ${edit.head}, over slots 0..${edit.at}; evicted slots: 0` }));
   result.appendChild(bars(edit.alpha, edit.renorm, edit.used));

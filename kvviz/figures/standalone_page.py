@@ -71,8 +71,14 @@ def _triangle(session: Session, layer: int, head: int | None) -> np.ndarray:
     return rows.cpu().numpy()[np.tril_indices(rows.shape[0])]
 
 
+CONTINUATION = 12  # greedy tokens after each prepared edit, with the full and the edited cache
+
+
 def _result(session: Session, prepared: Prepared, layer: int, head: int) -> dict:
-    result = what_if(session, prepared.edit, at=prepared.at, layer=layer, head=head)
+    room = session.lm.context_window - 1 - session.transcript.slots[prepared.at].position
+    result = what_if(session, prepared.edit, at=prepared.at, layer=layer, head=head,
+                     continuation=max(0, min(CONTINUATION, room)))
+    cont = result.continuation
     detail, nt = result.detail, result.next_token
     table = lambda rows: [[spell(c.text), c.prob, c.rank + 1, c.rank_other + 1, c.logit_delta] for c in rows]  # noqa: E731
     edit = prepared.edit.resolved(prepared.at)
@@ -86,6 +92,7 @@ def _result(session: Session, prepared: Prepared, layer: int, head: int) -> dict
         "full": table(nt.full), "edited": table(nt.edited),
         "alpha": detail.alpha_full, "renorm": [0.0 if v is None else v for v in detail.alpha_renorm],
         "used": [0.0 if v is None else v for v in detail.alpha_edited],
+        "continuation": None if cont is None else {"full": cont.full, "edited": cont.edited, "parting": cont.parting},
     }
 
 

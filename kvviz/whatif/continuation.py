@@ -18,7 +18,20 @@ class Continuation:
     edited: str
     full_ids: list[int]
     edited_ids: list[int]
-    first_divergence: int | None
+    first_divergence: int | None  # the index of the first token that differs (0: the first already), None: none
+
+    @property
+    def parting(self) -> str:
+        """Where the two continuations part, in words counted from the 1st token (as the page and the offline page
+        say it)."""
+        from kvviz.numbers import ordinal
+
+        index = self.first_divergence
+        if index is None:
+            return "the same tokens"
+        if index == 0:
+            return "they differ from their 1st token on"
+        return f"the same first {index} token{'s' * (index > 1)}, different from the {ordinal(index + 1)} on"
 
 
 class _Hide(Probe):

@@ -43,6 +43,9 @@ def test_the_page_works_offline_from_disk(session, tmp_path):
         page.goto(path.as_uri())
         expect(page.locator(".kv-chip")).to_have_count(len(session))
         expect(page.locator(".kv-result h2")).to_contain_text("evict 2 slots (3, 4)")
+        expect(page.locator(".kv-result h3")).to_have_text(re.compile(r"^Greedy continuations \((the same tokens|"
+                                                                      r"they differ|the same first)"))
+        expect(page.locator(".kv-continuation pre")).to_have_count(2)  # the full and the edited cache's replies
         page.locator('.kv-chip[data-slot="9"]').click()  # only the second edit evicts slot 9
         expect(page.locator(".kv-result h2")).to_contain_text(f"second at slot {at - 1}")
         expect(page.locator('.kv-chip[data-slot="9"]')).to_have_class(re.compile(r"\bkv-evicted\b"))

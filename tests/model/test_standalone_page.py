@@ -11,7 +11,7 @@ import pytest
 
 from kvviz.edit.edit import Edit
 from kvviz.session import Session
-from kvviz.figures.standalone_page import Prepared, page_data, standalone_html
+from kvviz.figures.standalone_page import CONTINUATION, Prepared, page_data, standalone_html
 from kvviz.whatif import what_if
 from tests.support.cli import cli
 
@@ -42,6 +42,8 @@ def test_the_page_holds_the_models_numbers(session):
         assert (shown["at"], shown["kl"], shown["tv"]) == (kept.at, result.next_token.kl, result.next_token.tv)
         assert shown["rho"] == float(result.heads["rho"][2, 4]) and shown["alpha"] == result.detail.alpha_full
         assert [row[1] for row in shown["edited"]] == [c.prob for c in result.next_token.edited]
+        cont = what_if(session, kept.edit, at=kept.at, continuation=CONTINUATION).continuation  # the reply too
+        assert shown["continuation"] == {"full": cont.full, "edited": cont.edited, "parting": cont.parting}
     assert data["prepared"][0]["evicted"] == [3, 4, 5] and data["prepared"][1]["label"] == "two bits"
     assert data["prepared"][1]["key_bits"] == {str(s): 2 for s in range(1, 20)}
 
