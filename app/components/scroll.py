@@ -57,8 +57,10 @@ _JS = """export default function ({ parentElement, data }) {
     const top = mark.getBoundingClientRect().top;
     // held: only a pull to the bottom is undone (the container's stickiness); a scroll elsewhere was asked for
     const bottom = main && main.scrollHeight - main.scrollTop - main.clientHeight < 2;
+    // a mark still below its place with the page scrolled to its end is as high as it can go (a short page, a
+    // tall window): that is where it stays
     const away = held !== null ? bottom && Math.abs(top - held) > 2
-      : data.top ? main && main.scrollTop > 0 : Math.abs(top - 72) > 40;
+      : data.top ? main && main.scrollTop > 0 : Math.abs(top - 72) > 40 && !(top > 72 && bottom);
     if (away) {
       nudged = 0;
       if (held !== null) { if (main) main.scrollTop += top - held; }  // where the person clicked
@@ -93,8 +95,8 @@ def scroll_here(token: str, key: str, top: bool = False) -> None:
     _component(data={"token": token, "top": top}, key=key, height=1)
 
 
-PLACES = ("top", "strip", "charts", "views", "run", "blame")  # the page's title, the cache strip (with the what-if
-# below it), the what-if's charts, the view tabs, a policy run's replies and its blame table
+PLACES = ("top", "strip", "charts", "views", "run", "blame", "branches")  # the page's title, the cache strip (with
+# the what-if below it), the what-if's charts, the view tabs, a policy run's replies, its blame table, the branches
 
 
 def look_at(place: str) -> None:

@@ -7,6 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from app import state
+from app.components.scroll import look_at, mark
 from app.long_work import Work, hand_over
 from app.plain import plain, warn
 from kvviz.errors import KvvizError
@@ -30,6 +31,7 @@ def forked(result: tuple[Session, Fork], name: str) -> None:
     child, where = result
     left = state.branch()
     state.fork_to(child, name)
+    look_at("branches")  # the kept branch and the new one's replies side by side, where the page would not be
     state.notify(f"You are on the branch {name}: the conversation {where.describe()}, run again on the edited cache "
                  f"from there. The branch {left} is kept under Branches, below the committed edits.", note=True)
 
@@ -41,6 +43,7 @@ def render() -> None:
         return
     session = state.session()
     ours = session.conversation()
+    mark("branches")
     with st.container(border=True, key="branches"):
         st.markdown(f"**Branches** — this one is *{plain(state.branch())}*")
         for index, other in enumerate(others):

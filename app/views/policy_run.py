@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from app import state
-from app.components.scroll import mark
+from app.components.scroll import look_at, mark
 from app.plain import code, plain, spans, warn
 from app.long_work import Work, hand_over
 from app.views import why
@@ -117,7 +117,7 @@ def render() -> None:
             lm, count = session.lm, int(max_new)
             work = Work("Running the full cache and the policy side by side",
                         lambda progress: run_policy(lm, lines, settings, count, progress),
-                        lambda result: state.keep_policy_run(result, named=name))
+                        lambda result: _kept(result, name))
             forecast = first_compression(lm, lines, settings)
             window = next(((key, value) for key, value in (params or {}).items() if "window" in key), None) \
                 if policy is not None else None
@@ -137,6 +137,13 @@ def render() -> None:
 
 
 MODES = ["decode", "prefill", "both", "after_steps"]
+
+
+def _kept(result, name: str) -> None:
+    """A run the form started, finished: kept, and its replies brought into view (they are drawn below the form,
+    under the fold of a projector's screen)."""
+    state.keep_policy_run(result, named=name)
+    look_at("run")
 
 
 def _ask() -> None:
@@ -242,6 +249,7 @@ def _step(result, turn: int, step: int) -> None:
     if cols[1].button("Blame this step", key="run-blame"):
         try:
             state.keep("policy_blame", blame(result, turn=turn, step=step, unit=unit, of=of))
+            look_at("blame")  # its table comes into view (drawn below the step's)
         except KvvizError as exc:
             warn(exc)
     ranked = state.kept("policy_blame")

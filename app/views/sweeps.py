@@ -11,6 +11,7 @@ import pandas as pd
 import streamlit as st
 
 from app import state
+from app.components.scroll import look_at
 from app.plain import plural, warn
 from app.long_work import Work, hand_over
 from app.views import sweep_form
@@ -115,6 +116,7 @@ def _open(row: dict) -> None:
 
     def opened(result) -> None:
         state.keep_policy_run(result)
+        look_at("run")  # the run's replies, at the top of the Policy run tab's results
         state.notify(f"Opened {case.prompt.id} · {case.policy} · budget {case.budget} as a policy run on {lm.name}: "
                      "it is in the Policy run tab.", note=True)
         state.open_view("Policy run")

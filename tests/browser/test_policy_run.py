@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("width,height", [(1500, 2200), (1280, 720)])  # one tall page; a projector's screen
 def test_run_a_policy_open_a_step_and_blame_it(tmp_path, width, height):
     from benchmarks.browser import browser_page, running_app
-    from tests.support.browser_page import choose, idle
+    from tests.support.browser_page import choose, idle, in_view, still
 
     policy = tmp_path / "mine.py"
     policy.write_text(USER_POLICY)
@@ -44,6 +44,9 @@ def test_run_a_policy_open_a_step_and_blame_it(tmp_path, width, height):
         expect(budget).to_have_value("16")
         form.get_by_role("button", name="Run the policy").click()
         page.get_by_text("Turn 1 · full cache").wait_for(timeout=180_000)
+        still(page)  # the result comes into view by itself (on a projector it is drawn below the fold)
+        assert in_view(page, page.get_by_text("Turn 1 · full cache")), page.get_by_text("Turn 1 · full cache")\
+            .bounding_box()
         caption = page.get_by_text("newest, budget 16, decode")
         expect(caption, "the run's caption: " + " | ".join(
             page.locator("[data-testid=stCaptionContainer]").all_inner_texts())).to_have_count(1)
@@ -68,6 +71,8 @@ def test_run_a_policy_open_a_step_and_blame_it(tmp_path, width, height):
         page.get_by_text("Step 2 processes slot").wait_for(timeout=60_000)
         page.get_by_role("button", name="Blame this step").click()
         page.get_by_text("Restoring one evicted slot at a time").wait_for(timeout=120_000)
+        still(page)
+        assert in_view(page, page.get_by_text("Restoring one evicted slot at a time"))
         page.get_by_role("button", name="Restore the top 3").click()
         page.get_by_text("restored together").wait_for(timeout=120_000)
         assert page.locator("[data-testid=stException]").count() == 0
@@ -105,6 +110,9 @@ def test_a_long_policy_run_shows_its_progress_and_stop_keeps_the_page(server):
         form.get_by_label("New tokens per turn").fill("4")
         form.get_by_role("button", name="Run the policy").click()
         page.get_by_text("Turn 1 · full cache").wait_for(timeout=180_000)
+        still(page)  # the result comes into view by itself (on a projector it is drawn below the fold)
+        assert in_view(page, page.get_by_text("Turn 1 · full cache")), page.get_by_text("Turn 1 · full cache")\
+            .bounding_box()
         assert page.console == []
 
 

@@ -11,7 +11,7 @@ import pytest
 from playwright.sync_api import TimeoutError as Timeout
 from playwright.sync_api import expect
 
-from tests.support.browser_page import click_when_still, idle, send, settle, watch_console
+from tests.support.browser_page import click_when_still, idle, in_view, send, settle, still, watch_console
 
 
 SIZES = [(1500, 1000), (1280, 720)]  # a desk's screen and a projector's
@@ -186,6 +186,8 @@ def test_looking_back_forks_the_conversation_and_switches_back(page):
     expect(listed).to_have_count(1)
     assert listed.inner_text().startswith(f"#1 · from slot {answer} ") and "steps ran on it" in listed.inner_text()
     expect(page.locator("[data-testid=stText]", has_text="main · 1 turn")).to_have_count(1)
+    still(page)  # the branches come into view by themselves (the page stuck at its bottom before)
+    assert in_view(page, page.locator(".st-key-branches")), page.locator(".st-key-branches").bounding_box()
     settle(page, lambda: page.get_by_role("button", name="Switch").click())
     expect(page.locator("[data-testid=stText]", has_text=f"fork at step {answer} · 1 turn")).to_have_count(
         1, timeout=120_000)

@@ -8,7 +8,7 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from tests.support.browser_page import choose, click_when_still, idle, watch_console
+from tests.support.browser_page import choose, click_when_still, idle, in_view, still, watch_console
 
 
 @pytest.mark.parametrize("width,height,upload", [(1500, 1000, False), (1280, 720, True)])
@@ -55,4 +55,6 @@ def test_the_sweeps_tab_runs_a_sweep_and_opens_its_worst_case(server, tmp_path, 
         idle(page)
         expect(page.get_by_role("tab", name="Policy run", exact=True)).to_have_attribute("aria-selected", "true")
         expect(page.get_by_text("Turn 1 · full cache")).to_have_count(1)
+        still(page)
+        assert in_view(page, page.get_by_text("Turn 1 · full cache"))  # the opened run comes into view
         assert page.console == []

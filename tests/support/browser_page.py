@@ -147,3 +147,12 @@ def send(page, text: str) -> None:
     page.wait_for_function("document.querySelectorAll('[data-testid=stMetric]').length >= 5", timeout=WAIT_MS)
     idle(page)
     page.mouse.wheel(0, 1)  # as a person who takes over: the page stops holding the strip in view
+
+
+def in_view(page, target) -> bool:
+    """Whether ``target`` (a locator) starts on screen: its top inside the viewport, below Streamlit's header bar and
+    above the chat box fixed at the bottom (which covers what is under it)."""
+    box = target.bounding_box()
+    chat = page.locator("[data-testid=stChatInput]").bounding_box()
+    bottom = chat["y"] if chat else page.viewport_size["height"]
+    return box is not None and 48 <= box["y"] < bottom - 16
