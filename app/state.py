@@ -204,6 +204,39 @@ def detail_head() -> int:
     return head() or 0
 
 
+FORMAT_WIDTHS = {"e4m3": 8, "e5m2": 8, "nvfp4": 4, "mxfp4": 4}  # number formats with one width of their own
+FP4_BLOCKS = {"nvfp4": 16, "mxfp4": 32}
+
+
+def fit_format() -> None:
+    """The quantizer settings' format just chosen, with an axis or a width of its own (FP8: 8 bits; NVFP4 / MXFP4:
+    4 bits, keys and values per token, the format's own scales and blocks): set what it needs — the axes, the bit
+    picker and the draft's quantized slots (``EditDraft.rewidth``) — so the edit being tried applies at once, and say
+    what changed in a note."""
+    ss, chosen, said = st.session_state, st.session_state.number_format, []
+    if chosen in FP4_BLOCKS:
+        if (ss.key_axis, ss.value_axis) != ("token", "token"):
+            ss.key_axis = ss.value_axis = "token"
+            said.append("keys and values per token (its blocks are channels of one slot)")
+        if ss.symmetric:
+            ss.symmetric = False
+            said.append("Symmetric off (the format has its own scales)")
+        if ss.group not in (0, FP4_BLOCKS[chosen]):
+            ss.group = 0
+            said.append(f"Group size 0 (its own blocks of {FP4_BLOCKS[chosen]} channels)")
+    width = FORMAT_WIDTHS.get(chosen)
+    if width is not None:
+        if (ss.pick_k, ss.pick_v) != (width, width):
+            ss.pick_k = ss.pick_v = width
+            said.append(f"K and V bits to {width}")
+        moved = draft().rewidth(width)
+        if moved:
+            said.append(f"the {moved} slot{'s' * (moved != 1)} you are trying to {width} bits")
+    if said:
+        notify(f"{chosen} stores {width} bits" + (" per element in blocks" if chosen in FP4_BLOCKS else "")
+               + ": set " + "; ".join(said) + ".", note=True)
+
+
 def notify(message: str, note: bool = False) -> None:
     """A message shown once at the top of the next run: a warning (e.g. a refused click, reported from a callback), or
     with ``note`` a plain note (what a demo shows, where a result went)."""

@@ -19,6 +19,12 @@ _JS = """export default function ({ parentElement, data }) {
   }
   if (mark.dataset.token === token) return;
   mark.dataset.token = token;
+  // A request is carried out once per page, not once per element: a mark whose part of the page was not drawn for a
+  // while (the what-if's charts under another tab, a tour card) comes back as a new element, and would otherwise
+  // carry out its old request again and take the page from where the newest one put it
+  const carried = (window.kvScrollCarried = window.kvScrollCarried || new Map());
+  if (carried.get(data.place) === token) return;
+  carried.set(data.place, token);
   // A chat page's main area sticks to its bottom while its content grows, also when charts draw after the run: keep
   // the mark at the top for 6 s and until the run is over and the page stopped growing, unless the person scrolls
   // meanwhile
@@ -92,7 +98,7 @@ _component = st.components.v2.component("kvviz_scroll_here", js=_JS)
 def scroll_here(token: str, key: str, top: bool = False) -> None:
     """Mount the component; the page scrolls to it (``top``: to the page's very top) when ``token`` differs from the
     last one it saw."""
-    _component(data={"token": token, "top": top}, key=key, height=1)
+    _component(data={"token": token, "top": top, "place": key}, key=key, height=1)
 
 
 PLACES = ("top", "strip", "charts", "views", "run", "blame", "branches")  # the page's title, the cache strip (with

@@ -191,7 +191,7 @@ def _quantizer_settings(head_dim: int) -> None:
                        help="KVQuant: each key is rotated back to before RoPE, rounded there and rotated forward "
                             "again; per-channel scales fit keys better before RoPE mixes their channel pairs")
         cols[4].selectbox("Format", ["int", "e4m3", "e5m2", "nvfp4", "mxfp4"], key="number_format",
-                          on_change=_format_chosen,
+                          on_change=state.fit_format,
                           help="int: uniform codes at the chosen bits · e4m3 / e5m2: FP8 as vLLM and SGLang cache it "
                                "(kv_cache_dtype fp8_e4m3 / fp8_e5m2), 8 bits, one float32 scale per group, scaled "
                                "to the group's largest value · nvfp4 / mxfp4: 4-bit E2M1 in blocks of 16 / 32 "
@@ -205,39 +205,6 @@ def _quantizer_settings(head_dim: int) -> None:
         problem = apply_quantizers()
         if problem:
             warn(problem)
-
-
-FORMAT_WIDTHS = {"e4m3": 8, "e5m2": 8, "nvfp4": 4, "mxfp4": 4}  # formats with one width of their own
-FP4_BLOCK = {"nvfp4": 16, "mxfp4": 32}
-
-
-def _format_chosen() -> None:
-    """A number format with an axis or a width of its own (FP8: 8 bits; NVFP4 / MXFP4: 4 bits, keys and values per
-    token, the format's own scales and block): set what it needs — the axes, the bit picker and the draft's quantized
-    slots — so the edit being tried applies at once, and say what changed."""
-    ss, draft = st.session_state, state.draft()
-    chosen, said = ss.number_format, []
-    if chosen in FP4_BLOCK:
-        if (ss.key_axis, ss.value_axis) != ("token", "token"):
-            ss.key_axis = ss.value_axis = "token"
-            said.append("keys and values per token (its blocks are channels of one slot)")
-        if ss.symmetric:
-            ss.symmetric = False
-            said.append("Symmetric off (the format has its own scales)")
-        if ss.group not in (0, FP4_BLOCK[chosen]):
-            ss.group = 0
-            said.append(f"Group size 0 (its own blocks of {FP4_BLOCK[chosen]} channels)")
-    width = FORMAT_WIDTHS.get(chosen)
-    if width is not None:
-        if (ss.pick_k, ss.pick_v) != (width, width):
-            ss.pick_k = ss.pick_v = width
-            said.append(f"K and V bits to {width}")
-        moved = draft.rewidth(width)
-        if moved:
-            said.append(f"the {plural(moved, 'slot')} you are trying to {width} bits")
-    if said:
-        state.notify(f"{chosen} stores {width} bits" + ("" if chosen not in FP4_BLOCK else " per element in blocks")
-                     + ": set " + "; ".join(said) + ".", note=True)
 
 
 def _set_bits(slots: list[int], selection: bool = False) -> None:

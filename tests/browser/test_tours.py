@@ -98,3 +98,31 @@ def test_every_tour_step_fits_one_projector_screen_with_no_warning(server, serve
         expect(page.locator(".st-key-tour")).to_have_count(0, timeout=60_000)
         assert not [m for m in messages if m[0] in ("warning", "error")], messages
     assert _warnings(served[1]) == []
+
+
+def test_a_tour_starts_from_its_own_scroll_whatever_ran_before(server):
+    """Tour 3 played to its last step (the Channels tab) and ended, then tour 4: its first step brings its own subject,
+    the struck chip, into view. (A scroll mark drawn again after a while — the what-if's charts — once carried out its
+    old request again and took the page away: the strip was left 1,757 px above the view.)"""
+    from benchmarks.browser import browser_page
+    from tests.support.browser_page import in_view
+
+    tours = load_tours()
+    with browser_page(server, 1280, 720) as page:
+        page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=180_000)
+        idle(page)
+        settle(page, lambda: page.get_by_text("Presentation mode (large type)").click())
+        before, after = tours[2], tours[3]
+        page.get_by_role("button", name=before.name).click()
+        for number in range(1, len(before.steps) + 1):
+            page.get_by_text(f"step {number} of {len(before.steps)}").wait_for(timeout=180_000)
+            still(page)
+            if number < len(before.steps):
+                page.get_by_role("button", name="Next").click()
+        settle(page, lambda: page.get_by_role("button", name="End", exact=True).click())
+        assert after.steps[0].evict_text and not after.steps[0].scroll  # its subject: the struck chip in the strip
+        page.get_by_role("button", name=after.name).click()
+        page.get_by_text(f"step 1 of {len(after.steps)}").wait_for(timeout=180_000)
+        still(page)
+        chip = page.locator(".kv-chip.kv-evicted").first
+        assert in_view(page, chip), chip.bounding_box()
