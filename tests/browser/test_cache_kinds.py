@@ -43,14 +43,12 @@ def test_the_sink_has_a_chip_of_its_own_and_eviction_grows_its_share(gpt_oss_ser
         before = _share(page)
         metric = page.locator("[data-testid=stMetric]", has_text="Sink (layer 0")
         expect(metric).to_have_count(1)
-        page.screenshot(path="/tmp/sink-before.png")
         chip = page.locator('.kv-chip[data-slot="3"]')
         settle(page, lambda: chip.click())
         shows_evicted(chip, 3)
         expect(metric).to_contain_text("vs")  # the what-if's sink share, edited vs full
         expect(page.locator(".kv-chip.kv-evicted")).to_have_count(1)  # the sink is no slot: not a .kv-chip
         assert _share(page) == pytest.approx(before)  # the strip shows the step as cached; the what-if the edit
-        page.screenshot(path="/tmp/sink-after.png")
         assert page.console == []
 
 
