@@ -87,7 +87,7 @@ def test_a_long_policy_run_shows_its_progress_and_stop_keeps_the_page(server):
     """A policy run shows passes done of how many and the time left; Stop ends it and the page keeps what it had
     (no run is shown, nothing is broken), and a run after it completes."""
     from benchmarks.browser import browser_page
-    from tests.support.browser_page import send, settle, watch_console
+    from tests.support.browser_page import in_view, send, settle, still, watch_console
 
     with browser_page(server, height=1600) as page:
         watch_console(page)
