@@ -103,6 +103,7 @@ class EditedStepProbe(Probe):
         self.rho = am.evicted_mass(alpha, self.new)  # (L, H)
         self.outputs: list[torch.Tensor] = []  # (1, 1, H, D) per layer, as the run gives them
         self.used: torch.Tensor | None = None  # (H, n): the weights the edited run used at the detail layer
+        self._alpha_hat: torch.Tensor | None = None  # (L, H, n): see _edited_weights
         # made once, additive: SDPA would turn a boolean mask into this in every layer
         dtype = full.buffers[0].dtype
         self.visible = torch.zeros(hidden.shape, dtype=dtype, device=hidden.device).masked_fill_(
@@ -128,12 +129,17 @@ class EditedStepProbe(Probe):
 
     def _edited_weights(self) -> torch.Tensor:
         """α̂ ``(L, H, n)``: the weights of the full run's queries on the edited cache (α′ for evictions alone). The
-        step's own key is the full run's: its score is the full run's own score."""
+        step's own key is the full run's: its score is the full run's own score. Computed once per run (§4's split
+        and a sink's share both read it)."""
+        if self._alpha_hat is not None:
+            return self._alpha_hat
         full = self.full.probe
         keys = self.full.edited[0] if self.rewrites else self.full.buffers[0]
         scores = full.rule.scores(full.queries, keys)  # (L, H, 1, n)
         scores[..., -1:] = full.own_scores
-        return full.rule.softmax(scores, None, self.hidden if self.masked else None, torch.float64)[..., 0, :]
+        self._alpha_hat = full.rule.softmax(scores, None, self.hidden if self.masked else None,
+                                            torch.float64)[..., 0, :]
+        return self._alpha_hat
 
     def _evicted(self) -> torch.Tensor:
         """Isolated Δo ``(L, H, D)`` of evictions alone: ``o′ − o`` with ``o′ = (o − Σ α_e v_e)/(1 − ρ)``, i.e.

@@ -18,6 +18,18 @@ def full_forward(model, ids: list[int], **kwargs):
         return model(input_ids=torch.tensor([ids]), use_cache=False, **kwargs)
 
 
+def greedy_tokens(lm: LoadedModel, text: str, steps: int) -> list[int]:
+    """The ``steps`` tokens a plain session chooses greedily after the user message ``text`` (what a compressed run is
+    then teacher-forced on)."""
+    session = Session(lm)
+    session.add_user_turn(text)
+    tokens = []
+    for _ in range(steps):
+        tokens.append(session.pending)
+        session.step()
+    return tokens
+
+
 def removed_step(session: Session, at: int, evicted: list[int], renumber: bool = False) -> torch.Tensor:
     """Reference: the float32 logits ``(V,)`` of slot ``at``'s step on a cache from which ``evicted`` slots were
     physically removed, at the slot's true position (or, with ``renumber``, at the count of slots kept)."""

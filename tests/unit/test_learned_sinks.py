@@ -24,7 +24,7 @@ from kvviz.runs.compressed import CompressedSession, RunSettings
 from kvviz.session import Session
 from kvviz.tiny_models import WINDOW, tiny_pair
 from kvviz.whatif import what_if
-from tests.support.references import compacted_rerotated_steps
+from tests.support.references import compacted_rerotated_steps, greedy_tokens
 from tests.support.rounding import logit_rounding, probability_rounding, weight_rounding
 
 TURNS = ["a = 3, b = 5. What is a + b?", "And a - b? Say it in words."]
@@ -103,12 +103,7 @@ def test_a_streaming_llm_run_equals_one_masked_forward_step_by_step(gpt_oss):
     of each step sees the step's kept slots and itself (and, in the sliding layers, only the window of them)."""
     lm, eager, _ = gpt_oss
     budget, steps = 20, 8
-    plain = Session(lm)
-    plain.add_user_turn(TURNS[1])
-    tokens = []
-    for _ in range(steps):
-        tokens.append(plain.pending)
-        plain.step()
+    tokens = greedy_tokens(lm, TURNS[1], steps)
     run = CompressedSession(lm, RunSettings(StreamingLLM(), budget, "decode"))
     run.add_turn(TURNS[1])
     logits, seen = [], []
@@ -165,12 +160,7 @@ def test_a_rerotated_run_moves_yarn_keys_as_the_models_own_rope(tokenizer):
     lm, _, _ = tiny_pair("gpt_oss", tokenizer, [], layer_types=["full_attention"] * 3)
     assert lm.model.model.rotary_emb.attention_scaling != 1  # the factor the rotation must leave alone
     budget, steps = 20, 8
-    plain = Session(lm)
-    plain.add_user_turn(TURNS[1])
-    tokens = []
-    for _ in range(steps):
-        tokens.append(plain.pending)
-        plain.step()
+    tokens = greedy_tokens(lm, TURNS[1], steps)
     run = CompressedSession(lm, RunSettings(StreamingLLM(), budget, "decode", positions="rerotated"))
     run.add_turn(TURNS[1])
     logits = [run.step(token) for token in tokens]

@@ -24,11 +24,10 @@ from kvviz.policies import StreamingLLM
 from kvviz.quant.quantizer import Quantizer, fake_quantize
 from kvviz.rope import Rotary, no_rope_layers, pre_rope, rope_frequencies
 from kvviz.runs.compressed import CompressedSession, RunSettings
-from kvviz.session import Session
 from kvviz.session_file import export_session, import_session
 from kvviz.tiny_models import tiny_pair
 from kvviz.whatif import what_if
-from tests.support.references import assert_what_if_is_the_stored_cache, compacted_rerotated_steps
+from tests.support.references import assert_what_if_is_the_stored_cache, compacted_rerotated_steps, greedy_tokens
 from tests.support.rounding import logit_rounding
 
 TURNS = ["a = 3, b = 5. What is a + b? Tell me, and then tell me a story about a cat."]
@@ -50,12 +49,7 @@ def _rope(model, keys: torch.Tensor, positions: list[int]) -> torch.Tensor:
 def test_a_rerotated_run_moves_the_keys_of_rope_layers_only(smollm3):
     lm, _ = smollm3
     budget, steps = 16, 8
-    plain = Session(lm)
-    plain.add_user_turn(TURNS[0])
-    tokens = []
-    for _ in range(steps):
-        tokens.append(plain.pending)
-        plain.step()
+    tokens = greedy_tokens(lm, TURNS[0], steps)
     run = CompressedSession(lm, RunSettings(StreamingLLM(), budget, "decode", positions="rerotated"))
     run.add_turn(TURNS[0])
     logits = [run.step(token) for token in tokens]
