@@ -6,7 +6,8 @@
 #   2. tests/browser, one test at a time (each drives a live app: two at once would time each other out);
 #   3. the numeric tiers, tests/unit and tests/model, again under every other ATen CPU capability this CPU has, at two
 #      threads and then one, alternating, so a tolerance that holds only for this CPU's summation order (or one thread
-#      count) fails here, not on the next machine.
+#      count) fails here, not on the next machine; two processes as in part 1, their OpenMP threads sleeping when idle
+#      (OMP_WAIT_POLICY=PASSIVE: two processes of two spinning threads on two cores ran ~4x slower).
 # --fast: tests/unit and tests/model only, as in part 1 (the inner loop while you work).
 # With other arguments: pytest alone, with them.
 set -euo pipefail
@@ -31,6 +32,7 @@ threads=2
 for capability in $ladder; do
   [ "$capability" = "$native" ] && break  # the suite ran under it; the ladder stops at what the CPU has
   echo "== tests/unit and tests/model under ATEN_CPU_CAPABILITY=$capability, $threads thread(s) (this CPU: $native)"
-  ATEN_CPU_CAPABILITY=$capability OMP_NUM_THREADS=$threads .venv/bin/python -m pytest tests/unit tests/model -q
+  ATEN_CPU_CAPABILITY=$capability OMP_NUM_THREADS=$threads OMP_WAIT_POLICY=PASSIVE \
+    .venv/bin/python -m pytest tests/unit tests/model "${parallel[@]}" -q
   threads=$((3 - threads))
 done

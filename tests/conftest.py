@@ -45,13 +45,25 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(needs_chromium)
 
 
-@pytest.fixture(scope="module")
-def server():
-    """The app on the bundled model, served for one browser test module (its URL)."""
+@pytest.fixture(scope="session")
+def served(tmp_path_factory):
+    """The app on the bundled model, served once for every browser test that needs no settings of its own (each
+    opens its own browser page, so its own Streamlit session), with a user policy (``tests.support.inputs``'
+    ``Newest``) from ``KVVIZ_POLICIES``, and the file that keeps the server's output."""
     from benchmarks.browser import running_app
+    from tests.support.inputs import USER_POLICY
 
-    with running_app() as url:
-        yield url
+    folder = tmp_path_factory.mktemp("server")
+    log, policy = folder / "server.log", folder / "mine.py"
+    policy.write_text(USER_POLICY)
+    with running_app(env={"KVVIZ_POLICIES": f"{policy}:Newest"}, log=log) as url:
+        yield url, log
+
+
+@pytest.fixture
+def server(served) -> str:
+    """The shared app's URL."""
+    return served[0]
 
 
 @pytest.fixture(scope="session")

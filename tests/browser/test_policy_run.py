@@ -10,20 +10,15 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from tests.support.inputs import USER_POLICY
-
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("width,height", [(1500, 2200), (1280, 720)])  # one tall page; a projector's screen
-def test_run_a_policy_open_a_step_and_blame_it(tmp_path, width, height):
-    from benchmarks.browser import browser_page, running_app
+def test_run_a_policy_open_a_step_and_blame_it(server, width, height):
+    from benchmarks.browser import browser_page
     from tests.support.browser_page import choose, idle, in_view, still
 
-    policy = tmp_path / "mine.py"
-    policy.write_text(USER_POLICY)
-    with running_app(env={"KVVIZ_POLICIES": f"{policy}:Newest"}) as url, \
-            browser_page(url, width=width, height=height) as page:
+    with browser_page(server, width=width, height=height) as page:  # the shared server has the user policy
         page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=120_000)
         page.fill("[data-testid=stChatInputTextArea]", "My name is Zorblax and I live in Quintara. I like green tea. What is my name?")
         page.keyboard.press("Enter")

@@ -13,10 +13,10 @@ from tests.support.browser_page import send, settle, watch_console
 
 
 @pytest.fixture(scope="module")
-def page():
-    from benchmarks.browser import browser_page, running_app
+def page(served):
+    from benchmarks.browser import browser_page
 
-    with running_app() as url, browser_page(url, width=1500, height=1400) as page:
+    with browser_page(served[0], width=1500, height=1400) as page:
         watch_console(page)
         page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=120_000)
         yield page

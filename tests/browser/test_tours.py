@@ -15,31 +15,28 @@ TOUR_NAMES = [tour.name for tour in load_tours()]
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """The app on the bundled model for this module and the file that keeps its output (the tours set widgets through
-    Session State: Streamlit logs a warning, with a stack, for a widget that also has a default value)."""
-    from benchmarks.browser import running_app
-
-    log = tmp_path_factory.mktemp("server") / "server.log"
-    with running_app(log=log) as url:
-        yield url, log
+def logged(served):
+    """The shared server's log and where it stood when this module began (the tours set widgets through Session
+    State: Streamlit logs a warning, with a stack, for a widget that also has a default value)."""
+    log = served[1]
+    return log, log.stat().st_size
 
 
-@pytest.fixture(scope="module")
-def server(served):
-    return served[0]
-
-
-def _warnings(log) -> list[str]:
-    """What the server logged besides its start: Streamlit's log lines begin with a date ("2026-12-07 11:52:40.006
-    The widget with key …", then "Stack (most recent call last):"), an uncaught error with a traceback."""
-    return [line for line in log.read_text().splitlines()
+def _warnings(logged) -> list[str]:
+    """What the server logged since this module began, besides its start: Streamlit's log lines begin with a date
+    ("2026-12-07 11:52:40.006 The widget with key …", then "Stack (most recent call last):"), an uncaught error with
+    a traceback."""
+    log, since = logged
+    with open(log, "rb") as file:
+        file.seek(since)
+        text = file.read().decode(errors="replace")
+    return [line for line in text.splitlines()
             if re.match(r"\d{4}-\d\d-\d\d ", line) and "server started" not in line
             or line.startswith(("Traceback", "Stack (most recent call last)"))]
 
 
 @pytest.mark.parametrize("index", range(len(TOUR_NAMES)))
-def test_every_tour_step_fits_one_projector_screen_with_no_warning(server, served, index):
+def test_every_tour_step_fits_one_projector_screen_with_no_warning(server, logged, index):
     """Presentation mode at 1280×720: at every step of every tour the card's heading and Back / Next / End, and what
     the caption talks about — the chip it names inside the strip's own scroll, the what-if's maps, the toy numbers, the
     Channels tab's map, the policy run or its blame — are on one screen, without scrolling, and stay there."""
@@ -97,7 +94,7 @@ def test_every_tour_step_fits_one_projector_screen_with_no_warning(server, serve
         page.get_by_role("button", name="End", exact=True).click()
         expect(page.locator(".st-key-tour")).to_have_count(0, timeout=60_000)
         assert not [m for m in messages if m[0] in ("warning", "error")], messages
-    assert _warnings(served[1]) == []
+    assert _warnings(logged) == []
 
 
 def test_a_tour_starts_from_its_own_scroll_whatever_ran_before(server):

@@ -1,11 +1,15 @@
-"""The README's command-line examples run as printed — the flags on the page, in order, each in a shell of its own, on
-the bundled model — from a folder laid out as the checkout (its ``.venv``, ``kvviz`` and ``assets`` linked), so what
-they write (``SESSION.json``, ``PAGE.html``) stays out of the checkout; and they say what the README says they show.
-(Their times, 10–20 s each on 2 cores, are the README's measurement, not checked here: a loaded CI machine is
-slower.)"""
+"""The README's command-line examples run as printed — each command's words as bash expands them (quotes, line
+continuations, ``"$(mktemp -d)/sweep"``), in order, on the bundled model, in a fresh interpreter started with the
+README's own ``.venv/bin/python`` — from a folder laid out as the checkout (its ``.venv``, ``kvviz`` and ``assets``
+linked), so what they write (``SESSION.json``, ``PAGE.html``) stays out of the checkout; and they say what the README
+says they show. The nine run in one interpreter, one after another, as ``python -m kvviz`` runs ``kvviz.cli.main``
+(a process each would import torch and transformers nine times, ~45 s of a worker); ``tests/process/test_cli.py``
+starts the real entry point itself. (Their times, 10–20 s each on 2 cores, are the README's measurement, not checked
+here: a loaded CI machine is slower.)"""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -13,6 +17,23 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+PREFIX = ".venv/bin/python -m kvviz "
+# What ``python -m kvviz ARGS`` does, for each command's ARGS in turn, its output and exit status captured
+RUN_ALL = """
+import io, json, sys
+from contextlib import redirect_stderr, redirect_stdout
+from kvviz.cli import main
+done = []
+for args in json.loads(sys.stdin.read()):
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            status = main(args)
+        except SystemExit as exit:
+            status = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
+    done.append({"status": status or 0, "stdout": out.getvalue(), "stderr": err.getvalue()})
+print(json.dumps(done))
+"""
 
 
 def readme_commands() -> list[str]:
@@ -20,18 +41,28 @@ def readme_commands() -> list[str]:
     text = (ROOT / "README.md").read_text()
     blocks = re.findall(r"^```\n(.*?)^```", text, flags=re.S | re.M)
     joined = [re.sub(r"\\\n\s*", "", block) for block in blocks]  # bash's line continuation (also inside quotes)
-    return [line for block in joined for line in block.splitlines() if line.startswith(".venv/bin/python -m kvviz ")]
+    return [line for block in joined for line in block.splitlines() if line.startswith(PREFIX)]
 
 
 COMMANDS = readme_commands()
 
 
 @pytest.fixture(scope="module")
-def checkout(tmp_path_factory) -> Path:
+def ran(tmp_path_factory) -> tuple[Path, list[dict]]:
+    """The folder the commands ran in, and what each printed (``status``, ``stdout``, ``stderr``), in README order."""
     folder = tmp_path_factory.mktemp("readme")
     for name in (".venv", "kvviz", "assets"):
         (folder / name).symlink_to(ROOT / name)
-    return folder
+    env = {"PATH": "/usr/bin:/bin", "TMPDIR": str(folder), "HOME": str(Path.home())}
+    words = []
+    for command in COMMANDS:  # bash's own expansion of the words after the prefix
+        printed = subprocess.run(["bash", "-c", "printf '%s\\0' " + command.removeprefix(PREFIX)], cwd=folder,
+                                 env=env, capture_output=True, text=True, check=True).stdout
+        words.append(printed.split("\0")[:-1])
+    out = subprocess.run([".venv/bin/python", "-c", RUN_ALL], input=json.dumps(words), cwd=folder, env=env,
+                         capture_output=True, text=True, timeout=1200)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return folder, json.loads(out.stdout)
 
 
 def test_the_readme_shows_each_kind_of_command():
@@ -39,20 +70,20 @@ def test_the_readme_shows_each_kind_of_command():
                                                 "sweep"}
 
 
-@pytest.mark.parametrize("command", COMMANDS, ids=[f"{i}-{c.split()[3]}" for i, c in enumerate(COMMANDS)])
-def test_a_readme_command_runs_as_printed(command, checkout):
-    out = subprocess.run(["bash", "-c", command], cwd=checkout, capture_output=True, text=True, timeout=600,
-                         env={"PATH": "/usr/bin:/bin", "TMPDIR": str(checkout), "HOME": str(Path.home())})
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() or (checkout / "PAGE.html").exists()
+@pytest.mark.parametrize("index", range(len(COMMANDS)), ids=[f"{i}-{c.split()[3]}" for i, c in enumerate(COMMANDS)])
+def test_a_readme_command_runs_as_printed(index, ran):
+    folder, done = ran
+    command, out = COMMANDS[index], done[index]
+    assert out["status"] == 0, out["stderr"][-2000:]
     kind = command.split()[3]
+    assert out["stdout"].strip() or (kind == "export-page" and (folder / "PAGE.html").exists())
     if kind == "sweep":
-        assert re.search(r"^\d+ cases in .*/sweep/table\.csv", out.stdout, flags=re.M), out.stdout
-        assert not (checkout / "sweep").exists()  # written under the temporary folder, not where it ran
+        assert re.search(r"^\d+ cases in .*/sweep/table\.csv", out["stdout"], flags=re.M), out["stdout"]
+        assert not (folder / "sweep").exists()  # written under the temporary folder, not where it ran
     if kind == "policy-run":
-        full = re.search(r"^  full:   (.*)$", out.stdout, flags=re.M)[1]
-        policy = re.search(r"^  policy: (.*)$", out.stdout, flags=re.M)[1]
-        assert full.startswith("Zorblax") and re.search(r"^  divergence: step \d+$", out.stdout, flags=re.M)
+        full = re.search(r"^  full:   (.*)$", out["stdout"], flags=re.M)[1]
+        policy = re.search(r"^  policy: (.*)$", out["stdout"], flags=re.M)[1]
+        assert full.startswith("Zorblax") and re.search(r"^  divergence: step \d+$", out["stdout"], flags=re.M)
         if "--policy h2o" in command:  # the README's reading of the first example
-            assert not policy.startswith("Zorblax") and "divergence: step 0" in out.stdout
-            assert re.search(r"^blame at step 0 ", out.stdout, flags=re.M) and "top-1 back" in out.stdout
+            assert not policy.startswith("Zorblax") and "divergence: step 0" in out["stdout"]
+            assert re.search(r"^blame at step 0 ", out["stdout"], flags=re.M) and "top-1 back" in out["stdout"]
