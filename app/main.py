@@ -19,7 +19,7 @@ from app.components.scroll import mark  # noqa: E402
 from app.components.settled import hide, settled  # noqa: E402
 from app.plain import plain, warn  # noqa: E402
 from app.views import (attention, channels, chat, growth, guide, held, policies, policy_run, sidebar, sweeps,  # noqa: E402
-                       token_strip, toy, whatif)
+                       token_strip, tour, toy, whatif)
 from kvviz import settings  # noqa: E402
 from kvviz.errors import KvvizError  # noqa: E402
 from kvviz.model import load_model  # noqa: E402
@@ -152,6 +152,7 @@ def views() -> None:
 editor()
 mark("views")  # a tour step about a view tab
 views()
+guarded(tour.render)  # a tour's card, last: docked at the bottom of the view, in the chat box's place
 long_work.run_pending()  # a policy run asked for in the views: here, where Stop can interrupt it
 persistence.end_run()
 settled("page")

@@ -60,7 +60,7 @@ def served(tmp_path_factory):
         yield url, log
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def server(served) -> str:
     """The shared app's URL."""
     return served[0]

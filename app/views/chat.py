@@ -45,7 +45,11 @@ def render() -> None:
     st.toggle("Read control tokens I type (e.g. <|im_end|>) as real ones", key="raw_special_tokens",
               help="Off: what you type is text, so a message cannot end its turn or open a system turn. On: typed "
                    "control strings become the model's control tokens (outlined in purple on the strip).")
-    prompt = st.chat_input("Message the model (Stop: press any button while it writes)")  # pinned at the bottom
+    # a first message this small model answers from what it is told (it ignores many a fact, "My dog is called Rex"
+    # among them: "Your dog is a Greyhound"), so the first eviction shows its point
+    hint = "Try: My cat is called Whiskers. What is my cat called? — then click “Whiskers” in the strip" if not turns \
+        else "Message the model (Stop: press any button while it writes)"
+    prompt = st.chat_input(hint)  # pinned at the bottom
     _, stop, right = st.columns([3, 1, 1.6 if st.session_state.get("large", False) else 1])  # large type: wider
     stop.button("Stop", disabled=not prompt, help="Stops the reply being written between two decode steps (the cache "
                 "stays whole); enabled while one is written")

@@ -22,7 +22,6 @@ def render() -> None:
     session = state.session()
     lm = session.lm
     with st.sidebar:
-        tour.render()  # a tour's card first: always beside the page it explains
         models = allowed_models()
         if len(models) > 1:  # the server's allow-list (KVVIZ_MODELS): each page may use another, each loaded once
             current = state.model_path() or settings.text("KVVIZ_MODEL") or BUNDLED

@@ -1,7 +1,9 @@
-"""A guided tour in the sidebar: the step's caption with the live model's numbers, where to look, and Back / Next /
-End, always on screen beside the page, which scrolls to what the step describes (the strip and the what-if, the toy
-numbers at the top, or a view tab; a policy run's step opens its run and blame). Each step sets the state it
-describes (step, edit, layer and head); it stays live and clickable."""
+"""A guided tour: the sidebar's list of tours, and the card of the step being shown — its caption with the live
+model's numbers, where to look, and Next / Back / End — docked at the bottom of the page in the chat box's place (the
+box gives way until the tour ends), as wide as the page beside the sidebar, open or folded. The page scrolls to what
+the step describes (the strip and the what-if, the toy numbers at the top, or a view tab; a policy run's step opens
+its run and blame), so the caption, its buttons and its subject share one screen, a 1280×720 projector's included.
+Each step sets the state it describes (step, edit, layer and head); it stays live and clickable."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import contextlib
 import streamlit as st
 
 from app import state
-from app.components.scroll import look_at, scroll_here
+from app.components.scroll import look_at
 from app.plain import code, plain
 from app.views.whatif import CHARTS
 from kvviz.spelling import spell
@@ -60,7 +62,36 @@ def go(tour: Tour, index: int, session) -> None:
                         "look": step.look, "session": session, "focus": evicted[0] if evicted else None})
 
 
+# The card (its layout wrapper, whose parent is the page's column) sticks to the bottom of the page's view (it is drawn
+# last, so it is never below its place) and takes the
+# chat box's place; its type stays at the page's normal size in presentation mode (in px: that mode scales the rem),
+# where a caption of 400 characters then takes four or five lines of the card's width instead of a screen and a half
+# of the sidebar's; the card is kept low (~180 px) so that the numbers and the strip above it stay in view.
+DOCKED = """<style>
+[data-testid=stBottom] {{display: none;}}
+[data-testid=stLayoutWrapper]:has(> .st-key-tour) {{position: sticky; bottom: 0.75rem; z-index: 99; flex-shrink: 0;}}
+.st-key-tour > * {{flex-shrink: 0;}}
+.st-key-tour {{background: {background}; box-shadow: 0 -0.4rem 1rem {shadow};
+  padding: 10px 16px !important; gap: 6px !important;}}
+.st-key-tour p, .st-key-tour li, .st-key-tour code, .st-key-tour label {{font-size: 15px !important;
+  line-height: 1.45 !important;}}
+.st-key-tour [data-testid=stCaptionContainer] p {{font-size: 13px !important;}}
+.st-key-tour button {{min-height: 34px !important; padding: 2px 10px !important;}}
+</style>"""
+
+
+def _move(tour: Tour, index: int) -> None:
+    """A card button's callback: show step ``index`` before the page is drawn again (one run per click)."""
+    go(tour, index, state.session())
+
+
+def _end() -> None:
+    state.keep("tour", None)
+    state.keep("toy", None)
+
+
 def render() -> None:
+    """The card of the step being shown (drawn last on the page: see :data:`DOCKED`)."""
     kept = state.kept("tour")
     if kept is None:
         return
@@ -68,21 +99,17 @@ def render() -> None:
         state.keep("tour", None)
         return
     tour, index = kept["tour"], kept["index"]
-    with st.sidebar.container(border=True, key="tour"):
-        scroll_here(f"{tour.name}/{index}", key="tour-scroll")  # the sidebar brings each step's card into view
-        st.markdown(f"**Tour: {plain(tour.name)}** · step {index + 1} of {len(tour.steps)}")
-        # above the caption, so they are on screen with the card's top however long it is; one per row: in presentation
-        # mode's narrow sidebar three in a row were cut to "B", "N", "E" (and two to "Ba…")
-        if st.button("Next", disabled=index == len(tour.steps) - 1, key="tour-next", type="primary", width="stretch"):
-            go(tour, index + 1, state.session())
-            st.rerun(scope="app")
-        if st.button("Back", disabled=index == 0, key="tour-back", width="stretch"):
-            go(tour, index - 1, state.session())
-            st.rerun(scope="app")
-        if st.button("End", key="tour-end", help="End the tour", width="stretch"):
-            state.keep("tour", None)
-            state.keep("toy", None)
-            st.rerun(scope="app")
+    dark = st.context.theme.type == "dark"
+    st.html(DOCKED.format(background="#0e1117" if dark else "#ffffff",
+                          shadow="rgba(0, 0, 0, 0.6)" if dark else "rgba(49, 51, 63, 0.15)"))
+    with st.container(border=True, key="tour"):
+        heading, back, forward, end = st.columns([4, 1, 1, 1], vertical_alignment="center")
+        heading.markdown(f"**Tour: {plain(tour.name)}** · step {index + 1} of {len(tour.steps)}")
+        back.button("Back", disabled=index == 0, key="tour-back", width="stretch", on_click=_move,
+                    args=(tour, index - 1))
+        forward.button("Next", disabled=index == len(tour.steps) - 1, key="tour-next", type="primary",
+                       width="stretch", on_click=_move, args=(tour, index + 1))
+        end.button("End", key="tour-end", help="End the tour", width="stretch", on_click=_end)
         st.markdown(kept["caption"])  # the tour file's own Markdown, with the model's numbers
         if kept["look"]:
             st.caption(kept["look"])

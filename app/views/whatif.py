@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import state
-from app.components.scroll import mark
+from app.components.scroll import mark, scroll_here
 from app.long_work import Work, hand_over
 from app.views import branches
 from app.plain import code, warn
@@ -18,7 +18,7 @@ from kvviz.spelling import spell
 from kvviz.figures.slides import whatif_slides
 from kvviz.figures.standalone_page import MAX_PREPARED, MAX_SLOTS, Prepared, page_data, standalone_html
 from kvviz.view_data import strip_chips
-from kvviz.whatif import WhatIf, kept_effects, step_effects, turn_steps, what_if
+from kvviz.whatif import StepEffect, WhatIf, kept_effects, step_effects, turn_steps, unsaid_words, what_if
 
 PROB = st.column_config.ProgressColumn("p", format="%.4f", min_value=0.0, max_value=1.0)
 PRESENTED = 5  # top-k rows in presentation mode
@@ -230,6 +230,11 @@ def _where(result: WhatIf) -> None:
     steps = turn_steps(session)
     if edit.is_empty or not steps:
         return
+    token = lambda id_: code(spell(session.piece(id_)))  # noqa: E731  (model text: a code span renders it as it is)
+    if unsaid := unsaid_words(session, edit):  # the first experiment that looks harmless: say why, plainly
+        st.info(f"The reply never says {', '.join(code(spell(word)) for word in unsaid)}: it answered without "
+                "repeating this fact, so its newest step may barely notice the eviction. The step that chose the "
+                "answer may still have read it — ask below where the edit matters most.")
     found = kept_effects(session, edit)
     if found is None:
         asked = st.empty()  # the button gives way to its answer in the same run
@@ -243,7 +248,6 @@ def _where(result: WhatIf) -> None:
         except KvvizError as exc:
             warn(exc)
             return
-    piece = session.piece
     worst = found.worst
     if worst is None:
         st.caption(f"This edit changes none of the {len(found.steps)} steps of the newest reply.")
@@ -252,16 +256,25 @@ def _where(result: WhatIf) -> None:
     if worst.slot == result.at:
         st.caption(f"Of the {len(found.steps)} steps of the newest reply, this one is where the edit matters most.")
         return
-    token = lambda id_: code(spell(piece(id_)))  # noqa: E731  (model text: a code span renders it as it is)
-    flip = f"top-1 {token(worst.top1_full)} → {token(worst.top1_edited)}" if worst.flips else "top-1 unchanged"
-    at_here = "" if here is None else f" · here (step {result.at}): KL {here.kl:.3g}"
+    scroll_here(f"worst-{worst.slot}-{worst.kl}", key="scroll-worst")  # the answer and its button come into view
     text, button = st.columns([4, 1], vertical_alignment="center")
-    text.markdown(f"**Matters most at step {worst.slot}**, which chose {token(worst.chose)}: KL {worst.kl:.3g} nats, "
-                  f"{flip}{at_here}")
+    text.markdown(f"**Matters most at step {worst.slot}**, which chose {token(worst.chose)}: {_effect_words(worst)}"
+                  f" (KL {worst.kl:.3g} nats" + ("" if here is None else f"; here, step {result.at}: {here.kl:.3g}")
+                  + ")")
     if button.button(f"Look at step {worst.slot}", key="look-at-worst",
                      help="Time travel to that step: the what-if re-runs it with this edit (the edit stays as it is)"):
         state.travel(None if worst.slot == len(session) - 1 else worst.slot)
         st.rerun()  # the whole page: every view shows that step
+
+
+def _effect_words(step: StepEffect) -> str:
+    """What the edit does at ``step``, in words: its top-1 change, then the rank of the evicted token it reads."""
+    token = lambda id_: code(spell(state.session().piece(id_)))  # noqa: E731
+    said = f"the top-1 becomes {token(step.top1_edited)}" if step.flips else "the top-1 stays"
+    if step.fact is None or step.fact_rank_full == step.fact_rank_edited:
+        return said
+    moved = "falls" if step.fact_rank_edited > step.fact_rank_full else "rises"
+    return f"{said}, and {token(step.fact)} {moved} from rank {step.fact_rank_full + 1} to {step.fact_rank_edited + 1}"
 
 
 def _continuation(result: WhatIf) -> None:

@@ -14,7 +14,7 @@ from kvviz.whatif.continuation import Continuation
 from kvviz.whatif.memory import CacheBytes, cache_memory, step_memory
 from kvviz.whatif.metrics import Candidate, NextToken, compare
 from kvviz.whatif.step import Detail, WhatIf, what_if
-from kvviz.whatif.steps import StepEffect, StepEffects, kept_effects, step_effects, turn_steps
+from kvviz.whatif.steps import StepEffect, StepEffects, kept_effects, step_effects, turn_steps, unsaid_words
 
 __all__ = ["CacheBytes", "Candidate", "Continuation", "Detail", "NextToken", "PolicyComparison", "PolicyRow",
-           "StepEffect", "StepEffects", "WhatIf", "cache_memory", "compare", "compare_policies", "kept_effects", "step_effects", "step_memory", "turn_steps", "what_if"]
+           "StepEffect", "StepEffects", "WhatIf", "cache_memory", "compare", "compare_policies", "kept_effects", "step_effects", "step_memory", "turn_steps", "unsaid_words", "what_if"]

@@ -23,7 +23,7 @@ from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
 from kvviz.session import Session
 from kvviz.step_variants import rerun_rows
-from kvviz.whatif.metrics import Reference
+from kvviz.whatif.metrics import Reference, ranks_of
 from kvviz.whatif.step import what_if
 
 ROWS = 64  # rows per batched pass: activations of ~64 tokens, whatever the turn's length
@@ -32,13 +32,21 @@ KEPT = "step_effects_of"  # the session memo's kind for the newest turn's effect
 
 @dataclass(frozen=True)
 class StepEffect:
-    """One step: slot ``slot``'s decode step (it chose the token ``chose``: the next slot's, or the pending one)."""
+    """One step: slot ``slot``'s decode step (it chose the token ``chose``: the next slot's, or the pending one).
+
+    ``fact``: of the tokens the edit evicts before this step (their words, if any has a letter or digit), the one
+    the full cache's step found most likely, with its rank (0 = the top-1) on both sides — " Rex" falling from
+    rank 1 to 45 while the top-1 stays is how a step that never says the fact still reads it. None for a step the
+    edit evicts nothing from, or one re-run with K/V rewritten (ranked over its top-k only, not the vocabulary)."""
 
     slot: int
     chose: int
     kl: float  # KL(p_full ‖ p_edited) of the step's next-token distribution, nats
     top1_full: int
     top1_edited: int
+    fact: int | None = None
+    fact_rank_full: int | None = None
+    fact_rank_edited: int | None = None
 
     @property
     def flips(self) -> bool:
@@ -83,6 +91,20 @@ def step_effects(session: Session, edit: Edit, steps: list[int] | None = None) -
     if steps is None:
         return session.memoized(KEPT, edit.key, lambda: _effects(session, edit, turn_steps(session)), keep=1)
     return _effects(session, edit, list(steps))
+
+
+def unsaid_words(session: Session, edit: Edit) -> list[str]:
+    """The words ``edit`` evicts from before the newest reply (their tokens with a letter or digit, stripped, in slot
+    order) when the reply says none of them (case-insensitively), else ``[]``: a reply that never said the fact
+    evicted may still have read it, but its newest step rarely shows it. ``[]`` too before a reply."""
+    start = next((s.slot for s in session.transcript.slots if s.turn == session.transcript.turn and s.kind == "decode"),
+                 None)
+    if start is None:
+        return []
+    pieces = [session.piece(session.transcript.slots[s].id).strip() for s in sorted(edit.evicted_slots()) if s < start]
+    words = list(dict.fromkeys(p for p in pieces if any(c.isalnum() for c in p)))
+    reply = session.reply.casefold()
+    return [] if any(word.casefold() in reply for word in words) else words
 
 
 def kept_effects(session: Session, edit: Edit) -> StepEffects | None:
@@ -141,8 +163,23 @@ def _batched(session: Session, slots: list[int], pairs: dict) -> dict[int, StepE
         kl = 0.0 if logits is None else float(Reference(fulls[slot]).kl(logits))
         top1 = int(fulls[slot].argmax())
         top1_edited = top1 if logits is None else int(logits.argmax())
-        effects[slot] = StepEffect(slot, _chose(session, slot), kl, top1, top1_edited)
+        fact = () if logits is None else _fact(session, pairs[slot][1], slot, fulls[slot], logits)
+        effects[slot] = StepEffect(slot, _chose(session, slot), kl, top1, top1_edited, *fact)
     return effects
+
+
+def _fact(session: Session, edit: Edit, slot: int, full: torch.Tensor, edited: torch.Tensor) -> tuple:
+    """``(id, rank full, rank edited)`` of the evicted token the full step ``full`` ``(V,)`` ranks highest (see
+    :class:`StepEffect`), ``()`` when the step sees no evicted slot."""
+    slots = session.transcript.slots
+    ids = sorted({slots[s].id for s in edit.evicted_slots() if s < slot})
+    words = [id_ for id_ in ids if any(c.isalnum() for c in session.piece(id_))]
+    if not ids:
+        return ()
+    ids = torch.tensor(words or ids)
+    full_ranks, edited_ranks = ranks_of(torch.stack([full, edited]), ids).tolist()
+    best = min(range(len(ids)), key=lambda i: (full_ranks[i], int(ids[i])))
+    return int(ids[best]), full_ranks[best], edited_ranks[best]
 
 
 def _rows(session: Session, rows: list[tuple[int, torch.Tensor]]) -> dict[int, torch.Tensor]:

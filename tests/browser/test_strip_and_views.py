@@ -197,7 +197,7 @@ def test_looking_back_forks_the_conversation_and_switches_back(page):
 @pytest.mark.parametrize("width,height", [(1500, 1000), (1280, 720)])
 def test_an_eviction_points_at_the_step_that_mattered_and_goes_there(server, width, height):
     """Evicting the dog's name looks harmless at the newest step (it chose the end of the turn); a button finds the
-    step that chose the name, and the next travels there, where the top-1 flips."""
+    step that chose the name, in view above the chat box, and the next travels there, where the top-1 flips."""
     from benchmarks.browser import browser_page
 
     with browser_page(server, width=width, height=height) as page:
@@ -209,7 +209,11 @@ def test_an_eviction_points_at_the_step_that_mattered_and_goes_there(server, wid
         pointer = page.get_by_text("Matters most at step")
         pointer.wait_for(timeout=300_000)
         step = int(pointer.inner_text().split("Matters most at step ")[1].split(",")[0])
-        click_when_still(page, page.get_by_role("button", name=f"Look at step {step}"))
+        still(page)  # the answer scrolls itself above the chat box: its button is never under it
+        look = page.get_by_role("button", name=f"Look at step {step}")
+        box, chat = look.bounding_box(), page.locator("[data-testid=stChatInput]").bounding_box()
+        assert in_view(page, look) and box["y"] + box["height"] <= chat["y"], (box, chat)
+        click_when_still(page, look)
         page.get_by_text("this one is where the edit matters most").wait_for(timeout=300_000)
         expect(page.get_by_test_id("stMetricValue").filter(has_text="FLIPS")).to_have_count(1)
         assert page.locator("input[aria-label='Jump to']").input_value() == str(step)

@@ -35,11 +35,24 @@ def _warnings(logged) -> list[str]:
             or line.startswith(("Traceback", "Stack (most recent call last)"))]
 
 
+def _card(page) -> dict | None:
+    """The tour card's box when it is whole on a 1280×720 screen — the card and every line of its heading, caption
+    and where to look inside it and inside the screen: the caption is read in full without scrolling — else None."""
+    card = page.locator(".st-key-tour")
+    box = card.bounding_box()
+    inside = lambda b: b and box["y"] - 1 <= b["y"] and b["y"] + b["height"] <= box["y"] + box["height"] + 1  # noqa: E731
+    lines = [t.bounding_box() for t in card.locator("[data-testid=stMarkdownContainer] p:visible").all()]
+    return box if box and lines and all(map(inside, lines)) and 0 <= box["y"] and box["y"] + box["height"] <= 720 \
+        and 0 <= box["x"] and box["x"] + box["width"] <= 1280 else None
+
+
 @pytest.mark.parametrize("index", range(len(TOUR_NAMES)))
 def test_every_tour_step_fits_one_projector_screen_with_no_warning(server, logged, index):
-    """Presentation mode at 1280×720: at every step of every tour the card's heading and Back / Next / End, and what
-    the caption talks about — the chip it names inside the strip's own scroll, the what-if's maps, the toy numbers, the
-    Channels tab's map, the policy run or its blame — are on one screen, without scrolling, and stay there."""
+    """Presentation mode at 1280×720 with the sidebar as it opens: at every step of every tour the card — its heading,
+    its whole caption and Back / Next / End, docked at the bottom in the chat box's place — and what the caption
+    talks about — the chip it names inside the strip's own scroll, the what-if's maps, the toy numbers, the Channels
+    tab's map, the policy run or its blame — are on one screen, without scrolling, the subject above the card, and
+    stay there."""
     from playwright.sync_api import expect
 
     from benchmarks.browser import browser_page
@@ -50,6 +63,8 @@ def test_every_tour_step_fits_one_projector_screen_with_no_warning(server, logge
         page.on("console", lambda message: messages.append((message.type, message.text)))
         page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=180_000)
         idle(page)
+        sidebar = page.locator("[data-testid=stSidebar]").bounding_box()
+        assert sidebar and sidebar["x"] >= 0 and sidebar["width"] > 200, sidebar  # open, as it opens
         settle(page, lambda: page.get_by_text("Presentation mode (large type)").click())
         page.get_by_role("button", name=tour.name).click()
         for number in range(1, len(tour.steps) + 1):
@@ -72,27 +87,28 @@ def test_every_tour_step_fits_one_projector_screen_with_no_warning(server, logge
                 return bool(box) and top <= box["y"] and box["y"] + box["height"] <= bottom and 0 <= box["x"] and \
                     box["x"] + box["width"] <= 1280
 
-            def placed():  # each step scrolls itself (app/components/scroll.py), the strip to the chip it names
-                card, where = page.locator(".st-key-tour").bounding_box(), subject.bounding_box()
+            def placed(subject=subject, block=block, strip=strip):  # each step scrolls itself to its subject
+                card, where = _card(page), subject.bounding_box()
                 buttons = [page.locator(f".st-key-tour-{name}").bounding_box() for name in ("next", "back", "end")]
-                above_chat = page.locator("[data-testid=stChatInput]").bounding_box()["y"]  # the box covers the page
-                if block:  # toy numbers, a view, a run, the what-if's maps: it starts on screen above the chat box
-                    inside = bool(where) and 0 <= where["y"] <= above_chat - 40
-                else:  # a chip: inside the strip's own view, above the chat box
+                if not card or not all(on_screen(b) for b in buttons):
+                    return None
+                if block:  # toy numbers, a view, a run, the what-if's maps: it starts on screen above the card
+                    inside = bool(where) and 0 <= where["y"] <= card["y"] - 40
+                else:  # a chip: inside the strip's own view, above the card
                     view = strip.bounding_box()
                     inside = bool(view) and on_screen(where, view["y"], view["y"] + view["height"]) and \
-                        on_screen(where, 0, above_chat)
-                shown = card and 0 <= card["y"] and all(on_screen(b) for b in buttons) and inside
-                return (card, buttons, where) if shown else None
+                        on_screen(where, 0, card["y"])
+                return (card, buttons, where) if inside else None
             assert placed(), (number, page.locator(".st-key-tour").bounding_box(), subject.bounding_box(),
-                                         strip.bounding_box())
+                              strip.bounding_box())
             cut = page.locator(".st-key-tour button .stMarkdownEllipsis").evaluate_all(
                 "(labels) => labels.filter(e => e.scrollWidth > e.clientWidth + 1).map(e => e.innerText)")
-            assert cut == [], cut  # no label cut short ("B", "N", "E" in a row of three)
+            assert cut == [], cut  # no label cut short
             if number < len(tour.steps):
                 page.get_by_role("button", name="Next").click()
         page.get_by_role("button", name="End", exact=True).click()
         expect(page.locator(".st-key-tour")).to_have_count(0, timeout=60_000)
+        expect(page.locator("[data-testid=stChatInput]")).to_be_visible()  # the chat box is back
         assert not [m for m in messages if m[0] in ("warning", "error")], messages
     assert _warnings(logged) == []
 
@@ -122,4 +138,5 @@ def test_a_tour_starts_from_its_own_scroll_whatever_ran_before(server):
         page.get_by_text(f"step 1 of {len(after.steps)}").wait_for(timeout=180_000)
         still(page)
         chip = page.locator(".kv-chip.kv-evicted").first
-        assert in_view(page, chip), chip.bounding_box()
+        box, card = chip.bounding_box(), page.locator(".st-key-tour").bounding_box()
+        assert in_view(page, chip) and box["y"] + box["height"] <= card["y"], (box, card)  # above the docked card

@@ -11,7 +11,7 @@ from kvviz.scenarios import find_slots
 from kvviz.session import Session
 from kvviz.whatif import what_if
 from kvviz.whatif.metrics import kl_divergence
-from kvviz.whatif.steps import kept_effects, step_effects, turn_steps
+from kvviz.whatif.steps import kept_effects, step_effects, turn_steps, unsaid_words
 from tests.support.references import removed_step
 from tests.support.rounding import kl_rounding
 
@@ -98,3 +98,34 @@ def test_the_turn_s_effects_are_kept_until_the_cache_changes(make_chat):
     assert kept_effects(chat, edit) is found and kept_effects(chat, Edit.evict([1])) is None
     chat.commit(Edit.evict([2]))  # the cache changes: what was kept is for another cache
     assert kept_effects(chat, edit) is None
+
+
+def test_each_step_ranks_the_evicted_word_as_a_removed_cache_does(chat, eps):
+    """The evicted word's rank at each step, on both sides, is its rank under a step run on the full cache and on one
+    the slots were physically removed from: the tokens with a larger logit, up to those within the two summation
+    orders' rounding of it (2ε: both logit vectors off by at most ε per entry), which may count either way. Where
+    the edit matters most, the name falls (the issue's first experiment: the top-1 stays, " Rex" drops)."""
+    evicted = find_slots(chat, " Rex")
+    rex = chat.transcript.slots[evicted[0]].id
+    effects = step_effects(chat, Edit.evict(evicted))
+    for step in effects.steps:
+        assert step.fact == rex, step
+        full, removed = removed_step(chat, step.slot, []), removed_step(chat, step.slot, evicted)
+        for rank, logits in ((step.fact_rank_full, full), (step.fact_rank_edited, removed)):
+            z = logits[rex]
+            above, near = int((logits > z + 2 * eps).sum()), int(((logits - z).abs() <= 2 * eps).sum()) - 1
+            assert above <= rank <= above + near, (step, above, near)
+    worst = effects.worst
+    assert worst.fact_rank_edited > worst.fact_rank_full
+
+
+def test_a_reply_that_never_says_the_evicted_fact_is_named(chat, make_chat):
+    """Asked which breed the dog is, the bundled model answers without the name: evicting " Rex" is named as a fact
+    the reply never said. Where the reply says the name (the module's chat), or the edit evicts nothing, or no reply
+    was written yet, nothing is named."""
+    session = make_chat("My dog is called Rex and he is three years old. What breed is my dog?", generate=12)
+    assert "rex" not in session.reply.casefold()
+    assert unsaid_words(session, Edit.evict(find_slots(session, " Rex"))) == ["Rex"]
+    assert "Rex" in chat.reply and unsaid_words(chat, Edit.evict(find_slots(chat, " Rex"))) == []
+    assert unsaid_words(session, Edit()) == []
+    assert unsaid_words(make_chat("My dog is called Rex. What is my dog called?"), Edit.evict([3])) == []  # no reply
