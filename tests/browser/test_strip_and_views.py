@@ -209,6 +209,8 @@ def test_an_eviction_points_at_the_step_that_mattered_and_goes_there(server, wid
         pointer = page.get_by_text("Matters most at step")
         pointer.wait_for(timeout=300_000)
         step = int(pointer.inner_text().split("Matters most at step ")[1].split(",")[0])
+        words = page.locator("p", has_text="Matters most at step").inner_text()  # what the edit did there, in words
+        assert re.search(r"␣Rex\s*falls from rank 1 to \d+", words), words
         still(page)  # the answer scrolls itself above the chat box: its button is never under it
         look = page.get_by_role("button", name=f"Look at step {step}")
         box, chat = look.bounding_box(), page.locator("[data-testid=stChatInput]").bounding_box()
