@@ -181,7 +181,10 @@ def apply_quantizers() -> str | None:
 
 def _quantizer_settings(head_dim: int) -> None:
     with st.expander("Quantizer settings (default KIVI: keys per channel, values per token)"):
-        cols = st.columns([1, 1, 1.2, 1.3, 1, 1])
+        if st.session_state.get("large", False):  # large type in a projector's column: two rows of three, or the
+            cols = [*st.columns([1, 1, 1.4]), *st.columns([1.3, 1, 1])]  # labels wrap letter by letter ("Forma t")
+        else:
+            cols = st.columns([1, 1, 1.2, 1.3, 1, 1])
         cols[0].selectbox("Keys", ["channel", "token", "head", "tensor"], key="key_axis",
                           help="one scale per channel, per slot, per KV head or per layer (an FP8 cache's per-head or per-layer scale)")
         cols[1].selectbox("Values", ["token", "channel", "head", "tensor"], key="value_axis")
