@@ -63,10 +63,10 @@ def go(tour: Tour, index: int, session) -> None:
 
 
 # The card (its layout wrapper, whose parent is the page's column) sticks to the bottom of the page's view (it is drawn
-# last, so it is never below its place) and takes the
-# chat box's place; its type stays at the page's normal size in presentation mode (in px: that mode scales the rem),
-# where a caption of 400 characters then takes four or five lines of the card's width instead of a screen and a half
-# of the sidebar's; the card is kept low (~180 px) so that the numbers and the strip above it stay in view.
+# last, so it is never below its place) and takes the chat box's place. Its type stays at the page's normal size in
+# presentation mode (in px: that mode scales the rem), where a caption of 400 characters then takes four or five lines
+# of the card's width instead of a screen and a half of the sidebar's; the card stays low (~150 px) so that the numbers
+# and the strip above it stay in view.
 DOCKED = """<style>
 [data-testid=stBottom] {{display: none;}}
 [data-testid=stLayoutWrapper]:has(> .st-key-tour) {{position: sticky; bottom: 0.75rem; z-index: 99; flex-shrink: 0;}}

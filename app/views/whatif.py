@@ -230,7 +230,6 @@ def _where(result: WhatIf) -> None:
     steps = turn_steps(session)
     if edit.is_empty or not steps:
         return
-    token = lambda id_: code(spell(session.piece(id_)))  # noqa: E731  (model text: a code span renders it as it is)
     if unsaid := unsaid_words(session, edit):  # the first experiment that looks harmless: say why, plainly
         st.info(f"The reply never says {', '.join(code(spell(word)) for word in unsaid)}: it answered without "
                 "repeating this fact, so its newest step may barely notice the eviction. The step that chose the "
@@ -258,7 +257,7 @@ def _where(result: WhatIf) -> None:
         return
     scroll_here(f"worst-{worst.slot}-{worst.kl}", key="scroll-worst")  # the answer and its button come into view
     text, button = st.columns([4, 1], vertical_alignment="center")
-    text.markdown(f"**Matters most at step {worst.slot}**, which chose {token(worst.chose)}: {_effect_words(worst)}"
+    text.markdown(f"**Matters most at step {worst.slot}**, which chose {_token(worst.chose)}: {_effect_words(worst)}"
                   f" (KL {worst.kl:.3g} nats" + ("" if here is None else f"; here, step {result.at}: {here.kl:.3g}")
                   + ")")
     if button.button(f"Look at step {worst.slot}", key="look-at-worst",
@@ -267,14 +266,18 @@ def _where(result: WhatIf) -> None:
         st.rerun()  # the whole page: every view shows that step
 
 
+def _token(id_: int) -> str:
+    """A token of the session's model as a code span (model text renders as it is)."""
+    return code(spell(state.session().piece(id_)))
+
+
 def _effect_words(step: StepEffect) -> str:
     """What the edit does at ``step``, in words: its top-1 change, then the rank of the evicted token it reads."""
-    token = lambda id_: code(spell(state.session().piece(id_)))  # noqa: E731
-    said = f"the top-1 becomes {token(step.top1_edited)}" if step.flips else "the top-1 stays"
+    said = f"the top-1 becomes {_token(step.top1_edited)}" if step.flips else "the top-1 stays"
     if step.fact is None or step.fact_rank_full == step.fact_rank_edited:
         return said
     moved = "falls" if step.fact_rank_edited > step.fact_rank_full else "rises"
-    return f"{said}, and {token(step.fact)} {moved} from rank {step.fact_rank_full + 1} to {step.fact_rank_edited + 1}"
+    return f"{said}, and {_token(step.fact)} {moved} from rank {step.fact_rank_full + 1} to {step.fact_rank_edited + 1}"
 
 
 def _continuation(result: WhatIf) -> None:

@@ -93,6 +93,11 @@ def step_effects(session: Session, edit: Edit, steps: list[int] | None = None) -
     return _effects(session, edit, list(steps))
 
 
+def _is_word(text: str) -> bool:
+    """A token's text with a letter or a digit: what a fact is made of (not its spaces or punctuation)."""
+    return any(c.isalnum() for c in text)
+
+
 def unsaid_words(session: Session, edit: Edit) -> list[str]:
     """The words ``edit`` evicts from before the newest reply (their tokens with a letter or digit, stripped, in slot
     order) when the reply says none of them (case-insensitively), else ``[]``: a reply that never said the fact
@@ -102,7 +107,7 @@ def unsaid_words(session: Session, edit: Edit) -> list[str]:
     if start is None:
         return []
     pieces = [session.piece(session.transcript.slots[s].id).strip() for s in sorted(edit.evicted_slots()) if s < start]
-    words = list(dict.fromkeys(p for p in pieces if any(c.isalnum() for c in p)))
+    words = list(dict.fromkeys(filter(_is_word, pieces)))
     reply = session.reply.casefold()
     return [] if any(word.casefold() in reply for word in words) else words
 
@@ -173,10 +178,9 @@ def _fact(session: Session, edit: Edit, slot: int, full: torch.Tensor, edited: t
     :class:`StepEffect`), ``()`` when the step sees no evicted slot."""
     slots = session.transcript.slots
     ids = sorted({slots[s].id for s in edit.evicted_slots() if s < slot})
-    words = [id_ for id_ in ids if any(c.isalnum() for c in session.piece(id_))]
     if not ids:
         return ()
-    ids = torch.tensor(words or ids)
+    ids = torch.tensor([id_ for id_ in ids if _is_word(session.piece(id_))] or ids)
     full_ranks, edited_ranks = ranks_of(torch.stack([full, edited]), ids).tolist()
     best = min(range(len(ids)), key=lambda i: (full_ranks[i], int(ids[i])))
     return int(ids[best]), full_ranks[best], edited_ranks[best]

@@ -1,8 +1,9 @@
 """The README's command-line examples run as printed — each command's words as bash expands them (quotes, line
 continuations, ``"$(mktemp -d)/sweep"``), in order, on the bundled model, in a fresh interpreter started with the
-README's own ``.venv/bin/python`` — from a folder laid out as the checkout (its ``.venv``, ``kvviz`` and ``assets``
-linked), so what they write (``SESSION.json``, ``PAGE.html``) stays out of the checkout; and they say what the README
-says they show. The nine run in one interpreter, one after another, as ``python -m kvviz`` runs ``kvviz.cli.main``
+README's own ``.venv/bin/python`` — from a folder laid out as the checkout (its ``.venv``, ``kvviz``, ``assets`` and
+``tests`` linked), so what they write (``SESSION.json``, ``PAGE.html``) stays out of the checkout; and they say what the README
+says they show. The nine run in one interpreter, one after another, through ``tests.support.cli`` (``kvviz.cli.main``,
+as ``python -m kvviz`` runs it)
 (a process each would import torch and transformers nine times, ~45 s of a worker); ``tests/process/test_cli.py``
 starts the real entry point itself. (Their times, 10–20 s each on 2 cores, are the README's measurement, not checked
 here: a loaded CI machine is slower.)"""
@@ -19,23 +20,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = ".venv/bin/python -m kvviz "
-# What ``python -m kvviz ARGS`` does, for each command's ARGS in turn, its output and exit status captured
+# What ``python -m kvviz ARGS`` does, for each command's ARGS in turn: tests.support.cli's ``cli`` (its output and
+# exit status captured)
 RUN_ALL = """
-import io, json, sys
-from contextlib import redirect_stderr, redirect_stdout
-from kvviz.cli import main
-done = []
-for args in json.loads(sys.stdin.read()):
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        try:
-            status = main(args)
-        except SystemExit as exit:
-            status = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
-    done.append({"status": status or 0, "stdout": out.getvalue(), "stderr": err.getvalue()})
-print(json.dumps(done))
+import json, sys
+from dataclasses import asdict
+from tests.support.cli import cli
+print(json.dumps([asdict(cli(*args)) for args in json.loads(sys.stdin.read())]))
 """
-
 
 def readme_commands() -> list[str]:
     """Every ``.venv/bin/python -m kvviz …`` command of the README's plain code blocks, continuation lines joined."""
@@ -50,9 +42,10 @@ COMMANDS = readme_commands()
 
 @pytest.fixture(scope="module")
 def ran(tmp_path_factory) -> tuple[Path, list[dict]]:
-    """The folder the commands ran in, and what each printed (``status``, ``stdout``, ``stderr``), in README order."""
+    """The folder the commands ran in, and what each printed (``returncode``, ``stdout``, ``stderr``), in README
+    order."""
     folder = tmp_path_factory.mktemp("readme")
-    for name in (".venv", "kvviz", "assets"):
+    for name in (".venv", "kvviz", "assets", "tests"):
         (folder / name).symlink_to(ROOT / name)
     # a clean environment, but the thread count the tier runs at: beside part 1's other worker, with torch's default
     # threads, the nine took 154 s (53 s alone)
@@ -78,7 +71,7 @@ def test_the_readme_shows_each_kind_of_command():
 def test_a_readme_command_runs_as_printed(index, ran):
     folder, done = ran
     command, out = COMMANDS[index], done[index]
-    assert out["status"] == 0, out["stderr"][-2000:]
+    assert out["returncode"] == 0, out["stderr"][-2000:]
     kind = command.split()[3]
     assert out["stdout"].strip() or (kind == "export-page" and (folder / "PAGE.html").exists())
     if kind == "sweep":
