@@ -3,18 +3,20 @@
 kvviz recomputes attention weights from recorded queries and cached keys, and re-runs steps with slots hidden. It
 reproduces causal softmax attention with one score scale, an optional soft-cap of the scores (Gemma 2), a sliding
 window per layer (Mistral, Qwen2 with ``use_sliding_window``, Gemma 2 / 3, gpt-oss) and learned attention sinks per
-layer and head (gpt-oss): an :class:`AttentionRule`. A model whose attention adds something else is refused with a
-line naming it, never shown with wrong numbers: multi-head latent attention (DeepSeek's MLA), chunked or other
-non-causal layers, bidirectional windows, attention modules that differ in their score scale or soft-cap."""
+layer and head (gpt-oss), and multi-head latent attention (DeepSeek's MLA, read in its absorbed form:
+:mod:`kvviz.latent`): an :class:`AttentionRule`. A model whose attention adds something else is refused with a line
+naming it, never shown with wrong numbers: chunked or other non-causal layers, bidirectional windows, attention
+modules that differ in their score scale or soft-cap."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers.cache_utils import get_layer_types_and_kwargs
 
 from kvviz import attention_math as am
+from kvviz import latent as mla
 from kvviz.errors import ModelLoadError
 
 
@@ -24,12 +26,30 @@ class AttentionRule:
     ``c`` (scores become ``c·tanh(s/c)``; None: none) and each layer's sliding window (None: the layer sees every
     earlier slot). kvviz keeps every slot in every layer; a window only hides slots, as the model's mask does.
     ``sinks``: each layer's learned sink logit per query head (gpt-oss; empty: none), one more term in the softmax's
-    denominator with no value (docs/math.md §3)."""
+    denominator with no value (docs/math.md §3). ``latent``: the up-projections of a model with latent attention
+    (MLA; None: none): its cache's "keys" are then the latent and its "values" the RoPE key, which :meth:`keyed`,
+    :meth:`carried` and :meth:`project` read as the absorbed form does (:mod:`kvviz.latent`)."""
 
     scaling: float
     softcap: float | None = None
     windows: tuple[int | None, ...] = ()  # one per layer (empty: no layer has a window)
     sinks: tuple[tuple[float, ...], ...] = ()  # (L, H) logits, as the model holds them
+    latent: mla.Latent | None = field(default=None, compare=False, repr=False)
+
+    def keyed(self, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """What a recorded query scores against, of cached ``keys`` and ``values`` ``(..., KV, n, ·)``: the keys; with
+        latent attention the latent and the RoPE key side by side ``(..., 1, n, R + rope)``."""
+        return keys if self.latent is None else torch.cat((keys, values), dim=-1)
+
+    def carried(self, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """What the weights average, of cached ``keys`` and ``values``: the values; with latent attention the latent
+        (the keys), whose average :meth:`project` turns into the heads' outputs."""
+        return values if self.latent is None else keys
+
+    def project(self, outputs: torch.Tensor) -> torch.Tensor:
+        """Averages of :meth:`carried` ``(L, H, ·)`` → the heads' attention outputs ``(L, H, D)`` (the same tensor
+        without latent attention)."""
+        return outputs if self.latent is None else self.latent.project(outputs)
 
     def sink(self, layer: int | None, device: torch.device | str | None = None,
              head: int | None = None) -> torch.Tensor | None:
@@ -104,9 +124,11 @@ def read(model: torch.nn.Module) -> tuple[AttentionRule | None, list[str]]:
     caps = {getattr(m, "attn_logit_softcapping", None) for m in modules}
     if len(caps) > 1:
         problems.append("attention modules without one shared soft-cap")
-    if getattr(config, "kv_lora_rank", None):  # DeepSeek-V2/V3: keys and values expanded from a cached latent
-        problems.append("multi-head latent attention (MLA: a compressed latent cached instead of keys and values, "
-                        "query / key heads wider than value heads)")
+    latent = None
+    try:
+        latent = mla.read(modules, getattr(config, "qk_rope_head_dim", 0)) if modules else None
+    except ValueError as refused:
+        problems.append(str(refused))
     sinks = [getattr(m, "sinks", None) for m in modules]
     if any(sink is not None for sink in sinks) and any(sink is None for sink in sinks):
         problems.append("learned attention sinks in some layers only")
@@ -117,7 +139,8 @@ def read(model: torch.nn.Module) -> tuple[AttentionRule | None, list[str]]:
         return None, problems
     softcap = caps.pop() if caps else None
     sinks = () if sinks[0] is None else tuple(tuple(sink.detach().float().tolist()) for sink in sinks)
-    return AttentionRule(float(scales.pop()), None if softcap is None else float(softcap), windows, sinks), []
+    return AttentionRule(float(scales.pop()), None if softcap is None else float(softcap), windows, sinks,
+                         latent), []
 
 
 def _windows(config) -> tuple[tuple[int | None, ...], list[str]]:
@@ -134,9 +157,12 @@ def _windows(config) -> tuple[tuple[int | None, ...], list[str]]:
 
 
 def check(model: torch.nn.Module, name: str) -> AttentionRule:
-    """Refuse a model kvviz cannot reproduce (one line naming what is missing); return its attention rule."""
+    """Refuse a model kvviz cannot reproduce (one line naming what is missing); return its attention rule. A model
+    with latent attention is made to report its latent to kvviz's attention function (:func:`kvviz.latent.install`)."""
     rule, problems = read(model)
     if problems:
         raise ModelLoadError(f"{name} ({model.config.model_type}) uses {'; '.join(problems)}, which kvviz cannot "
                              "reproduce yet; its numbers would be wrong, so it is not loaded")
+    if rule.latent is not None:
+        mla.install(attention_modules(model))
     return rule

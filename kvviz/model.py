@@ -41,6 +41,9 @@ class LoadedModel:
     name: str
     device: torch.device
 
+    def __post_init__(self) -> None:
+        self.attention  # checked once, before any pass: refused here, and a latent-attention model made to report
+
     @property
     def dtype(self) -> torch.dtype:
         return self.model.dtype
@@ -74,7 +77,7 @@ class LoadedModel:
     def bytes_per_slot(self) -> int:
         """Bytes one cached slot costs a session: its K and V in every layer plus its recorded queries."""
         element = torch.empty((), dtype=self.dtype).element_size()
-        return self.layers * self.head_dim * element * (2 * self.kv_heads + self.heads)
+        return self.layers * element * (self.kv_heads * sum(self.geometry.cached_widths) + self.heads * self.head_dim)
 
     @property
     def context_window(self) -> int:

@@ -20,6 +20,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward  # llama's, with a soft-cap
 
+from kvviz import latent as mla
 from kvviz.attention_math import causal_mask, expand_kv, sink_softmax
 
 ATTENTION_NAME = "kvviz"
@@ -32,7 +33,7 @@ class Probe:
         self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     ) -> torch.Tensor | None:
         """Called with ``query`` ``(B, H, q, D)`` post-RoPE and the whole ``key``/``value`` ``(B, KV, n, D)`` after
-        the cache update.
+        the cache update (latent attention: the absorbed query, the latent and the RoPE key, :mod:`kvviz.latent`).
 
         May return a boolean visibility mask ``(B, KV, n)`` (True = attend; or the same as an additive float mask, 0 =
         attend and −inf = hidden, which a decode step uses as it is; a decode step's additive mask may also come
@@ -99,7 +100,14 @@ def kvviz_attention(
     ``(B, H, q, D)``, key/value ``(B, KV, n, D)`` (the whole cache after this step's update); returns ``(B, q, H, D)``
     and the weights ``(B, H, q, n)`` or None."""
     probe = _probe.get()
-    visible = probe.on_query(module.layer_idx, query, key, value) if probe is not None else None
+    visible = None
+    if probe is not None and hasattr(module, "kv_b_proj"):  # latent attention: the probe sees what the cache holds
+        stored = mla.stored()
+        if stored is None:
+            raise RuntimeError("a latent attention module that does not report its latent (kvviz.latent.install)")
+        visible = probe.on_query(module.layer_idx, mla.absorbed(module, query), *stored)
+    elif probe is not None:
+        visible = probe.on_query(module.layer_idx, query, key, value)
     sinks = kwargs.pop("s_aux", None)  # gpt-oss passes its learned sinks under this name
     if sinks is not None:
         output, weights = _with_sinks(query, key, value, _full_mask(attention_mask, query, key, visible), scaling,
@@ -155,7 +163,7 @@ def _decode_step(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, vi
     mask = visible if visible.dim() == 4 else visible[:, :, None, :]
     output = torch.nn.functional.scaled_dot_product_attention(
         query.reshape(batch, groups, heads // groups, dim), key, value, attn_mask=mask, scale=scaling)
-    return output.reshape(batch, 1, heads, dim)
+    return output.reshape(batch, 1, heads, -1)  # values may be narrower than queries (latent attention)
 
 
 def _grouped_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: torch.Tensor,
@@ -171,7 +179,7 @@ def _grouped_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, v
     mask = additive[:, :, None].expand(batch, groups, share, rows, n).reshape(batch, groups, share * rows, n)
     output = torch.nn.functional.scaled_dot_product_attention(
         query.reshape(batch, groups, share * rows, dim), key, value, attn_mask=mask, scale=scaling)
-    return output.reshape(batch, heads, rows, dim).transpose(1, 2).contiguous()
+    return output.reshape(batch, heads, rows, -1).transpose(1, 2).contiguous()
 
 
 def register() -> None:

@@ -54,6 +54,9 @@ class Rotary:
     RoPE) it leaves a key as it is."""
 
     def __init__(self, lm: LoadedModel):
+        if lm.attention.latent is not None:
+            raise KvvizError(f"{lm.name} caches a latent per token (MLA), whose RoPE key alone carries the position; "
+                             "re-rotating it is not built yet: use original positions")
         rotary = getattr(getattr(lm.model, "model", None), "rotary_emb", None)
         kind = getattr(rotary, "rope_type", None)
         if rotary is None or kind not in ROTATIONS:

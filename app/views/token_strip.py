@@ -77,9 +77,9 @@ def render() -> None:
         st.caption(f"Click a chip to evict it · shift-click to select · background = attention of the current step "
                    f"(dashed), {scale} · band: grey history, blue query, orange generated · struck through: the edit "
                    "you are trying (faded) or committed (grey, double line; purple filled badge: committed bits)")
-    note = window_note(session, at, st.session_state.layer)
-    if note:
-        st.caption(note)
+    for note in (latent_note(session), window_note(session, at, st.session_state.layer)):
+        if note:
+            st.caption(note)
     large = st.session_state.large
     if not large:
         _find(session, at)
@@ -139,6 +139,17 @@ def _commits(session) -> None:
                 except KvvizError as exc:
                     state.notify(str(exc))
                 st.rerun()  # the whole page: every view shows the cache as it now is
+
+
+def latent_note(session) -> str | None:
+    """One line on a latent cache (MLA), or None for a model that caches keys and values per KV head."""
+    lm = session.lm
+    if lm.attention.latent is None:
+        return None
+    latent, rope = lm.geometry.cached_widths
+    return (f"This model caches one latent per token (multi-head latent attention): {latent} latent and {rope} RoPE "
+            f"channels per layer, from which all {lm.heads} heads derive their keys and values. A chip is a token's "
+            "latent: evicting it removes the token for every head; rounding the latent is not built yet.")
 
 
 def window_note(session, at: int, layer: int) -> str | None:

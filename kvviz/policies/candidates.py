@@ -28,12 +28,14 @@ class Candidates:
     scratch: dict | None = None  # what a policy keeps between one run's decisions (None: a one-shot decision)
 
     def keys(self, layer: int) -> torch.Tensor:
-        """Cached keys (post-RoPE) of ``layer``: ``(KV, at, D)``."""
-        return self.session.layer_kv(layer)[0][:, : self.at]
+        """Cached keys (post-RoPE) of ``layer``: ``(KV, at, D)``; with latent attention what the recorded queries
+        score against, the latent and the RoPE key side by side (:meth:`AttentionRule.keyed`)."""
+        return self.session.lm.attention.keyed(*self.session.layer_kv(layer))[:, : self.at]
 
     def values(self, layer: int) -> torch.Tensor:
-        """Cached values of ``layer``: ``(KV, at, D)``."""
-        return self.session.layer_kv(layer)[1][:, : self.at]
+        """Cached values of ``layer``: ``(KV, at, D)``; with latent attention the latent the weights average
+        (:meth:`AttentionRule.carried`)."""
+        return self.session.lm.attention.carried(*self.session.layer_kv(layer))[:, : self.at]
 
     def queries(self, layer: int, rows: slice) -> torch.Tensor:
         """Recorded post-RoPE queries of the slots ``rows`` (all before ``at``): ``(H, len(rows), D)``."""

@@ -44,6 +44,9 @@ class ExpectedAttention(TopkTies):
         from kvviz.rope import Rotary  # RoPE's frequencies (a plain-RoPE model only)
 
         lm, at, sinks = candidates.session.lm, candidates.at, self.sinks
+        if lm.attention.latent is not None:
+            raise KvvizError("expected_attention turns whole keys by RoPE; a latent-attention (MLA) key carries RoPE "
+                             "in its RoPE channels only, which this policy does not model yet")
         if at <= sinks + 1:
             raise KvvizError(f"expected_attention needs more than sinks + 1 = {sinks + 1} candidates")
         positions = torch.tensor([s.position for s in candidates.session.transcript.slots[:at]])

@@ -59,6 +59,9 @@ class KVZip(Policy):
     def score(self, candidates: Candidates) -> torch.Tensor:
         session, at = candidates.session, candidates.at
         lm = session.lm
+        if lm.attention.latent is not None:
+            raise KvvizError("kv_zip scores the model's own keys in its repeat pass; on latent attention (MLA) that "
+                             "pass is not built yet")
         scores = torch.zeros(lm.layers, lm.kv_heads, at)
         ids = session.transcript.ids[:at]
         position = session.transcript.slots[at - 1].position + 1

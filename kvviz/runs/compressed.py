@@ -115,6 +115,9 @@ class CompressedSession:
     def __init__(self, lm: LoadedModel, settings: RunSettings):
         self.lm, self.settings = lm, settings
         rotary = Rotary(lm) if settings.positions == "rerotated" else None
+        if settings.cache_format is not None and lm.attention.latent is not None:
+            raise KvvizError(f"{lm.name} caches a latent per token (MLA); a cache format that rounds it is not built "
+                             "yet: run the policy on the model's own cache")
         cache_format = settings.cache_format.for_model(lm) if settings.cache_format is not None else None
         self.session = Session(lm, Sampling(), commits=lambda cache: Timeline(cache, lm.layers, lm.kv_heads,
                                                                                cache_format, rotary))
@@ -290,7 +293,7 @@ class CompressedSession:
             return
         hidden = self.timeline.hidden(rows.start, n).to(lm.device)
         for layer in range(lm.layers):
-            keys = kv_cache.layer_kv(self.session.cache, layer)[0][0]  # (KV, n, D): what the step just saw
+            keys = lm.attention.keyed(*kv_cache.layer_kv(self.session.cache, layer))[0]  # (KV, n, D): what it saw
             query = self.session.queries.layer(layer)[:, rows]  # (H, 1, D)
             weights = lm.attention.weights(query, keys, layer, hidden[layer])[:, 0]  # (H, n)
             self.running[layer] += weights.double().cpu().view(lm.kv_heads, -1, n).sum(1)

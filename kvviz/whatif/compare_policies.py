@@ -91,7 +91,7 @@ def _batched(session: Session, edits: dict[str, Edit], at: int) -> dict[str, tup
     for name, (_, edited), mask, row in zip(edits, steps, hidden, logits):
         next_token = compare(full_step.reference, row, 5, session.piece)
         rho = am.evicted_mass(alpha, am.expand_kv(mask & ~hidden_full, lm.heads, dim=1))
-        memory = cache_memory(edited, mask[:, :, :at].cpu(), full_step.segments, lm.head_dim, lm.dtype,
+        memory = cache_memory(edited, mask[:, :, :at].cpu(), full_step.segments, lm.geometry.cached_widths, lm.dtype,
                               lm.attention.outside(at, at))
         measured[name] = (next_token.kl, next_token.tv, next_token.top1_changed, float(rho.mean()),
                           memory.edited_bytes)

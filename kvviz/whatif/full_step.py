@@ -42,13 +42,13 @@ class FullStepProbe(Probe):
     def finish(self, buffers: KV) -> None:
         """After the run, on its cache ``buffers`` (keys, values ``(L, KV, n, D)``), for all layers at once: the queries
         ``(L, H, 1, D)``, the step's score with its own key ``(L, H, 1, 1)``, α ``(L, H, n)`` float64, o = Σ α v (for
-        the closed form of docs/math.md §3) and the attention outputs ``(L, H, D)``."""
-        keys, values = buffers
+        the closed form of docs/math.md §3; with latent attention the average latent, :meth:`AttentionRule.carried`)
+        and the attention outputs ``(L, H, D)``."""
         self.queries, self.outputs = torch.stack(self.queries), torch.stack(self.outputs)
-        scores = self.rule.scores(self.queries, keys)  # (L, H, 1, n)
+        scores = self.rule.scores(self.queries, self.rule.keyed(*buffers))  # (L, H, 1, n)
         self.own_scores = scores[..., -1:].clone()
         self.alpha = self.rule.softmax(scores, None, self.hidden, torch.float64)[..., 0, :]
-        self.attended = am.output(self.alpha, values)
+        self.attended = am.output(self.alpha, self.rule.carried(*buffers))
 
 
 @dataclass
@@ -219,10 +219,9 @@ def prefix_kv(session: Session, at: int, edit: Edit | None = None) -> list[tuple
 
 def stacked(prefix: list[KV], room: int = 0) -> KV:
     """Per-layer K/V ``(KV, n, D)`` → keys and values ``(L, KV, n + room, D)`` holding them first (the room unset),
-    so that what follows is computed for all layers at once."""
-    keys = prefix[0][0]
-    kv, n, dim = keys.shape
-    buffers = tuple(keys.new_empty(len(prefix), kv, n + room, dim) for _ in range(2))
+    so that what follows is computed for all layers at once (keys and values may differ in width: latent attention)."""
+    kv, n, _ = prefix[0][0].shape
+    buffers = tuple(t.new_empty(len(prefix), kv, n + room, t.shape[-1]) for t in prefix[0])
     for layer, kv_pair in enumerate(prefix):
         for buffer, tensor in zip(buffers, kv_pair):
             buffer[layer, :, :n] = tensor

@@ -59,19 +59,20 @@ def _widths(table: Mapping[int, int], n: int) -> torch.Tensor:
 
 
 def cache_memory(
-    edit: Edit, evicted: torch.Tensor, segments: Sequence[str], head_dim: int, dtype: torch.dtype,
+    edit: Edit, evicted: torch.Tensor, segments: Sequence[str], widths: tuple[int, int], dtype: torch.dtype,
     outside: torch.Tensor | None = None,
 ) -> CacheBytes:
     """Bytes of the ``n = len(segments)`` cached slots: at the model's dtype, at fp16 and packed with ``edit``
     (resolved; ``evicted`` bool ``(L, KV, n)``), plus the same per segment. ``outside`` (bool ``(L, n)``) marks the
-    slots a layer's sliding window no longer holds: they count nowhere.
+    slots a layer's sliding window no longer holds: they count nowhere. ``widths``: the channels of one cached key and
+    one cached value per KV head (:attr:`Geometry.cached_widths`; a latent and a RoPE key with latent attention).
 
     Per-segment edited bytes count each segment as if packed on its own, so per-channel scales shared across segments
     are counted once per segment there (the total counts them once).
     """
     layers, kv_heads, n = evicted.shape
     native = torch.empty((), dtype=dtype).element_size()
-    slot_elements = 2 * kv_heads * head_dim  # keys and values of one slot in one layer
+    slot_elements = kv_heads * sum(widths)  # keys and values of one slot in one layer
     names = list(dict.fromkeys(segments))
     index = {name: i for i, name in enumerate(names)}
     segment_of = _longs(map(index.__getitem__, segments), n)  # (n,)
@@ -80,7 +81,7 @@ def cache_memory(
     kept = (~evicted.cpu() & held[:, None]).reshape(layers * kv_heads, n)
     edited = dict.fromkeys([None, *names], 0)  # None: all slots
     native_per_segment = None  # retained slots per segment, for a kind nothing of which is quantized
-    for kind, quantizer in (("key", edit.keys), ("value", edit.values)):
+    for kind, quantizer, head_dim in (("key", edit.keys, widths[0]), ("value", edit.values, widths[1])):
         table = edit.key_bits if kind == "key" else edit.value_bits
         if not table:  # every retained slot at the model's dtype: bytes in proportion to the slots (both kinds alike)
             if native_per_segment is None:
@@ -133,5 +134,5 @@ def step_memory(session: Session, edit: Edit, at: int) -> CacheBytes:
     check_edit(lm, session.transcript, edit, at)
     _, edited = session.commits.step_edits(at, edit)
     evicted = edited.evicted_mask(at, lm.layers, lm.kv_heads)
-    return cache_memory(edited, evicted, session.transcript.segments()[:at], lm.head_dim, lm.dtype,
+    return cache_memory(edited, evicted, session.transcript.segments()[:at], lm.geometry.cached_widths, lm.dtype,
                         lm.attention.outside(at, at))

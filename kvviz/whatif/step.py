@@ -111,7 +111,9 @@ class EditedStepProbe(Probe):
 
     def on_query(self, layer, query, key, value):
         if layer == self.detail[0]:
-            self.used = self.full.probe.rule.weights(query[0], key[0], layer, self.hidden[layer], torch.float64)[:, 0]
+            rule = self.full.probe.rule
+            self.used = rule.weights(query[0], rule.keyed(key[0], value[0]), layer, self.hidden[layer],
+                                     torch.float64)[:, 0]
         return self.visible[layer] if self.masked else None
 
     def on_output(self, layer, output):
@@ -121,11 +123,12 @@ class EditedStepProbe(Probe):
         """docs/math.md §4 for all layers at once: ``Σ (α̂ − α) v`` and ``Σ α̂ (v̂ − v)`` ``(L, H, D)``, with α̂ the full run's
         queries' weights on the edited cache (the kept buffers after the run). The step's own key and value are the
         full run's: its score is the full run's own score, and its ``v̂ − v`` is 0."""
-        values_hat, values = self.full.edited[1], self.full.buffers[1]  # (L, KV, n, D)
+        rule = self.full.probe.rule
+        values_hat, values = rule.carried(*self.full.edited), rule.carried(*self.full.buffers)  # (L, KV, n, D)
         alpha_hat = self._edited_weights()
         error = values_hat - values
         error[..., -1, :] = 0
-        return am.quantization_split(self.full.probe.alpha, alpha_hat, values, error)
+        return tuple(map(rule.project, am.quantization_split(self.full.probe.alpha, alpha_hat, values, error)))
 
     def _edited_weights(self) -> torch.Tensor:
         """α̂ ``(L, H, n)``: the weights of the full run's queries on the edited cache (α′ for evictions alone). The
@@ -134,7 +137,7 @@ class EditedStepProbe(Probe):
         if self._alpha_hat is not None:
             return self._alpha_hat
         full = self.full.probe
-        keys = self.full.edited[0] if self.rewrites else self.full.buffers[0]
+        keys = full.rule.keyed(*(self.full.edited if self.rewrites else self.full.buffers))
         scores = full.rule.scores(full.queries, keys)  # (L, H, 1, n)
         scores[..., -1:] = full.own_scores
         self._alpha_hat = full.rule.softmax(scores, None, self.hidden if self.masked else None,
@@ -144,15 +147,16 @@ class EditedStepProbe(Probe):
     def _evicted(self) -> torch.Tensor:
         """Isolated Δo ``(L, H, D)`` of evictions alone: ``o′ − o`` with ``o′ = (o − Σ α_e v_e)/(1 − ρ)``, i.e.
         ``(ρ o − Σ α_e v_e)/(1 − ρ)`` over the evicted columns only; a layer where ρ rounds to 1 (a head on an
-        attention sink) is recomputed directly."""
+        attention sink) is recomputed directly. With latent attention, computed on the latent and projected
+        (:meth:`AttentionRule.project`)."""
         full = self.full.probe
         columns = self.new.flatten(0, 1).any(0).nonzero()[:, 0]
         alpha, new = full.alpha[..., columns], self.new[..., columns]  # (L, H, e)
-        keys, values = self.full.buffers  # (L, KV, n, D)
+        keys, values = full.rule.keyed(*self.full.buffers), full.rule.carried(*self.full.buffers)  # (L, KV, n, ·)
         evicted_values = values[:, :, columns]  # (L, KV, e, D)
         o = full.attended
         if float(self.rho.max()) < 1:
-            return am.evicted_change(o, alpha, evicted_values, new, self.rho)
+            return full.rule.project(am.evicted_change(o, alpha, evicted_values, new, self.rho))
         rows = []
         for layer in range(len(o)):
             if bool((self.rho[layer] >= 1).any()):
@@ -162,7 +166,7 @@ class EditedStepProbe(Probe):
                 delta = am.evicted_change(o[layer], alpha[layer], evicted_values[layer], new[layer],
                                              self.rho[layer])
             rows.append(delta.double())
-        return torch.stack(rows)
+        return full.rule.project(torch.stack(rows))
 
     def results(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """After the run: the per-head maps ``(L, H)`` by name, and the detail head's rows."""
@@ -245,8 +249,8 @@ def what_if(session: Session, edit: Edit, at: int | None = None, layer: int = 0,
         heads=maps,
         detail=_detail(rows, layer, head, at, lm.attention.outside(at, at + 1)[layer].tolist()),
         hidden_delta=_hidden_delta(out.hidden_states, full_step.hidden_states),
-        memory=cache_memory(edited, hidden_edited[:, :, :at].cpu(), full_step.segments, lm.head_dim, lm.dtype,
-                            lm.attention.outside(at, at)),
+        memory=cache_memory(edited, hidden_edited[:, :, :at].cpu(), full_step.segments, lm.geometry.cached_widths,
+                            lm.dtype, lm.attention.outside(at, at)),
         continuation=follow,
     )
 

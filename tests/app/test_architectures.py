@@ -1,6 +1,6 @@
-"""The app on tiny random models of other architectures (no download), under AppTest: a page runs tiny Qwen3, Gemma 2
-and gpt-oss models with their heads named by KV group (and gpt-oss's sink share beside ρ), and switches between the
-server's models."""
+"""The app on tiny random models of other architectures (no download), under AppTest: a page runs tiny Qwen3, Gemma 2,
+gpt-oss and DeepSeek-V3 models with their heads named by KV group (gpt-oss's sink share beside ρ; DeepSeek's latent
+said in a line), and switches between the server's models."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from kvviz.tiny_models import tiny
     ("qwen3", ["head 5 (KV 2)", "head 7 (KV 3)"]),  # 8 query heads over 4 KV heads
     ("gemma2", ["head 3 (KV 0)", "head 4 (KV 1)"]),  # over 2 KV heads; soft-capped, local / global layers
     ("gpt_oss", ["head 3 (KV 0)", "head 4 (KV 1)"]),  # learned sinks, sliding / full layers
+    ("deepseek_v3", ["head 3 (KV 0)", "head 7 (KV 0)"]),  # latent attention: one latent read by all 8 heads
 ])
 def test_the_app_runs_a_tiny_non_llama_model(tokenizer, tmp_path, monkeypatch, kind, labels):
     from pathlib import Path
@@ -31,7 +32,9 @@ def test_the_app_runs_a_tiny_non_llama_model(tokenizer, tmp_path, monkeypatch, k
     assert not [w.value for w in app.warning if "could not be drawn" in w.value]
     head = next(s for s in app.selectbox if s.key == "head")
     assert set(labels) <= set(head.options)  # as shown
-    assert app.session_state["session"].lm.kv_heads == model.config.num_key_value_heads
+    assert app.session_state["session"].lm.kv_heads == (1 if kind == "deepseek_v3" else model.config.num_key_value_heads)
+    latent = [c.value for c in app.caption if "caches one latent per token" in c.value]
+    assert bool(latent) == (kind == "deepseek_v3")
     assert len(app.get("plotly_chart")) >= 3  # the attention maps
     for label in CHARTS.values():  # the what-if's charts: one drawn at a time, the one whose tab is chosen
         app.session_state["whatif_chart"] = label

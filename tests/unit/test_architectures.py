@@ -8,7 +8,7 @@ import torch
 import transformers
 
 from kvviz.edit.edit import Edit
-from kvviz.errors import ModelLoadError
+from kvviz.errors import KvvizError, ModelLoadError
 from kvviz.model import load_model
 from kvviz.policies import POLICIES
 from kvviz.runs.compressed import RunSettings
@@ -54,7 +54,7 @@ def test_recorded_weights_equal_eager_attention(model):
         start = end
     # each layer's weights to the rounding its scores carry from the layers below (tests/support/rounding.py)
     for layer in range(lm.layers):
-        queries, keys = session.queries.layer(layer), session.layer_kv(layer)[0]
+        queries, keys = session.queries.layer(layer), lm.attention.keyed(*session.layer_kv(layer))  # MLA: both
         rel = weight_rounding(lm.config, layer, queries, keys, lm.scaling)
         assert worst_ratio(session.weights(layer), rows[layer], rel, absolute=1e-12) <= 1, layer
     assert lm.heads // lm.kv_heads != 3
@@ -74,9 +74,16 @@ def test_a_what_if_eviction_equals_a_removed_cache_and_16_bits_change_nothing(mo
     assert result.heads["rho"].shape == (lm.layers, lm.heads)
 
 
+LATENT_REFUSED = {"expected_attention", "kv_zip"}  # they need the model's whole RoPE keys (docs/models.md)
+
+
 def test_every_policy_runs(model):
     lm, _, session = model
     for name, policy in POLICIES.items():
+        if lm.attention.latent is not None and name in LATENT_REFUSED:
+            with pytest.raises(KvvizError, match="latent"):
+                policy().edit(session, 0.5)
+            continue
         edit = policy().edit(session, 0.5)
         kl = what_if(session, edit).next_token.kl  # an eviction changes the next token's odds; no eviction, exactly not
         assert (kl > 0) == bool(edit.evictions), (name, kl, edit.evictions)
@@ -107,9 +114,11 @@ def test_export_then_import_gives_identical_logits(model):
 
 
 @pytest.mark.parametrize("kind, overrides, words", [
-    ("DeepseekV3Config", dict(num_key_value_heads=8, kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=8,
-                              qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=2, num_experts_per_tok=1,
-                              first_k_dense_replace=1, n_group=1, topk_group=1), "multi-head latent attention"),
+    ("Qwen3NextConfig", dict(num_key_value_heads=2, head_dim=16, num_experts=2, num_experts_per_tok=1,
+                             moe_intermediate_size=32, shared_expert_intermediate_size=32, linear_num_key_heads=2,
+                             linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+                             layer_types=["linear_attention", "linear_attention", "full_attention"]),
+     "linear attention layers"),
     ("Gemma3TextConfig", dict(num_key_value_heads=1, head_dim=16, sliding_window=16, use_bidirectional_attention=True),
      "bidirectional attention"),
 ])

@@ -231,11 +231,15 @@ def test_a_cuda_index_past_the_last_gpu_is_refused(monkeypatch):
         pick_device("cuda:7")
 
 
-def test_a_multi_head_latent_attention_checkpoint_is_refused_at_load(tmp_path, tokenizer):
-    """A DeepSeek-V3 checkpoint loaded ("ready") and crashed at its first turn inside the recorder."""
+def test_a_multi_head_latent_attention_checkpoint_loads_and_answers_as_the_model(tmp_path, tokenizer):
+    """A DeepSeek-V3 checkpoint loaded ("ready") and crashed at its first turn inside the recorder (the geometry took
+    config.head_dim for the 24-wide query); it was then refused at load, and now runs (kvviz/latent.py): its first
+    turn equals a forward without cache within the logit rounding."""
     from transformers import AutoModelForCausalLM, DeepseekV3Config
 
     from kvviz.model import load_model
+    from kvviz.session import Session
+    from tests.support.rounding import logit_rounding
 
     config = DeepseekV3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
                               moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -244,8 +248,14 @@ def test_a_multi_head_latent_attention_checkpoint_is_refused_at_load(tmp_path, t
                               max_position_embeddings=256, n_group=1, topk_group=1)
     AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    with pytest.raises(ModelLoadError, match=r"\(deepseek_v3\) uses multi-head latent attention"):
-        load_model(tmp_path)
+    lm = load_model(tmp_path)
+    session = Session(lm)
+    session.add_user_turn("Hello there")
+    session.generate(3)
+    with torch.no_grad():
+        out = lm.model(input_ids=torch.tensor([session.transcript.ids]), use_cache=False)
+    assert (lm.kv_heads, lm.head_dim) == (1, 16 + 8)  # one latent and one RoPE key per token
+    assert (out.logits[0, -1] - session.logits).abs().max() <= logit_rounding(lm.config, out.logits[0, -1])
 
 
 # --- 10. the hidden-state hooks follow the model, not its address -----------------------------------------------------

@@ -127,7 +127,7 @@ def test_cache_memory_counts_every_kv_head_and_segment(seed, quantizer):
                         total += packed_bytes(count, width, dim, quantizer, 4)
         return total
 
-    memory = cache_memory(edit, evicted, segments, dim, torch.float32)
+    memory = cache_memory(edit, evicted, segments, (dim, dim), torch.float32)
     assert memory.edited_bytes == reference(list(range(n)))
     for name in ("history", "query", "generated"):
         slots = [s for s, seg in enumerate(segments) if seg == name]
