@@ -1,7 +1,8 @@
 """The caches of other model families in a real headless Chromium at 1500×1000, each served from a tiny random model
 saved to a folder (no download): the strip shows what is particular to the cache, a click evicts, the numbers appear
 and the console stays clean. Learned sinks (gpt-oss): a sink chip before slot 0 with the sink's share of the step's
-attention, which grows when slots are evicted (α_sink / (1 − ρ)), as the what-if's sink number says."""
+attention, which grows when slots are evicted (α_sink / (1 − ρ)), as the what-if's sink number says. Latent attention
+(DeepSeek-V3's MLA): the strip says a chip is a token's latent shared by every head, and a click evicts it."""
 
 from __future__ import annotations
 
@@ -20,6 +21,18 @@ def gpt_oss_server(tokenizer, tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("tiny-gpt-oss")
     tiny("gpt_oss").save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    with running_app({"KVVIZ_MODEL": str(folder)}) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def deepseek_server(tokenizer, tmp_path_factory):
+    from benchmarks.browser import running_app
+    from kvviz.tiny_models import tiny
+
+    folder = tmp_path_factory.mktemp("tiny-deepseek-v3")
+    tiny("deepseek_v3").save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     with running_app({"KVVIZ_MODEL": str(folder)}) as url:
         yield url
@@ -77,3 +90,23 @@ def test_the_offline_page_of_a_sink_model_draws_the_sinks_chip(tokenizer, tmp_pa
         assert _share(page) == pytest.approx(expected, abs=(at + 1) * 2**-23)
         assert page.console == []
         browser.close()
+
+
+def test_a_latent_cache_says_what_a_chip_is_and_a_click_evicts_the_token(deepseek_server):
+    from benchmarks.browser import browser_page
+
+    with browser_page(deepseek_server, width=1500, height=1000) as page:
+        watch_console(page)
+        page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=120_000)
+        send(page, "a = 3, b = 5. What is a + b?")
+        note = page.get_by_text("This model caches one latent per token")
+        expect(note).to_have_count(1)
+        expect(note).to_contain_text("32 latent and 8 RoPE channels per layer")
+        expect(note).to_be_visible()
+        chip = page.locator('.kv-chip[data-slot="3"]')
+        settle(page, lambda: chip.click())
+        shows_evicted(chip, 3)
+        kl = page.locator("[data-testid=stMetric]", has_text="KL(full").locator("[data-testid=stMetricValue]")
+        expect(kl).to_have_text(re.compile(r"\d"))
+        assert float(kl.inner_text().split()[0]) > 0  # the token's latent mattered to the next token
+        assert page.console == []
