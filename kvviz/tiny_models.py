@@ -30,13 +30,13 @@ ARCHITECTURES = {  # each with a GQA ratio other than the bundled model's 3
                                          rope_type="yarn", rope_theta=150000.0, factor=8.0, beta_fast=32.0,
                                          beta_slow=1.0, truncate=False, original_max_position_embeddings=128))),
     # learned sinks (drawn by `tiny` so they bite), sliding / full layers alternating, YaRN RoPE, a mixture of experts
-    "deepseek_v3": ("DeepseekV3Config", dict(num_key_value_heads=8, kv_lora_rank=32, q_lora_rank=24,
+    "deepseek_v3": ("DeepseekV3Config", dict(num_key_value_heads=8, kv_lora_rank=256, q_lora_rank=24,
                                              qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12,
                                              n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
                                              moe_intermediate_size=32, first_k_dense_replace=1, pad_token_id=None,
                                              bos_token_id=None, eos_token_id=None)),
-    # latent attention (MLA): a 32-wide latent and an 8-wide RoPE key per token, interleaved RoPE, value heads
-    # narrower than query heads; a mixture of experts from layer 1 on
+    # latent attention (MLA): a 256-wide latent (two of fp8_ds_mla's 128-channel tiles) and an 8-wide RoPE key per
+    # token, interleaved RoPE, value heads narrower than query heads; a mixture of experts from layer 1 on
 }
 SINKS = (4.0, 2.0)  # a learned sink's logit ~ N(4, 2²): some heads give it most of their mass, others little
 

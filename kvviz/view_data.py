@@ -157,8 +157,8 @@ def kept_per_head(session: Session, edit, at: int) -> tuple[int, int]:
     return int(kept.min()), int(kept.max())
 
 
-FORMAT_WORDS = {"int": "int", "e4m3": "FP8 E4M3", "e5m2": "FP8 E5M2", "nvfp4": "NVFP4", "nvfp4-4over6": "NVFP4 4/6",
-                "mxfp4": "MXFP4"}
+FORMAT_WORDS = {"int": "int", "e4m3": "FP8 E4M3", "e5m2": "FP8 E5M2", "e4m3-ue8m0": "FP8 E4M3 (power-of-two scales)",
+                "nvfp4": "NVFP4", "nvfp4-4over6": "NVFP4 4/6", "mxfp4": "MXFP4"}
 
 
 def quantized_words(bits: dict[int, int], quantizer, noun: str) -> str:

@@ -21,6 +21,7 @@ OFFERED = ["fp16", "int8-token", "int4-token", "int4-channel", "int2-token", "in
            "nvfp4+skip-first2", "int4-token-head+skip-last2"]
 DEFAULT = ["int4-token", "kivi-2", "fp8-e4m3-head", "fp8-e4m3-head-static", "int2-channel+prerope", "mix3-keyerror",
            "quanto-4"]  # one row of chips at 1500 px: a second row puts the menu a × opens over the button below
+LATENT = ["fp16", "int8-token", "int4-token", "fp8-e4m3-head", "fp8-ds-mla"]  # a latent cache (MLA): its own format
 HEADERS = {"scheme": "Scheme", "quantized": "Slots rounded", "kl": "KL (nats)", "tv": "TV", "top1": "Top-1 (full → scheme)", "bytes": "Cache bytes",
            "ratio": "× smaller than 16-bit", "nominal": "× nominal",
            "delta_o": "‖Δo‖", "weight_term": "Weight term", "content_term": "Content term",
@@ -33,7 +34,9 @@ def render(session, at: int) -> None:
     with st.expander("Compare quantization schemes at this step (int, KIVI, FP8, NVFP4 / MXFP4, per-token-head, "
                      "transformers' QuantizedCache)"):
         with st.form("schemes-form", border=False):
-            chosen = st.multiselect("Schemes", OFFERED, DEFAULT, key="schemes_chosen",
+            latent = session.lm.attention.latent is not None
+            chosen = st.multiselect("Schemes", OFFERED + ["fp8-ds-mla"] if latent else OFFERED,
+                                    LATENT if latent else DEFAULT, key="schemes_chosen",
                                     help="Each stores every slot before this step its way; kivi and quanto hold the "
                                          "cache as a KIVI run or transformers' QuantizedCache would at this step (their "
                                          "recent slots stay at full precision)")

@@ -149,7 +149,8 @@ def latent_note(session) -> str | None:
     latent, rope = lm.geometry.cached_widths
     return (f"This model caches one latent per token (multi-head latent attention): {latent} latent and {rope} RoPE "
             f"channels per layer, from which all {lm.heads} heads derive their keys and values. A chip is a token's "
-            "latent: evicting it removes the token for every head; rounding the latent is not built yet.")
+            "latent: evicting it removes the token for every head; bit-widths round the latent as keys and the RoPE "
+            "key as values (fp8-ds-mla under Compare schemes stores it as vLLM does).")
 
 
 def window_note(session, at: int, layer: int) -> str | None:
@@ -184,7 +185,9 @@ def apply_quantizers() -> str | None:
             draft.values = Quantizer(ss.value_axis, int(ss.group) or None, ss.symmetric, format=ss.number_format)
         if ss.pre_rope:  # KVQuant: keys rounded before RoPE, with the model's own frequencies
             draft.keys = replace(draft.keys, **pre_rope(lm))
-        draft.keys.check(lm.head_dim)
+        key_width, value_width = lm.geometry.cached_widths  # a latent and a RoPE key with latent attention
+        draft.keys.check(key_width)
+        draft.values.check(value_width)
     except KvvizError as exc:
         return str(exc)
     return None
@@ -244,7 +247,7 @@ def _picker(draft, session, at) -> None:
     this_turn = session.transcript.turn_slots(at)
     cols[4].button("Evict this turn", disabled=not this_turn, on_click=lambda: state.draft().evict_many(this_turn))
     cols[5].button("Clear edit", on_click=lambda: state.draft().clear())
-    _quantizer_settings(session.lm.head_dim)
+    _quantizer_settings(session.lm.geometry.cached_widths[0])
     reshape.render(session, draft, at)
     schemes.render(session, at)
     try:

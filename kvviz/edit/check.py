@@ -11,11 +11,12 @@ from kvviz.transcript import Transcript
 
 def check_edit(lm: LoadedModel, transcript: Transcript, edit: Edit, at: int) -> None:
     """Refuse ``edit`` before the step of slot ``at`` where it does not fit (:class:`KvvizError`, one line)."""
-    edit.validate(at, lm.layers, lm.kv_heads, lm.head_dim)
-    rounded = any(bits < 16 for table in (edit.key_bits, edit.value_bits) for bits in table.values())
-    if lm.attention.latent is not None and (rounded or edit.head_widths is not None or edit.reshapes):
-        raise KvvizError("this model caches one latent per token (MLA): kvviz evicts tokens of it; rounding, pruning "
-                         "or merging the latent is not built yet")
+    edit.validate(at, lm.layers, lm.kv_heads, lm.geometry.cached_widths)
+    if lm.attention.latent is not None and (edit.head_widths is not None or edit.reshapes):
+        raise KvvizError("this model caches one latent per token (MLA): widths per head, pruned channels and merged "
+                         "values are not built on the latent yet")
+    if lm.attention.latent is not None and edit.keys.rope is not None and edit.key_bits:
+        raise KvvizError("this model's keys are latents (MLA), which carry no RoPE: round them as stored")
     if edit.keys.rope is None or not edit.key_bits:  # nothing rounded before RoPE
         return
     if transcript.renumbered is not None or any(s.position != s.slot for s in transcript.slots[:at]):

@@ -152,9 +152,11 @@ class Edit:
     def touched_slots(self) -> set[int]:
         return self.evicted_slots() | self.rewritten_slots()
 
-    def validate(self, at: int, layers: int, kv_heads: int, head_dim: int) -> None:
+    def validate(self, at: int, layers: int, kv_heads: int, head_dim: int | tuple[int, int]) -> None:
         """Refuse slots that are not in the cache before ``at``, evicting ``at`` itself, scopes out of range and
-        group sizes that do not divide ``head_dim``."""
+        group sizes that do not divide ``head_dim`` (or, as a pair, the widths of the cached keys and values: a
+        latent and a RoPE key with latent attention)."""
+        head_dim, value_dim = (head_dim, head_dim) if isinstance(head_dim, int) else head_dim
         for slot in sorted(self.touched_slots()):
             if slot == at:
                 raise KvvizError(f"slot {slot} is the token being processed; it cannot be evicted or quantized")
@@ -169,7 +171,7 @@ class Edit:
             raise KvvizError(f"layer {self.exact_layers[-1]} does not exist (the model has {layers}): it cannot be "
                              "kept exact")
         self.keys.check_model(layers, kv_heads, head_dim)
-        self.values.check_model(layers, kv_heads, head_dim)
+        self.values.check_model(layers, kv_heads, value_dim)
         for quantizer, table in ((self.keys, self.key_bits), (self.values, self.value_bits)):
             for bits in set(table.values()) if self.head_widths is None else {w for r in self.head_widths for w in r}:
                 quantizer.check_bits(bits)
@@ -238,6 +240,10 @@ class Edit:
                 raise ValueError("an edit that prunes needs the layer of the keys it is applied to")
             keys = reshaped(keys, keys[:, :0], layer, self.prunings, (), self.merge_rule)[0]
         return self._quantized(keys, "key", layer)
+
+    def quantized_values(self, values: torch.Tensor, layer: int | None = None) -> torch.Tensor:
+        """New ``(KV, n, D)`` values of ``layer`` as this edit stores them (quantized; merges are not applied)."""
+        return self._quantized(values, "value", layer)
 
     def quantize_(self, keys: torch.Tensor, values: torch.Tensor, source: tuple[torch.Tensor, torch.Tensor] | None = None,
                   layer: int | None = None) -> None:

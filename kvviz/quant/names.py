@@ -19,6 +19,7 @@ PATTERNS = {
     "mix": re.compile(r"mix([2-8](?:\.[0-9]+)?)-(uniform|keyerror)"),
     "fp4": re.compile(r"nvfp4|nvfp4-4over6|mxfp4|mxfp4-b16"),
     "tokenhead": re.compile(r"(?:(int8|int4|int2|fp8)|k(8|4|2)v(8|4|2))-token-head"),
+    "dsmla": re.compile(r"fp8-ds-mla"),
 }
 SUFFIX = re.compile(r"hadamard|outliers([1-9][0-9]?)|prerope")
 SKIP = re.compile(r"skip-(?:sliding|first([1-9][0-9]?)|last([1-9][0-9]?)|([0-9]{1,3}(?:,[0-9]{1,3})*))")

@@ -10,7 +10,9 @@ scale)`` with ``scale = amax / max(format)`` over the group (dynamic scaling), t
 nearest even, saturating at the format's maximum), 8 bits per element and one float32 scale per group. An FP8
 quantizer per KV head or per layer may instead hold *static* scales (``scales``: per layer, one per KV head), calibrated
 beforehand as vLLM's ``k_scale`` / ``v_scale`` are (kvviz.schemes.calibration); a value past ``scale · max(format)`` then
-saturates.
+saturates. ``e4m3-ue8m0``: E4M3 with each group's scale rounded up to a power of two,
+``2^⌈log₂ max(amax / 448, 10⁻⁴)⌉`` (stored as a float32), as DeepSeek's FlashMLA quantizes a latent cache
+(``quantize_k_cache``, vLLM's ``fp8_ds_mla``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from kvviz.rope import rope_rotate
 
 SUPPORTED_BITS = (16, 8, 4, 3, 2)
 Axis = Literal["channel", "token", "head", "tensor"]
-FORMATS = {"int": None, "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2} | dict.fromkeys(FP4_BLOCKS)
+FORMATS = {"int": None, "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2,
+           "e4m3-ue8m0": torch.float8_e4m3fn} | dict.fromkeys(FP4_BLOCKS)
+SCALE_FLOOR = 1e-4  # FlashMLA's FP8_AMAX_MARGIN: the least amax / max(format) a power-of-two (UE8M0) scale rounds up
 PARAM_BYTES = 2  # one fp16 scale or zero point
 FP8_SCALE_BYTES = 4  # one float32 scale (as vLLM keeps k_scale / v_scale)
 FP4_SCALE_BYTES = 1  # one E4M3 (NVFP4) or E8M0 (MXFP4) scale per block
@@ -261,17 +265,21 @@ def fake_quantize_(
     elif quantizer.scales is not None:
         _fp8_cast_(out, values, quantizer.fp8, quantizer.static_scale(x.shape[0], layer, x.device))
     elif quantizer.fp8 is not None:
-        _fp8_round_trip_(out, values, quantizer.fp8, reduce_dim)
+        _fp8_round_trip_(out, values, quantizer.fp8, reduce_dim, quantizer.format.endswith("ue8m0"))
     else:
         _round_trip_(out, values, bits, quantizer.symmetric, reduce_dim)
     return x
 
 
-def _fp8_round_trip_(out: torch.Tensor, values: torch.Tensor, dtype: torch.dtype, reduce_dim) -> None:
+def _fp8_round_trip_(out: torch.Tensor, values: torch.Tensor, dtype: torch.dtype, reduce_dim,
+                     power_of_two: bool = False) -> None:
     """``out`` ← ``scale · fp8(values / scale)`` with ``scale = amax / max(dtype)`` per group (torch's cast: round to
-    nearest even, saturating at the maximum; a group of zeros gets the smallest positive scale)."""
-    scale = (values.abs().amax(reduce_dim, keepdim=True) / torch.finfo(dtype).max).clamp_min_(_TINY)
-    _fp8_cast_(out, values, dtype, scale)
+    nearest even, saturating at the maximum; a group of zeros gets the smallest positive scale); ``power_of_two``:
+    that scale, at least :data:`SCALE_FLOOR`, rounded up to a power of two (UE8M0)."""
+    scale = values.abs().amax(reduce_dim, keepdim=True) / torch.finfo(dtype).max
+    if power_of_two:
+        scale = torch.exp2(scale.clamp_min_(SCALE_FLOOR).log2_().ceil_())
+    _fp8_cast_(out, values, dtype, scale.clamp_min_(_TINY))
 
 
 def _fp8_cast_(out: torch.Tensor, values: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor) -> None:

@@ -33,6 +33,10 @@ the app's comparison take:
   ``fp8_per_token_head``: one float32 scale per slot and KV head, symmetric, computed when the slot is written;
   ``k{8,4,2}v{8,4,2}-token-head`` the same int codes with keys and values at different widths (e.g. ``k8v4``).
 
+- ``fp8-ds-mla`` — a latent cache (multi-head latent attention, DeepSeek) as vLLM's ``fp8_ds_mla`` / FlashMLA's
+  sparse FP8 layout stores it: each token's latent in E4M3, tiles of 128 channels with a power-of-two scale each
+  (``e4m3-ue8m0``), its RoPE key untouched (16-bit in the engine: the model's own dtype). Latent models only.
+
 Those, the ``int`` and the ``fp8`` schemes take ``+skip-…`` rules: layers left at 16 bits (vLLM's
 ``--kv-cache-dtype-skip-layers``) — ``+skip-sliding`` (the sliding-window layers), ``+skip-firstN``, ``+skip-lastN``,
 ``+skip-3,7`` (a list); several rules add up, e.g. ``nvfp4+skip-sliding+skip-first1``.
@@ -57,6 +61,7 @@ from kvviz.schemes.kivi import Kivi
 from kvviz.schemes.quanto import QuantoCache
 from kvviz.quant.names import PATTERNS, SKIP, check_names, scheme_family
 
+DS_MLA_TILE = 128  # fp8_ds_mla: latent channels per scale (FlashMLA's tile_size)
 MIX_KEYS = Quantizer("channel")  # the mix schemes' keys: how they are stored, and what the allocation measures
 
 
@@ -166,6 +171,8 @@ class Scheme:
             kind = "FP8 E4M3" if self.base.startswith("fp8") else (
                 f"int{keys}" if keys == values else f"int, keys {keys} bits, values {values} bits")
             return f"{kind}, one float32 scale per slot and KV head"
+        if family == "dsmla":
+            return "FP8 E4M3 latent in tiles of 128 with power-of-two scales, RoPE key untouched (vLLM's fp8_ds_mla)"
         if family == "fp8static":
             return (f"FP8 {parts[1]}, every scale 1.0 (vLLM without calibrated scales)" if parts[-1] == "unit" else
                     f"FP8 {parts[1]}, one static scale per {'KV head' if parts[2] == 'head' else 'layer'}, calibrated")
@@ -182,7 +189,7 @@ class Scheme:
             return sum(self.token_head_widths) / 2
         if family == "mix":
             return self.mix[0]
-        if family in ("fp8", "fp8static"):
+        if family in ("fp8", "fp8static", "dsmla"):  # dsmla: the latent's 8 bits (its RoPE key is untouched)
             return 8.0
         if family == "fp4":
             return 4.0
@@ -240,6 +247,9 @@ class Scheme:
             quantizer = (Quantizer("token", format="e4m3") if self.base.startswith("fp8") else
                          Quantizer("token", symmetric=True, fp32_scales=True))
             return Edit.quantize(slots, *self.token_head_widths, keys=quantizer, values=quantizer)
+        if family == "dsmla":
+            return Edit.quantize(slots, 8, 16, keys=Quantizer("token", DS_MLA_TILE, format="e4m3-ue8m0"),
+                                 values=Quantizer("token"))
         if family == "fp8static":
             if calibration is None:
                 raise KvvizError(f"{self.name} needs a calibration (kvviz.schemes.calibration.calibrate) for its scales")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from kvviz.schemes.calibration import CALIBRATION_TEXT, calibrate
+from kvviz.errors import KvvizError
 from kvviz.edit.check import check_edit
 from kvviz.edit.edit import Edit
 from kvviz.quant.allocation import allocate
@@ -77,6 +78,10 @@ def scheme_edits(session: Session, schemes: list[Scheme], at: int, calibration_t
     """Each scheme's :class:`Edit` before the step of slot ``at``, with what the session supplies: the growth log
     (quanto), a calibration on ``calibration_text`` (static FP8), the RoPE frequencies (``+prerope``), the widths
     per layer and KV head (``mix``) and the layers' sliding windows (``+skip`` rules)."""
+    latent = [s.name for s in schemes if s.family == "dsmla"]
+    if latent and session.lm.attention.latent is None:
+        raise KvvizError(f"{latent[0]} stores a latent cache (multi-head latent attention, DeepSeek); this model "
+                         "caches keys and values per KV head")
     passes = [event.added for event in session.transcript.growth]
     calibration = calibrate(session.lm, calibration_text) if any(s.static for s in schemes) else None
     rope = rope_frequencies(session.lm) if any(s.pre_rope for s in schemes) else None

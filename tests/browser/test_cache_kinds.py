@@ -101,7 +101,7 @@ def test_a_latent_cache_says_what_a_chip_is_and_a_click_evicts_the_token(deepsee
         send(page, "a = 3, b = 5. What is a + b?")
         note = page.get_by_text("This model caches one latent per token")
         expect(note).to_have_count(1)
-        expect(note).to_contain_text("32 latent and 8 RoPE channels per layer")
+        expect(note).to_contain_text("256 latent and 8 RoPE channels per layer")
         expect(note).to_be_visible()
         chip = page.locator('.kv-chip[data-slot="3"]')
         settle(page, lambda: chip.click())
