@@ -45,8 +45,7 @@ def recorded_weights(commits: Commits, queries: QueryLog, shape: Geometry, rule:
         first, end = group[0][0], group[-1][1]
         keys = commits.keys_at(layer, first, end)  # (KV, end, D)
         if rule.latent is not None:  # the latent and the RoPE key, each as the step saw it
-            rope = commits.edit_at(first).quantized_values(commits.original_kv(layer, end)[1], layer)
-            keys = rule.keyed(keys, rope)
+            keys = rule.keyed(keys, commits.values_at(layer, first, end))
         evicted = None  # nothing hidden while no commit in force evicts or merges
         if any(commits.edit_at(a).evicted_slots() for a, _ in group):
             evicted = torch.cat([commits.hidden(a, end)[layer, :, None, :].expand(-1, b - a, -1) for a, b in group],

@@ -51,12 +51,13 @@ def no_rope_layers(lm: LoadedModel) -> tuple[int, ...]:
 class Rotary:
     """The model's RoPE frequencies ``θ`` ``(D/2,)``: rotating by ``δ`` positions multiplies each channel pair
     ``(x_i, x_{i+D/2})`` by the angle ``δ·θ_i`` (transformers' ``rotate_half`` layout); in the layers ``nope`` (no
-    RoPE) it leaves a key as it is."""
+    RoPE) it leaves a key as it is. With latent attention the position is in the RoPE key alone (the cache's values,
+    :attr:`part`), which transformers stores in that layout too (DeepSeek's interleaved weights are permuted before
+    the rotation)."""
+
+    part = 0  # which cached tensor carries the position: 0 the keys; 1 the values, a latent cache's RoPE key (MLA)
 
     def __init__(self, lm: LoadedModel):
-        if lm.attention.latent is not None:
-            raise KvvizError(f"{lm.name} caches a latent per token (MLA), whose RoPE key alone carries the position; "
-                             "re-rotating it is not built yet: use original positions")
         rotary = getattr(getattr(lm.model, "model", None), "rotary_emb", None)
         kind = getattr(rotary, "rope_type", None)
         if rotary is None or kind not in ROTATIONS:
@@ -64,6 +65,7 @@ class Rotary:
                              f"{lm.name} has {kind or 'no RoPE'}: use original positions")
         self.inv_freq = rotary.inv_freq.detach().float()
         self.nope = frozenset(no_rope_layers(lm))
+        self.part = 0 if lm.attention.latent is None else 1  # the RoPE key, stored in the rotate_half layout
 
     @classmethod
     def for_layer(cls, lm: LoadedModel, layer: int) -> Rotary:

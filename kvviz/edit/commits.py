@@ -75,6 +75,11 @@ class Commits(Protocol):
         """Keys ``(KV, stop, D)`` of ``layer`` as the step of slot ``slot`` saw them."""
         ...
 
+    def values_at(self, layer: int, slot: int, stop: int) -> torch.Tensor:
+        """Values ``(KV, stop, D)`` of ``layer`` as the step of slot ``slot`` saw them (read for latent caches, whose
+        queries score the RoPE key held as values)."""
+        ...
+
     def writes(self, slot: int) -> list | None:
         """Per layer, how the pass of slot ``slot`` stored its own new K/V (kvviz.kv_cache.Writer); None: as
         computed."""
@@ -142,6 +147,11 @@ class CommitLog:
     def keys_at(self, layer: int, slot: int, stop: int) -> torch.Tensor:
         """Keys ``(KV, stop, D)`` of ``layer`` as the step of slot ``slot`` saw them (quantized as committed then)."""
         return self.edit_at(slot).quantized_keys(self.original_kv(layer, stop)[0], layer)
+
+    def values_at(self, layer: int, slot: int, stop: int) -> torch.Tensor:
+        """Values ``(KV, stop, D)`` of ``layer`` as the step of slot ``slot`` saw them (quantized as committed then;
+        merges are not applied: read for latent caches, which refuse them)."""
+        return self.edit_at(slot).quantized_values(self.original_kv(layer, stop)[1], layer)
 
     def writes(self, slot: int) -> None:
         """A pass stores its new K/V as computed (commits edit the slots before a step, not the step's own)."""

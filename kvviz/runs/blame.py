@@ -120,9 +120,8 @@ def attention_mass(run: TurnRun, step: int) -> torch.Tensor:
     queries = torch.stack([session.queries.layer(layer)[:, at : at + 1] for layer in range(lm.layers)])  # (L, H, 1, D)
     keys = torch.stack([session.commits.keys_at(layer, at, at + 1) for layer in range(lm.layers)])  # (L, KV, at+1, D)
     if lm.attention.latent is not None:  # the latent and the RoPE key, each as the step saw it
-        edit = session.commits.edit_at(at)
-        keys = lm.attention.keyed(keys, torch.stack([edit.quantized_values(session.commits.original_kv(layer, at + 1)[1],
-                                                                           layer) for layer in range(lm.layers)]))
+        keys = lm.attention.keyed(keys, torch.stack([session.commits.values_at(layer, at, at + 1)
+                                                     for layer in range(lm.layers)]))
     return lm.attention.weights(queries, keys, None)[..., 0, :at].sum((0, 1)).cpu()
 
 

@@ -39,7 +39,8 @@ class Timeline:
         QuantizedCache's flushes; None for the model's own."""
         self.cache, self.layers, self.kv_heads, self.rotary = cache, layers, kv_heads, rotary
         self.format = cache_format
-        self.computed: torch.Tensor | None = None  # re-rotated runs: (L, KV, n, D) keys at the position computed at
+        self.computed: torch.Tensor | None = None  # re-rotated runs: (L, KV, n, D) keys (latent attention: RoPE
+        # keys) at the position computed at
         self.processed: list[int] = []  # re-rotated runs: the position each slot was computed at
         self.placed: list[torch.Tensor] = []  # re-rotated runs: per commit, the positions of slots 0..at[k]-1
         self.evicted_at = torch.full((layers, kv_heads, 0), NEVER, dtype=torch.int32)
@@ -116,8 +117,10 @@ class Timeline:
         quantization: re-rotated to the positions they held then."""
         if self.flushes:  # QuantizedCache: its states cannot be rebuilt by an Edit; the step's own K/V
             return self.flushed_kv(layer, self.index(at), at)
-        keys, values = self.original_kv(layer, at)
-        return (self._placed_keys(layer, at, at), values) if self.rotary is not None else (keys, values)
+        pair = list(self.original_kv(layer, at))
+        if self.rotary is not None:
+            pair[self.rotary.part] = self._placed(layer, at, at)
+        return tuple(pair)
 
     def writes(self, slot: int) -> list | None:
         """Per layer, how the pass of slot ``slot`` stores (and attends to) its own new K/V (kvviz.kv_cache.Writer),
@@ -126,8 +129,9 @@ class Timeline:
             return None
         return [partial(self.format.rounded, layer) for layer in range(self.layers)]
 
-    def _placed_keys(self, layer: int, slot: int, stop: int) -> torch.Tensor:
-        """Re-rotated runs: keys ``(KV, stop, D)`` at the positions in force for the step of ``slot``."""
+    def _placed(self, layer: int, slot: int, stop: int) -> torch.Tensor:
+        """Re-rotated runs: keys ``(KV, stop, D)`` (latent attention: RoPE keys, the values) at the positions in force
+        for the step of ``slot``."""
         k = self.index(slot)
         delta = torch.zeros(stop, dtype=torch.long)
         if k >= 0:
@@ -138,7 +142,7 @@ class Timeline:
     def keys_at(self, layer: int, slot: int, stop: int) -> torch.Tensor:
         """Keys ``(KV, stop, D)`` of ``layer`` as the step of slot ``slot`` saw them."""
         if self.rotary is not None:
-            return self._placed_keys(layer, slot, stop)
+            return self._placed(layer, slot, stop) if self.rotary.part == 0 else self.original_kv(layer, stop)[0]
         if self.flushes:
             return self.flushed_kv(layer, self.index(slot), stop)[0]
         if self.parts:
@@ -150,6 +154,16 @@ class Timeline:
             return self.format.edit(range(quantized)).quantized_keys(self.original_kv(layer, stop)[0], layer)
         live = kv_cache.layer_kv(self.cache, layer)[0][0, :, :stop]  # blocks: quantized once, never again
         return torch.cat([live[:, :quantized], self.original_kv(layer, stop)[0][:, quantized:]], dim=1)
+
+    def values_at(self, layer: int, slot: int, stop: int) -> torch.Tensor:
+        """Values ``(KV, stop, D)`` of ``layer`` as the step of slot ``slot`` saw them, in a run without a cache format
+        or reshapes — what a latent cache's queries score its RoPE keys by (such runs hold neither)."""
+        if self.format is not None or self.parts or self.flushes:
+            raise NotImplementedError("values as a step saw them are read for latent caches, whose runs hold no "
+                                      "cache format or reshapes")
+        if self.rotary is not None and self.rotary.part == 1:
+            return self._placed(layer, slot, stop)
+        return self.original_kv(layer, stop)[1]
 
     def evicted(self, length: int) -> torch.Tensor | None:
         """Bool ``(L, KV, length)`` of the slots hidden from the next step, or None when none is."""
@@ -260,7 +274,9 @@ class Timeline:
     def note_computed(self, positions: list[int]) -> None:
         """Re-rotated runs, after a forward pass: keep the new slots' keys as computed, at ``positions``."""
         start, stop = len(self.processed), len(self.processed) + len(positions)
-        added = torch.stack([kv_cache.layer_kv(self.cache, layer)[0][0, :, start:stop] for layer in range(self.layers)])
+        part = self.rotary.part
+        added = torch.stack([kv_cache.layer_kv(self.cache, layer)[part][0, :, start:stop]
+                             for layer in range(self.layers)])
         self.computed = added.clone() if self.computed is None else torch.cat([self.computed, added], dim=2)
         self.processed.extend(positions)
 
@@ -275,8 +291,8 @@ class Timeline:
         self.placed[k:] = [placed]
         delta = placed - torch.tensor(self.processed[:at])
         for layer in range(self.layers):
-            keys = kv_cache.layer_kv(self.cache, layer)[0]
-            keys[0, :, :at] = self.rotary.rotate(self.computed[layer, :, :at], delta, layer)
+            rotated = kv_cache.layer_kv(self.cache, layer)[self.rotary.part]
+            rotated[0, :, :at] = self.rotary.rotate(self.computed[layer, :, :at], delta, layer)
 
     def kept_count(self, at: int) -> int:
         """Slots before ``at`` the next step sees (the same in every layer and KV head in re-rotated runs)."""

@@ -165,31 +165,37 @@ def rope_moved(model, keys: torch.Tensor, old: list[int], new: list[int]) -> tor
     return apply_rotary_pos_emb(unrotated, unrotated, cos, sin)[1]
 
 
-def compacted_rerotated_steps(lm: LoadedModel, ids: list[int], tokens: list[int], budget: int, sinks: int = 4):
+def compacted_rerotated_steps(lm: LoadedModel, ids: list[int], tokens: list[int], budget: int, sinks: int = 4,
+                              attentions: bool = False):
     """StreamingLLM with re-rotated positions the plain way: the prompt ``ids``' K/V computed by the model, then
     before each step the kept slots (``sinks`` first and the most recent) physically compacted into a new cache,
-    their keys moved to the positions ``0..k-1`` of their order with the model's own RoPE — in the layers whose
-    attention applies RoPE (transformers' ``use_rope``; a NoPE layer's keys stay as they are) — and the step's token
-    at position ``k``. Yields each step's logits ``(V,)`` and whether any key moved."""
+    their keys (a latent cache's RoPE keys) moved to the positions ``0..k-1`` of their order with the model's own
+    RoPE — in the layers whose attention applies RoPE (transformers' ``use_rope``; a NoPE layer's keys stay as they are) — and the step's token
+    at position ``k``. Yields each step's logits ``(V,)`` and whether any key moved (with ``attentions``, also the
+    step's kept slots and layer 0's weights ``(H, k + 1)`` over them and itself)."""
     from transformers import DynamicCache
 
     with torch.no_grad():
         out = lm.model(input_ids=torch.tensor([ids]), use_cache=True)
     layers = [(out.past_key_values.layers[i].keys, out.past_key_values.layers[i].values) for i in range(lm.layers)]
     uses_rope = [bool(getattr(layer.self_attn, "use_rope", True)) for layer in lm.model.model.layers]
+    part = 0 if lm.attention.latent is None else 1  # latent attention: the RoPE key, held as the values, moves
     computed_at, kept = list(range(len(ids))), list(range(len(ids)))  # per slot: the position its key was computed at
     for token in tokens:
         if len(kept) > budget:
             kept = kept[:sinks] + kept[-(budget - sinks):]
         cache, old = DynamicCache(config=lm.model.config), [computed_at[s] for s in kept]
         for layer, (keys, values) in enumerate(layers):
-            chosen = keys[:, :, kept]
-            cache.update(rope_moved(lm.model, chosen, old, list(range(len(kept)))) if uses_rope[layer] else chosen,
-                         values[:, :, kept], layer)
+            pair = [keys[:, :, kept], values[:, :, kept]]
+            if uses_rope[layer]:
+                pair[part] = rope_moved(lm.model, pair[part], old, list(range(len(kept))))
+            cache.update(*pair, layer)
         with torch.no_grad():
             step_out = lm.model(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[len(kept)]]),
-                                cache=cache, use_cache=True)
-        yield step_out.logits[0, -1], old != list(range(len(kept)))
+                                cache=cache, use_cache=True, output_attentions=attentions)
+        moved = old != list(range(len(kept)))
+        yield (step_out.logits[0, -1], moved, list(kept), step_out.attentions[0][0, :, -1]) if attentions else (
+            step_out.logits[0, -1], moved)
         for layer in range(lm.layers):
             new = step_out.past_key_values.layers[layer]
             keys, values = layers[layer]

@@ -117,7 +117,7 @@ def test_an_eviction_removes_the_latent_for_every_head_as_a_masked_forward(mla):
     assert torch.allclose(isolated, change, rtol=0, atol=tol)
 
 
-def test_head_scopes_prunings_rerotation_and_run_formats_are_refused_and_change_nothing(mla):
+def test_head_scopes_prunings_and_run_formats_are_refused_and_change_nothing(mla):
     lm, _, session = mla
     at = len(session) - 1
     before = [t.clone() for t in session.layer_kv(0)]
@@ -125,8 +125,6 @@ def test_head_scopes_prunings_rerotation_and_run_formats_are_refused_and_change_
         what_if(session, Edit.evict([3], heads=[1]), at=at)  # one latent per token: no head scope
     with pytest.raises(KvvizError, match="latent"):
         what_if(session, Edit(prunings=(Pruning(0, 0, (1, 2), (3,)),)), at=at)  # a latent channel is every head's
-    with pytest.raises(KvvizError, match="latent"):
-        CompressedSession(lm, RunSettings(StreamingLLM(), 20, "decode", positions="rerotated"))
     with pytest.raises(KvvizError, match="latent"):
         CompressedSession(lm, RunSettings(StreamingLLM(), 20, "decode", cache_format=WrittenCache("int4-token")))
     assert all(torch.equal(a, b) for a, b in zip(before, session.layer_kv(0)))
@@ -274,3 +272,30 @@ def test_the_command_line_and_the_notebook_widget_run_on_a_latent_model(mla, tok
     w.set_state({"request": {"kind": "select", "slot": 6, "n": 3}})
     w.set_state({"request": {"kind": "bits", "bits": 4, "n": 4}})
     assert w.kl == what_if(session, Edit.quantize([6], 4)).next_token.kl > 0 and not w.error
+
+
+def test_a_rerotated_run_moves_only_the_rope_key(mla):
+    """Re-rotated positions on a latent cache: the RoPE key alone carries the position, so a re-rotated StreamingLLM
+    run turns the kept RoPE keys by the position change and leaves the latents; the reference compacts transformers'
+    own cache and moves the RoPE keys with the model's own rotary embedding (tests/support/references.py)."""
+    from tests.support.references import compacted_rerotated_steps
+
+    lm, _, _ = mla
+    budget, steps = 20, 8
+    tokens = greedy_tokens(lm, TURNS[1], steps)
+    run = CompressedSession(lm, RunSettings(StreamingLLM(), budget, "decode", positions="rerotated"))
+    run.add_turn(TURNS[1])
+    logits = [run.step(token) for token in tokens]
+    ids = run.session.transcript.ids[: run.prompt_end[0]]
+    moved = False
+    session, prompt = run.session, run.prompt_end[0]
+    queries, keys = session.queries.layer(0), lm.attention.keyed(*session.layer_kv(0))
+    tol = weight_rounding(lm.config, 0, queries, keys, lm.scaling)
+    steps_seen = compacted_rerotated_steps(lm, ids, tokens, budget, attentions=True)
+    for step, (reference, moved_now, kept, weights) in enumerate(steps_seen):
+        assert (reference - logits[step]).abs().max() <= logit_rounding(lm.config, reference), step
+        moved |= moved_now
+        slot = prompt + step  # the attention view scores each step's RoPE keys where that step had them placed
+        shown = session.weights(0, slot, slot + 1)[:, 0, kept + [slot]]
+        assert torch.allclose(shown, weights.float(), rtol=tol, atol=1e-12), step
+    assert moved
