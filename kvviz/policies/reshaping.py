@@ -24,10 +24,18 @@ from kvviz.session import Session
 EPS = 1e-6  # kvpress' MergingPress: norms clamped, and the weight's denominator
 
 
+def _latent(lm, what: str) -> None:
+    """Refuse a reshape on a latent cache (MLA), whose channels are shared by every head's key and value."""
+    if lm.attention.latent is not None:
+        raise KvvizError(f"{what}; this model caches one latent per token (MLA), whose channels every head's key and "
+                         "value share: not built on it yet")
+
+
 def think(session: Session, ratio: float, window: int = 32, at: int | None = None) -> tuple[Pruning, ...]:
     """ThinK's prunings for the step of slot ``at`` (default: the newest cached slot; ``len(session)``: the step
     about to be taken): ``int(D·ratio)`` key channels of every slot ``0..at-1`` per layer and KV head."""
     lm = session.lm
+    _latent(lm, "ThinK prunes key channels per KV head")
     at = len(session) - 1 if at is None else at
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio < 1:
         raise KvvizError(f"ThinK's channel ratio must be in [0, 1), got {ratio!r}")
@@ -55,6 +63,7 @@ def merging(session: Session, evicted: torch.Tensor, at: int, threshold: float =
     into its most similar slot of ``kept`` (default: the others), with its weight (weights of 0 are left out: those
     slots are evicted plainly)."""
     lm = session.lm
+    _latent(lm, "merging folds values into kept slots per KV head")
     if not 0 <= threshold <= 1 or not 0 < fraction <= 1:
         raise KvvizError("a merge's similarity threshold must be in [0, 1] and its fraction in (0, 1]")
     merges = []

@@ -39,7 +39,8 @@ def check_names(names: list[str]) -> None:
         scheme_family(name)
 
 
-WRITTEN_FAMILIES = ("int", "fp8", "fp8static", "fp4", "tokenhead")  # rounded slot by slot as written (schemes.written)
+WRITTEN_FAMILIES = ("int", "fp8", "fp8static", "fp4", "tokenhead", "dsmla")  # rounded slot by slot as written
+# (schemes.written)
 RUN_FAMILIES = ("fp16", "kivi", "quanto", "hqq", *WRITTEN_FAMILIES)  # caches a policy run holds as it goes
 RUN_ONLY = {"quantized-fp8": "quantized"}  # run caches that are no what-if scheme: transformers' fp8 QuantizedCache
 

@@ -115,9 +115,11 @@ class CompressedSession:
     def __init__(self, lm: LoadedModel, settings: RunSettings):
         self.lm, self.settings = lm, settings
         rotary = Rotary(lm) if settings.positions == "rerotated" else None
-        if settings.cache_format is not None and lm.attention.latent is not None:
-            raise KvvizError(f"{lm.name} caches a latent per token (MLA); a cache format that rounds it is not built "
-                             "yet: run the policy on the model's own cache")
+        if settings.cache_format is not None and settings.cache_format.kind != "written" and lm.attention.latent \
+                is not None:
+            raise KvvizError(f"{lm.name} caches a latent per token (MLA); KIVI's window and transformers' "
+                             "QuantizedCache are not built on it yet: take a cache written slot by slot (fp8-ds-mla, "
+                             "int*-token, fp8-*, …)")
         cache_format = settings.cache_format.for_model(lm) if settings.cache_format is not None else None
         self.session = Session(lm, Sampling(), commits=lambda cache: Timeline(cache, lm.layers, lm.kv_heads,
                                                                                cache_format, rotary))

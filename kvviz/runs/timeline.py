@@ -156,14 +156,23 @@ class Timeline:
         return torch.cat([live[:, :quantized], self.original_kv(layer, stop)[0][:, quantized:]], dim=1)
 
     def values_at(self, layer: int, slot: int, stop: int) -> torch.Tensor:
-        """Values ``(KV, stop, D)`` of ``layer`` as the step of slot ``slot`` saw them, in a run without a cache format
-        or reshapes — what a latent cache's queries score its RoPE keys by (such runs hold neither)."""
-        if self.format is not None or self.parts or self.flushes:
-            raise NotImplementedError("values as a step saw them are read for latent caches, whose runs hold no "
-                                      "cache format or reshapes")
-        if self.rotary is not None and self.rotary.part == 1:
-            return self._placed(layer, slot, stop)
-        return self.original_kv(layer, stop)[1]
+        """Values ``(KV, stop, D)`` of ``layer`` as the step of slot ``slot`` saw them, as :meth:`keys_at` finds the
+        keys — what a latent cache's queries score its RoPE keys by. Not for runs that merged values (a latent cache
+        refuses merges)."""
+        if self.rotary is not None:
+            return self._placed(layer, slot, stop) if self.rotary.part == 1 else self.original_kv(layer, stop)[1]
+        if self.flushes:
+            return self.flushed_kv(layer, self.index(slot), stop)[1]
+        if self.parts:
+            raise NotImplementedError("values as a step saw them, after merges: read for latent caches, which refuse "
+                                      "merges")
+        quantized = min(self.key_version(slot), stop)
+        if not quantized:
+            return self.original_kv(layer, stop)[1]
+        if self.format.grouping == "shared":  # the scales depended on every slot quantized then
+            return self.format.edit(range(quantized)).quantized_values(self.original_kv(layer, stop)[1], layer)
+        live = kv_cache.layer_kv(self.cache, layer)[1][0, :, :stop]  # blocks: quantized once, never again
+        return torch.cat([live[:, :quantized], self.original_kv(layer, stop)[1][:, quantized:]], dim=1)
 
     def evicted(self, length: int) -> torch.Tensor | None:
         """Bool ``(L, KV, length)`` of the slots hidden from the next step, or None when none is."""

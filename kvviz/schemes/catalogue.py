@@ -35,7 +35,8 @@ the app's comparison take:
 
 - ``fp8-ds-mla`` — a latent cache (multi-head latent attention, DeepSeek) as vLLM's ``fp8_ds_mla`` / FlashMLA's
   sparse FP8 layout stores it: each token's latent in E4M3, tiles of 128 channels with a power-of-two scale each
-  (``e4m3-ue8m0``), its RoPE key untouched (16-bit in the engine: the model's own dtype). Latent models only.
+  (``e4m3-ue8m0``), its RoPE key untouched (16-bit in the engine: the model's own dtype). Latent models only; also a
+  policy run's cache, each token rounded when written.
 
 Those, the ``int`` and the ``fp8`` schemes take ``+skip-…`` rules: layers left at 16 bits (vLLM's
 ``--kv-cache-dtype-skip-layers``) — ``+skip-sliding`` (the sliding-window layers), ``+skip-firstN``, ``+skip-lastN``,

@@ -63,12 +63,15 @@ class WrittenCache(CacheFormat):
         """This cache with the scheme's quantizers for ``lm`` (RoPE frequencies, calibrated static scales, the layers
         its ``+skip`` rules keep exact)."""
         scheme = Scheme(self.scheme)
+        if scheme.family == "dsmla" and lm.attention.latent is None:
+            raise KvvizError(f"{self.scheme} stores a latent cache (multi-head latent attention, DeepSeek); this model "
+                             "caches keys and values per KV head")
         calibration = calibrate(lm, CALIBRATION_TEXT) if scheme.static else None
         rope = rope_frequencies(lm) if scheme.pre_rope else None
         windows = lm.attention.windows or (None,) * lm.layers
         template = scheme.edit([1], 1, calibration, rope, None, windows, no_rope_layers(lm))
-        for quantizer in (template.keys, template.values):
-            quantizer.check_model(lm.layers, lm.kv_heads, lm.head_dim)
+        for quantizer, width in zip((template.keys, template.values), lm.geometry.cached_widths):
+            quantizer.check_model(lm.layers, lm.kv_heads, width)
         return replace(self, template=template)
 
     @property
@@ -97,10 +100,12 @@ class WrittenCache(CacheFormat):
         return cached
 
     def edit(self, slots: range) -> Edit:
-        """The rounding of ``slots`` as an :class:`Edit` (each slot on its own scales, or the fixed ones)."""
+        """The rounding of ``slots`` as an :class:`Edit` (each slot on its own scales, or the fixed ones; a kind the
+        scheme leaves at 16 bits, as fp8-ds-mla its RoPE keys, untouched)."""
         template = self._template
-        return replace(template, key_bits=dict.fromkeys(slots, template.key_bits[0]),
-                       value_bits=dict.fromkeys(slots, template.value_bits[0]))
+        widths = [bits.get(0) for bits in (template.key_bits, template.value_bits)]
+        key_bits, value_bits = ({} if width is None else dict.fromkeys(slots, width) for width in widths)
+        return replace(template, key_bits=key_bits, value_bits=value_bits)
 
     def rounded(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """New keys and values ``(B, KV, q, D)`` of ``layer`` as the cache writes them (new tensors)."""

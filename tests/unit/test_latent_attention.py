@@ -24,6 +24,7 @@ from kvviz.edit.parts import Pruning
 from kvviz.errors import KvvizError
 from kvviz.policies import H2O, StreamingLLM
 from kvviz.runs.compressed import CompressedSession, RunSettings
+from kvviz.schemes.kivi import Kivi
 from kvviz.schemes.written import WrittenCache
 from kvviz.tiny_models import tiny_pair
 from kvviz.whatif import what_if
@@ -126,7 +127,7 @@ def test_head_scopes_prunings_and_run_formats_are_refused_and_change_nothing(mla
     with pytest.raises(KvvizError, match="latent"):
         what_if(session, Edit(prunings=(Pruning(0, 0, (1, 2), (3,)),)), at=at)  # a latent channel is every head's
     with pytest.raises(KvvizError, match="latent"):
-        CompressedSession(lm, RunSettings(StreamingLLM(), 20, "decode", cache_format=WrittenCache("int4-token")))
+        CompressedSession(lm, RunSettings(StreamingLLM(), 20, "decode", cache_format=Kivi()))
     assert all(torch.equal(a, b) for a, b in zip(before, session.layer_kv(0)))
     assert what_if(session, Edit.quantize(range(at), 16), at=at).next_token.kl == 0  # 16 bits round nothing
 
@@ -299,3 +300,23 @@ def test_a_rerotated_run_moves_only_the_rope_key(mla):
         shown = session.weights(0, slot, slot + 1)[:, 0, kept + [slot]]
         assert torch.allclose(shown, weights.float(), rtol=tol, atol=1e-12), step
     assert moved
+
+
+def test_a_run_on_an_fp8_ds_mla_cache_steps_on_the_tests_own_rounding(mla):
+    """fp8-ds-mla as a run's cache, each token's latent rounded once when written (as vLLM writes it): every decode
+    step equals eager's step on a cache holding the run's own computed latents rounded by FlashMLA's rule (written
+    in this test) and its RoPE keys as computed. Same model, same stored tensors, another cache object: ε_z."""
+    from kvviz import kv_cache
+
+    lm, eager, _ = mla
+    run = CompressedSession(lm, RunSettings(cache_format=WrittenCache("fp8-ds-mla")))
+    run.add_turn(TURNS[0])
+    for _ in range(4):
+        logits = run.step()
+        at = len(run) - 1
+        latents, ropes = run.timeline.originals  # (L, 1, at, ·): every earlier slot as computed
+        assert latents.shape[2] == at
+        tensors = [(_flash_mla_fp8(c)[None], r[None]) for c, r in zip(latents, ropes)]
+        reference = _step_on(eager, run.session, at, tensors, [])
+        assert (reference - logits).abs().max() <= logit_rounding(lm.config, reference)
+    assert not torch.equal(tensors[0][0], latents[0][None])  # the latents were rounded
