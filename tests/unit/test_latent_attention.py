@@ -306,8 +306,6 @@ def test_a_run_on_an_fp8_ds_mla_cache_steps_on_the_tests_own_rounding(mla):
     """fp8-ds-mla as a run's cache, each token's latent rounded once when written (as vLLM writes it): every decode
     step equals eager's step on a cache holding the run's own computed latents rounded by FlashMLA's rule (written
     in this test) and its RoPE keys as computed. Same model, same stored tensors, another cache object: ε_z."""
-    from kvviz import kv_cache
-
     lm, eager, _ = mla
     run = CompressedSession(lm, RunSettings(cache_format=WrittenCache("fp8-ds-mla")))
     run.add_turn(TURNS[0])
