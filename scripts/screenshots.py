@@ -8,6 +8,7 @@ Usage: .venv/bin/python scripts/screenshots.py   (writes assets/screenshot-*.png
        .venv/bin/python scripts/screenshots.py --rounded-blame   (an NVFP4 cache's run and the blame of its rounding)
        .venv/bin/python scripts/screenshots.py --notebook   (the widget in JupyterLab: screenshot-notebook.png)
        .venv/bin/python scripts/screenshots.py --marimo   (the marimo example, a chip clicked: screenshot-marimo.png)
+       .venv/bin/python scripts/screenshots.py --latent   (a tiny DeepSeek-V3's latent cache: screenshot-latent.png)
 """
 
 from __future__ import annotations
@@ -96,6 +97,30 @@ def window_shots(model: str) -> None:
         page.get_by_role("tab", name="Attention").click()
         wait_idle(page, 2)
         shoot(page, "window-attention", top=VIEWS, bottom=None, height=1500)
+
+
+def latent_shot() -> None:
+    """The strip of a tiny random DeepSeek-V3 (latent attention) with a token evicted: the line on what a chip is,
+    and the what-if's numbers."""
+    from transformers import AutoTokenizer
+
+    from kvviz.model import resolve_checkpoint
+    from kvviz.tiny_models import tiny
+
+    with tempfile.TemporaryDirectory() as folder:
+        tiny("deepseek_v3").save_pretrained(folder)
+        AutoTokenizer.from_pretrained(resolve_checkpoint(None)[0]).save_pretrained(folder)
+        with running_app({"KVVIZ_MODEL": folder}) as url, browser_page(url, width=1440, height=4200) as page:
+            page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=120_000)
+            page.locator("[data-testid=stChatInputTextArea]").fill("a = 3, b = 5. What is a + b?")
+            page.keyboard.press("Enter")
+            page.wait_for_selector(".kv-chip", timeout=300_000)
+            wait_idle(page, 2)
+            page.locator('.kv-chip[data-slot="3"]').click()
+            page.wait_for_selector(".kv-chip.kv-evicted", timeout=300_000)
+            page.mouse.move(1400, 20)
+            wait_idle(page, 3)
+            shoot(page, "latent", top="text=Click a chip to evict", bottom=VIEWS)
 
 
 def sweep_shot(folder: str) -> None:
@@ -248,8 +273,11 @@ if __name__ == "__main__":
     parser.add_argument("--rounded-blame", action="store_true", help="an NVFP4 run's step blamed on its rounding")
     parser.add_argument("--notebook", action="store_true", help="the notebook widget in JupyterLab")
     parser.add_argument("--marimo", action="store_true", help="the marimo example in marimo's app view")
+    parser.add_argument("--latent", action="store_true", help="a tiny DeepSeek-V3's latent cache, a token evicted")
     arguments = parser.parse_args()
-    if arguments.notebook:
+    if arguments.latent:
+        latent_shot()
+    elif arguments.notebook:
         notebook_shot()
     elif arguments.marimo:
         marimo_shot()
