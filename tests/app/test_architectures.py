@@ -43,6 +43,18 @@ def test_the_app_runs_a_tiny_non_llama_model(tokenizer, tmp_path, monkeypatch, k
         assert not [w.value for w in app.warning if "could not be drawn" in w.value]
     windows = [c.value for c in app.caption if "sliding window of" in c.value]
     assert bool(windows) == (kind in ("gemma2", "gpt_oss"))  # layer 0 is a local layer
+    if kind == "deepseek_v3":  # the latent cache's own scheme is offered, and compared as the library compares it
+        from kvviz.schemes.catalogue import schemes
+        from kvviz.schemes.compare import compare_schemes
+
+        chosen = app.multiselect(key="schemes_chosen")
+        assert "fp8-ds-mla" in chosen.value
+        chosen.set_value(["fp16", "fp8-ds-mla"])
+        next(b for b in app.button if b.label == "Compare the schemes").click().run()
+        assert not app.exception and not [e.value for e in app.error]
+        version, at, rows = app.session_state["schemes"]
+        assert rows == compare_schemes(app.session_state["session"], schemes(["fp16", "fp8-ds-mla"]), at)
+        assert rows[1].kl > 0
     sinks = [m for m in app.metric if m.label.startswith("Sink (layer 0")]
     assert len(sinks) == (kind == "gpt_oss")  # the sink's share beside ρ
     if sinks:
