@@ -318,3 +318,30 @@ def test_a_run_on_an_fp8_ds_mla_cache_steps_on_the_tests_own_rounding(mla):
         reference = _step_on(eager, run.session, at, tensors, [])
         assert (reference - logits).abs().max() <= logit_rounding(lm.config, reference)
     assert not torch.equal(tensors[0][0], latents[0][None])  # the latents were rounded
+
+
+RELATIVES = ["DeepseekV2Config", "Glm4MoeLiteConfig", "MiniCPM3Config", "YoutuConfig", "AXK1Config"]
+LATENT = dict(num_key_value_heads=8, kv_lora_rank=32, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=16,
+              v_head_dim=12, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+              moe_intermediate_size=32, first_k_dense_replace=1, pad_token_id=None, bos_token_id=None,
+              eos_token_id=None)  # what a config of each takes; a field a config lacks is kept as an attribute
+
+
+@pytest.mark.parametrize("kind", RELATIVES)
+def test_the_other_latent_attention_families_pass_the_same_oracles(tokenizer, kind):
+    """Other transformers models whose attention is DeepSeek's MLA with its ``expand_kv`` (``deepseek_v2``,
+    ``glm4_moe_lite``, ``minicpm3``, ``youtu``, ``axk1``): the cached chat equals a forward without cache, and an eviction what-if equals the
+    step on a cache with the latents physically removed (tests/support/references.removed_step)."""
+    from tests.support.references import removed_step
+
+    lm, eager, session = tiny_pair(kind, tokenizer, TURNS, **LATENT)
+    assert lm.attention.latent is not None and lm.kv_heads == 1
+    with torch.no_grad():
+        out = eager(input_ids=torch.tensor([session.transcript.ids]), use_cache=False)
+    assert (out.logits[0, -1] - session.logits).abs().max() <= logit_rounding(lm.config, out.logits[0, -1])
+    at = len(session) - 1
+    removed = removed_step(session, at, [3, 4, 5, 20])
+    reference = torch.softmax(removed.double(), -1)
+    rel = probability_rounding(logit_rounding(lm.config, removed))
+    for candidate in what_if(session, Edit.evict([3, 4, 5, 20]), at=at, topk=20).next_token.edited:
+        assert candidate.prob == pytest.approx(float(reference[candidate.id]), rel=rel)
