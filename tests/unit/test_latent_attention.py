@@ -345,3 +345,31 @@ def test_the_other_latent_attention_families_pass_the_same_oracles(tokenizer, ki
     rel = probability_rounding(logit_rounding(lm.config, removed))
     for candidate in what_if(session, Edit.evict([3, 4, 5, 20]), at=at, topk=20).next_token.edited:
         assert candidate.prob == pytest.approx(float(reference[candidate.id]), rel=rel)
+
+
+def test_policy_runs_batched_in_lockstep_equal_the_runs_one_by_one(mla):
+    """Sweeps decode several runs as one batch (kvviz.runs.lockstep: the sessions' latents and RoPE keys as rows of
+    shared buffers of their own widths): the same tokens, evictions and KLs as the runs one by one, to the rounding of
+    two kernel shapes (tests/model/test_lockstep.py argues it)."""
+    from kvviz.policies import H2O
+    from kvviz.runs.policy_run import run_policies
+    from tests.support.rounding import kl_rounding
+
+    lm = mla[0]
+    settings = [RunSettings(H2O(), 16, "decode"), RunSettings(StreamingLLM(), 16, "decode")]
+    rows = []
+    hook = lm.model.register_forward_pre_hook(
+        lambda module, args, kwargs: rows.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
+    try:
+        batched = run_policies(lm, TURNS[:1], settings, 6)
+    finally:
+        hook.remove()
+    assert max(rows) > 1  # it did batch
+    alone = run_policies(lm, TURNS[:1], settings, 6, batch=False)
+    for ours, reference in zip(batched, alone, strict=True):
+        turn, ref = ours.turns[0], reference.turns[0]
+        assert (turn.full_ids, turn.policy_ids) == (ref.full_ids, ref.policy_ids)
+        assert torch.equal(turn.forced.timeline.evicted_at, ref.forced.timeline.evicted_at)
+        eps = logit_rounding(lm.config, ref.full_logits)
+        for step, other in zip(turn.records, ref.records, strict=True):
+            assert abs(step.kl - other.kl) <= kl_rounding(eps, other.kl)
