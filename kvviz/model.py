@@ -103,6 +103,7 @@ class LoadedModel:
 
 
 BUNDLED = "(bundled)"  # names the bundled model even where KVVIZ_MODEL names another
+TINY = "tiny:"  # ``tiny:KIND``: a tiny random model of an architecture family (kvviz.tiny_models), no download
 
 
 def allowed_models() -> list[str]:
@@ -193,6 +194,9 @@ def model_source(path: str | os.PathLike | None) -> Path | None:
     if path is None or path == BUNDLED:
         return None
     name = str(path)
+    if name.startswith(TINY):
+        _tiny_kind(name)
+        return None  # built, not read: its tokenizer is the bundled model's
     source = hub_folder(name) if looks_like_hub_id(name) else Path(path).expanduser()
     if not source.exists():
         raise ModelLoadError(f"model path {source} does not exist; pass a Hugging Face checkpoint folder, a .gguf file "
@@ -232,6 +236,9 @@ def load_model(path: str | os.PathLike | None = None, device: str | None = None,
 
     register()
     torch_device, dtype = pick_device(device, dtype)  # a device this machine lacks is refused before any file is read
+    named = str(path or settings.text("KVVIZ_MODEL") or "")
+    if named.startswith(TINY):
+        return _tiny_model(named, torch_device, dtype)
     folder, name = resolve_checkpoint(path)
     hf_logging.disable_progress_bar()  # a warm load takes about a second: no bar needed
     try:
@@ -253,3 +260,27 @@ def load_model(path: str | os.PathLike | None = None, device: str | None = None,
         torch_device = model.get_input_embeddings().weight.device
     model.eval().requires_grad_(False)
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, device=torch_device)
+
+
+def _tiny_kind(name: str) -> str:
+    """The family ``tiny:KIND`` names, refused in one line when kvviz has no tiny model of it."""
+    from kvviz.tiny_models import ARCHITECTURES
+
+    kind = name[len(TINY):]
+    if kind not in ARCHITECTURES:
+        raise ModelLoadError(f"there is no tiny model {kind!r}; choose one of "
+                             f"{', '.join(TINY + k for k in ARCHITECTURES)}")
+    return kind
+
+
+def _tiny_model(name: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    """``tiny:KIND``: a tiny randomly initialised model of that family (:func:`kvviz.tiny_models.tiny`, seeded: the
+    same weights every time) with the bundled model's tokenizer, for trying an architecture without a download.
+    Its replies are noise; its cache is the family's."""
+    from kvviz.tiny_models import tiny
+
+    kind = _tiny_kind(name)
+    folder, _ = resolve_checkpoint(BUNDLED)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = tiny(kind).to(device=device, dtype=dtype).eval().requires_grad_(False)
+    return LoadedModel(model=model, tokenizer=tokenizer, name=f"{name} (random weights)", device=device)

@@ -68,13 +68,15 @@ def test_a_page_switches_between_the_servers_models(tokenizer, tmp_path, monkeyp
 
     tiny("phi3").save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    monkeypatch.setenv("KVVIZ_MODELS", str(tmp_path))
+    monkeypatch.setenv("KVVIZ_MODELS", f"{tmp_path},tiny:deepseek_v3")
     app = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app" / "main.py"), default_timeout=300).run()
     assert app.session_state["session"].lm.name.startswith("SmolLM2")
     model = next(s for s in app.selectbox if s.label == "Model")
-    assert list(model.options) == ["(bundled)", str(tmp_path)]
+    assert list(model.options) == ["(bundled)", str(tmp_path), "tiny:deepseek_v3"]
     model.select(str(tmp_path)).run()
     assert not app.exception
     assert app.session_state["session"].lm.name == tmp_path.name
+    next(s for s in app.selectbox if s.label == "Model").select("tiny:deepseek_v3").run()  # a family, no download
+    assert not app.exception and app.session_state["session"].lm.attention.latent is not None
     next(s for s in app.selectbox if s.label == "Model").select("(bundled)").run()
     assert app.session_state["session"].lm.name.startswith("SmolLM2")

@@ -138,3 +138,18 @@ def test_a_saved_tiny_model_loads_from_its_folder(tokenizer, tmp_path):
     lm = load_model(tmp_path)
     assert (lm.layers, lm.heads, lm.kv_heads, lm.head_dim) == (3, 8, 4, 16)
     assert lm.scaling == pytest.approx(16**-0.5)
+
+
+def test_every_family_loads_by_name_as_a_tiny_model_and_an_unknown_one_is_one_line():
+    """``tiny:KIND`` (the app's model switch through KVVIZ_MODELS, ``--model`` on the command line): the seeded tiny
+    model of that family with the bundled tokenizer — the same weights as :func:`kvviz.tiny_models.tiny` gives."""
+    from kvviz.model import model_source
+
+    for kind in ARCHITECTURES:
+        lm = load_model(f"tiny:{kind}")
+        assert lm.config.model_type == tiny(kind).config.model_type and lm.tokenizer.chat_template
+        assert torch.equal(lm.model.lm_head.weight, tiny(kind).lm_head.weight)
+    for refused in (lambda: load_model("tiny:mamba"), lambda: model_source("tiny:mamba")):
+        with pytest.raises(ModelLoadError, match="no tiny model 'mamba'; choose one of tiny:llama") as caught:
+            refused()
+        assert "\n" not in str(caught.value)
