@@ -1,5 +1,6 @@
 """Tiny randomly initialised decoders of the architectures kvviz supports, built from their transformers configs (no
-download): for trying kvviz on an architecture offline, the tests of other architectures and the benchmark's rows."""
+download): for trying kvviz on an architecture offline (``load_model("tiny:KIND")``), the tests of other architectures
+(with :mod:`kvviz.tiny_sessions`) and the benchmark's rows."""
 
 from __future__ import annotations
 
@@ -53,20 +54,3 @@ def tiny(kind: str, attention: str = "kvviz", **overrides) -> torch.nn.Module:
             if isinstance(getattr(module, "sinks", None), torch.Tensor):
                 module.sinks.normal_(*SINKS)
     return model
-
-
-def tiny_pair(kind: str, tokenizer, turns: list[str], new_tokens: int = 6, **overrides):
-    """A tiny model of ``kind`` (its config changed by ``overrides``) through kvviz (a :class:`LoadedModel`), the same
-    weights with transformers' eager attention, and a session that answered ``turns`` with ``new_tokens`` each."""
-    from kvviz.model import LoadedModel
-    from kvviz.session import Session
-
-    ours, eager = tiny(kind, **overrides), tiny(kind, attention="eager", **overrides)
-    eager.load_state_dict(ours.state_dict())
-    lm = LoadedModel(model=ours.requires_grad_(False), tokenizer=tokenizer, name=f"tiny {kind}",
-                     device=torch.device("cpu"))
-    session = Session(lm)
-    for text in turns:
-        session.add_user_turn(text)
-        session.generate(new_tokens)
-    return lm, eager.requires_grad_(False), session

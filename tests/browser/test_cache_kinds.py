@@ -73,7 +73,7 @@ def test_the_offline_page_of_a_sink_model_draws_the_sinks_chip(tokenizer, tmp_pa
     from benchmarks.browser import CHROMIUM, CHROMIUM_ARGS
     from kvviz.edit.edit import Edit
     from kvviz.figures.standalone_page import Prepared, page_data, standalone_html
-    from kvviz.tiny_models import tiny_pair
+    from kvviz.tiny_sessions import tiny_pair
     from kvviz.view_data import sink_share
 
     _, _, session = tiny_pair("gpt_oss", tokenizer, ["a = 3, b = 5. What is a + b?"])

@@ -120,7 +120,7 @@ def test_bad_combinations_are_refused_in_one_line_and_change_nothing(chat, names
 def test_sliding_window_layers_kept_exact_and_a_block_too_wide_for_the_head_refused(lm):
     """A tiny Gemma 3 (two sliding-window layers of three, heads of 16 channels): ``+skip-sliding`` keeps layers 0
     and 1 exact; MXFP4's blocks of 32 do not fit its heads, refused before any scheme runs."""
-    from kvviz.tiny_models import tiny_pair
+    from kvviz.tiny_sessions import tiny_pair
 
     _, _, session = tiny_pair("gemma3", lm.tokenizer, ["hello there"], new_tokens=3)
     at = len(session) - 1

@@ -28,7 +28,7 @@ from kvviz.rope import rope_frequencies
 from kvviz.schemes.catalogue import Scheme, schemes
 from kvviz.session import Session
 from kvviz.session_file import export_session, import_session
-from kvviz.tiny_models import tiny_pair
+from kvviz.tiny_sessions import tiny_pair
 from kvviz.whatif import what_if
 from kvviz.schemes.compare import compare_schemes
 from tests.support.references import assert_what_if_is_the_stored_cache

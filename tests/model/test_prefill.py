@@ -10,7 +10,7 @@ from kvviz.edit.edit import Edit
 from kvviz.prefill import chunks
 from kvviz.session import Session
 from tests.support.references import full_forward
-from kvviz.tiny_models import tiny_pair
+from kvviz.tiny_sessions import tiny_pair
 from tests.support.rounding import logit_rounding, residual_rounding, weight_rounding, worst_ratio
 
 TEXT = "The quick brown fox jumps over the lazy dog, and the cache keeps every key it saw. " * 3

@@ -99,7 +99,7 @@ def test_quant_compare_prints_one_row_per_scheme(capsys):
 def test_a_scheme_the_model_cannot_take_is_refused_and_changes_nothing(lm):
     """quanto's groups of 64 channels do not divide a tiny Qwen3's 16-channel heads: refused before any scheme
     runs, the session as it was."""
-    from kvviz.tiny_models import tiny_pair
+    from kvviz.tiny_sessions import tiny_pair
 
     _, _, session = tiny_pair("qwen3", lm.tokenizer, ["hello there"], new_tokens=3)
     version, length = session.version, len(session)

@@ -16,7 +16,8 @@ from kvviz.runs.policy_run import run_policy
 from kvviz.session_file import export_session, import_session
 from kvviz.whatif import what_if
 from tests.support.references import removed_step
-from kvviz.tiny_models import ARCHITECTURES, tiny, tiny_pair
+from kvviz.tiny_models import ARCHITECTURES, tiny
+from kvviz.tiny_sessions import tiny_pair
 from tests.support.rounding import logit_rounding, probability_rounding, weight_rounding, worst_ratio
 
 TURNS = ["a = 3, b = 5. What is a + b?", "And a - b?"]

@@ -26,7 +26,7 @@ from kvviz.policies import H2O, StreamingLLM
 from kvviz.runs.compressed import CompressedSession, RunSettings
 from kvviz.schemes.kivi import Kivi
 from kvviz.schemes.written import WrittenCache
-from kvviz.tiny_models import tiny_pair
+from kvviz.tiny_sessions import tiny_pair
 from kvviz.whatif import what_if
 from tests.support.references import greedy_tokens
 from tests.support.rounding import logit_rounding, probability_rounding, weight_rounding

@@ -22,7 +22,8 @@ from kvviz.edit.edit import Edit
 from kvviz.policies import StreamingLLM
 from kvviz.runs.compressed import CompressedSession, RunSettings
 from kvviz.session import Session
-from kvviz.tiny_models import WINDOW, tiny_pair
+from kvviz.tiny_models import WINDOW
+from kvviz.tiny_sessions import tiny_pair
 from kvviz.whatif import what_if
 from tests.support.references import compacted_rerotated_steps, greedy_tokens
 from tests.support.rounding import logit_rounding, probability_rounding, weight_rounding

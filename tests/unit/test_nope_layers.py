@@ -25,7 +25,7 @@ from kvviz.quant.quantizer import Quantizer, fake_quantize
 from kvviz.rope import Rotary, no_rope_layers, pre_rope, rope_frequencies
 from kvviz.runs.compressed import CompressedSession, RunSettings
 from kvviz.session_file import export_session, import_session
-from kvviz.tiny_models import tiny_pair
+from kvviz.tiny_sessions import tiny_pair
 from kvviz.whatif import what_if
 from tests.support.references import assert_what_if_is_the_stored_cache, compacted_rerotated_steps, greedy_tokens
 from tests.support.rounding import logit_rounding

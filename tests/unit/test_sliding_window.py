@@ -13,7 +13,8 @@ from kvviz.edit.edit import Edit
 from kvviz.model import LoadedModel, resolve_checkpoint
 from kvviz.view_data import strip_chips, window_start
 from kvviz.whatif import step_memory, what_if
-from kvviz.tiny_models import WINDOW, tiny_pair
+from kvviz.tiny_models import WINDOW
+from kvviz.tiny_sessions import tiny_pair
 from tests.support.rounding import logit_rounding, probability_rounding
 
 TURNS = ["a = 3, b = 5. What is a + b?", "And a - b?"]
