@@ -64,9 +64,12 @@ def outliers_of(keys: torch.Tensor, factor: float = OUTLIER_FACTOR) -> list[list
 
 
 def pre_rope_keys(session: Session, layer: int, at: int) -> torch.Tensor | None:
-    """The keys of ``layer`` before RoPE ``(KV, at, D)`` float32, or None for a model without a plain RoPE."""
+    """The keys of ``layer`` before RoPE ``(KV, at, D)`` float32, or None for a model without a plain RoPE or whose
+    cached keys carry none (a latent cache: its RoPE key is held as the values)."""
     from kvviz.rope import Rotary
 
+    if session.lm.attention.latent is not None:
+        return None
     try:
         rotary = Rotary.for_layer(session.lm, layer)
     except KvvizError:
@@ -88,16 +91,17 @@ def channels(session: Session, layer: int, kv_head: int, at: int | None = None, 
     pre = pre_rope_keys(session, layer, at)
     pre = None if pre is None else pre[kv_head:kv_head + 1]
     errors = {}
+    width = lm.geometry.cached_widths[0]  # a key's channels (a latent cache: the latent's)
     for name, quantizer in QUANTIZERS.items():
         try:
-            quantizer.check(lm.head_dim)
+            quantizer.check(width)
         except KvvizError:
             continue  # e.g. a Hadamard rotation of a head dimension that is not a power of two
         errors[name] = (fake_quantize(keys, bits, quantizer) - keys)[0].square().mean(0).sqrt()
     if bits == 4:  # NVFP4's tensor scale spans the layer's KV heads: rounded with them, this head's error kept
         layer_keys = session.layer_kv(layer)[0][:, :at].float()
         for name, quantizer in FP4_QUANTIZERS.items():
-            if lm.head_dim % quantizer.group_size == 0:
+            if width % quantizer.group_size == 0:
                 errors[name] = (fake_quantize(layer_keys, 4, quantizer) - layer_keys)[kv_head].square().mean(0).sqrt()
     return Channels(layer, kv_head, at, bits, keys[0].abs(), None if pre is None else pre[0].abs(), values[0].abs(),
                     outliers_of(keys if pre is None else pre)[0], errors)

@@ -34,15 +34,18 @@ def render() -> None:
         warn(exc)
         return
     texts = [slot.text for slot in session.transcript.slots[:at]]
+    latent = lm.attention.latent is not None  # MLA: the keys are latents (no RoPE), the values the RoPE keys
     if kind == "keys":
-        matrix, stage = (view.keys, "after RoPE") if view.keys_pre is None else (view.keys_pre, "before RoPE")
+        matrix, stage = (view.keys, "of the latent, which carries no RoPE" if latent else "after RoPE") \
+            if view.keys_pre is None else (view.keys_pre, "before RoPE")
         if view.keys_pre is not None and st.toggle("Keys as cached (after RoPE)", key="channels_post"):
             matrix, stage = view.keys, "after RoPE, as cached"
         title = f"|k| {stage}: layer {view.layer}, KV head {view.kv_head}, slots 0–{at - 1}"
         marked = view.outliers
     else:
         matrix, marked = view.values, []
-        title = f"|v|: layer {view.layer}, KV head {view.kv_head}, slots 0–{at - 1}"
+        title = (f"|r| of the RoPE key (held as the values): layer {view.layer}, slots 0–{at - 1}" if latent else
+                 f"|v|: layer {view.layer}, KV head {view.kv_head}, slots 0–{at - 1}")
     st.plotly_chart(channel_map(matrix, texts, title, marked), key="channels_map", config=PLOTLY_CONFIG)
     caption = plot_slides.caption(lm.name, at, session.commits.edit_at(at))
     slide_popover("channels", lambda: plot_slides.channel_slide(matrix.numpy(), texts, marked, title, caption),

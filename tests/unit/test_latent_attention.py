@@ -373,3 +373,17 @@ def test_policy_runs_batched_in_lockstep_equal_the_runs_one_by_one(mla):
         eps = logit_rounding(lm.config, ref.full_logits)
         for step, other in zip(turn.records, ref.records, strict=True):
             assert abs(step.kl - other.kl) <= kl_rounding(eps, other.kl)
+
+
+def test_the_channel_view_shows_the_latent_as_keys_and_the_rope_key_as_values(mla):
+    """The channel view of a latent cache: the key map is the latent's channels (it carries no RoPE: no "before
+    RoPE" map), the value map the RoPE key's, and the per-channel errors are the latent's."""
+    from kvviz.channels import channels, outliers_by_layer
+
+    lm, _, session = mla
+    at = len(session) - 1
+    view = channels(session, 1, 0, at, bits=4)
+    latent, rope = (t[0, :at].float().abs() for t in session.layer_kv(1))
+    assert view.keys_pre is None and torch.equal(view.keys, latent) and torch.equal(view.values, rope)
+    assert view.errors and all(error.shape == (RANK,) for error in view.errors.values())
+    assert len(outliers_by_layer(session, at)) == lm.layers
