@@ -56,7 +56,7 @@ def test_the_app_runs_a_tiny_non_llama_model(tokenizer, tmp_path, monkeypatch, k
         version, at, rows = app.session_state["schemes"]
         assert rows == compare_schemes(app.session_state["session"], schemes(["fp16", "fp8-ds-mla"]), at)
         assert rows[1].kl > 0
-    for label in ("Cache growth", "Channels", "Policies"):  # only the open tab is drawn: each view of this cache
+    for label in ("Cache growth", "Channels", "Policies", "Policy run", "Sweeps"):  # only the open tab is drawn
         open_view(app, label)
         assert not app.exception and not [e.value for e in app.error], label
         assert not [w.value for w in app.warning if "could not be drawn" in w.value], label
