@@ -12,6 +12,10 @@ size at most K = max(hidden, intermediate), so two summation orders of logits of
 
     ε_z = √(K · 7L) · u · Z.
 
+A latent-attention layer (MLA) runs 3 more (its query and key-value down- and up-projections in place of q, k, v, and
+kvviz's absorbed score), some of inner size R + P (the latent and the RoPE key: the absorbed score sums that many
+terms where the model's sums nope + P), so K and the count grow with them.
+
 For the bundled model (K = 1536, L = 30, Z = 40: its logits stay below 37 on the test prompts) ε_z ≈ 1.4e-3; the
 largest difference seen between one and two threads there was 4.4e-5. A real error is orders of magnitude larger
 (a slot's wrong position moves the logits by ~7; evicting one slot, by 1e-2 to 1).
@@ -32,6 +36,7 @@ import torch
 
 U = 2.0**-24
 MATMULS_PER_LAYER = 7  # q, k, v, o, gate, up, down: the products on the residual stream's path
+MLA_MATMULS = 3  # a latent-attention layer's q_a / q_b and kv_a / kv_b in place of q, k, v, and the absorbed score
 BUNDLED_LOGIT_SCALE = 40.0  # the bundled model's logits stay below 37 on the test prompts
 
 
@@ -40,9 +45,14 @@ def residual_rounding(config, scale: float | torch.Tensor, layers: int | None = 
     entry is taken) computed after ``layers`` decoder layers (default: all, i.e. the logits) of a model with
     ``config`` (a transformers config)."""
     inner = max(config.hidden_size, getattr(config, "intermediate_size", None) or config.hidden_size)
+    products = MATMULS_PER_LAYER
+    latent = getattr(config, "kv_lora_rank", None)
+    if latent:  # MLA: the absorbed score over the latent and the RoPE key, and the low-rank projections
+        inner = max(inner, latent + config.qk_rope_head_dim, getattr(config, "q_lora_rank", None) or 0)
+        products += MLA_MATMULS
     depth = config.num_hidden_layers if layers is None else layers
     scale = float(scale.abs().max()) if isinstance(scale, torch.Tensor) else float(scale)
-    return math.sqrt(inner * MATMULS_PER_LAYER * depth) * U * scale
+    return math.sqrt(inner * products * depth) * U * scale
 
 
 def logit_rounding(config, scale: float | torch.Tensor) -> float:
