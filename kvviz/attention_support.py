@@ -126,7 +126,7 @@ def read(model: torch.nn.Module) -> tuple[AttentionRule | None, list[str]]:
         problems.append("attention modules without one shared soft-cap")
     latent = None
     try:
-        latent = mla.read(modules, getattr(config, "qk_rope_head_dim", 0)) if modules else None
+        latent = mla.read(modules) if modules else None
     except ValueError as refused:
         problems.append(str(refused))
     sinks = [getattr(m, "sinks", None) for m in modules]

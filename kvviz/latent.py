@@ -27,17 +27,11 @@ _stored: ContextVar[tuple[torch.Tensor, torch.Tensor] | None] = ContextVar("kvvi
 
 @dataclass(frozen=True, eq=False)
 class Latent:
-    """The up-projections of every MLA layer: ``up_keys`` ``(L, H, nope, R)`` (``W_UK``) and ``up_values``
-    ``(L, H, Dv, R)`` (``W_UV``), ``R`` the latent's width; ``rope`` the RoPE key's width."""
+    """The value up-projections of every MLA layer, ``up_values`` ``(L, H, Dv, R)`` (``W_UV``), ``R`` the latent's
+    width: what turns the averaged latents into the heads' outputs (the key side, ``W_UK``, is absorbed into each
+    recorded query by :func:`absorbed`)."""
 
-    up_keys: torch.Tensor
     up_values: torch.Tensor
-    rope: int
-
-    @property
-    def rank(self) -> int:
-        """The latent's width ``R`` (``kv_lora_rank``)."""
-        return self.up_keys.shape[-1]
 
     def project(self, outputs: torch.Tensor) -> torch.Tensor:
         """Per-head outputs in latent space ``(L, H, R)`` (``Σ α c``) → as the model's heads give them
@@ -53,20 +47,16 @@ def absorbed(module: torch.nn.Module, query: torch.Tensor) -> torch.Tensor:
     return torch.cat((torch.einsum("bhqd,hdr->bhqr", query[..., :nope], up.to(query.dtype)), query[..., nope:]), dim=-1)
 
 
-def read(modules: list[torch.nn.Module], rope: int) -> Latent | None:
+def read(modules: list[torch.nn.Module]) -> Latent | None:
     """The :class:`Latent` of a model's attention ``modules`` (None: not MLA). Refuses (``ValueError``) modules whose
     latent kvviz cannot read (no ``expand_kv``, as transformers' DeepSeek-V3 attention has)."""
     if not all(hasattr(m, "kv_b_proj") for m in modules):
         return None
     if not all(callable(getattr(m, "expand_kv", None)) for m in modules):
         raise ValueError("latent attention without transformers' expand_kv")
-    ups = []
-    for module in modules:
-        heads, nope, values = module.num_heads, module.qk_nope_head_dim, module.v_head_dim
-        ups.append(module.kv_b_proj.weight.detach().float().view(heads, nope + values, -1))
-    up = torch.stack(ups)  # (L, H, nope + Dv, R)
-    nope = modules[0].qk_nope_head_dim
-    return Latent(up[:, :, :nope].contiguous(), up[:, :, nope:].contiguous(), rope)
+    ups = [m.kv_b_proj.weight.detach().float().view(m.num_heads, m.qk_nope_head_dim + m.v_head_dim, -1)
+           for m in modules]  # (H, nope + Dv, R) each: W_UK's rows, then W_UV's
+    return Latent(torch.stack([up[:, m.qk_nope_head_dim:] for up, m in zip(ups, modules)]))
 
 
 def install(modules: list[torch.nn.Module]) -> None:

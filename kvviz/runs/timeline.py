@@ -141,38 +141,37 @@ class Timeline:
 
     def keys_at(self, layer: int, slot: int, stop: int) -> torch.Tensor:
         """Keys ``(KV, stop, D)`` of ``layer`` as the step of slot ``slot`` saw them."""
-        if self.rotary is not None:
-            return self._placed(layer, slot, stop) if self.rotary.part == 0 else self.original_kv(layer, stop)[0]
-        if self.flushes:
-            return self.flushed_kv(layer, self.index(slot), stop)[0]
-        if self.parts:
-            return self.edit_at(slot).quantized_keys(self.original_kv(layer, stop)[0], layer)
-        quantized = min(self.key_version(slot), stop)
-        if not quantized:
-            return self.original_kv(layer, stop)[0]
-        if self.format.grouping == "shared":  # the scales depended on every slot quantized then
-            return self.format.edit(range(quantized)).quantized_keys(self.original_kv(layer, stop)[0], layer)
-        live = kv_cache.layer_kv(self.cache, layer)[0][0, :, :stop]  # blocks: quantized once, never again
-        return torch.cat([live[:, :quantized], self.original_kv(layer, stop)[0][:, quantized:]], dim=1)
+        return self._seen(0, layer, slot, stop)
 
     def values_at(self, layer: int, slot: int, stop: int) -> torch.Tensor:
-        """Values ``(KV, stop, D)`` of ``layer`` as the step of slot ``slot`` saw them, as :meth:`keys_at` finds the
-        keys — what a latent cache's queries score its RoPE keys by. Not for runs that merged values (a latent cache
-        refuses merges)."""
+        """Values ``(KV, stop, D)`` of ``layer`` as the step of slot ``slot`` saw them — what a latent cache's queries
+        score its RoPE keys by. Not for runs that merged values (a latent cache refuses merges)."""
+        return self._seen(1, layer, slot, stop)
+
+    def _seen(self, part: int, layer: int, slot: int, stop: int) -> torch.Tensor:
+        """The keys (``part`` 0) or values (1) ``(KV, stop, D)`` of ``layer`` as the step of slot ``slot`` saw them:
+        placed where a re-rotated run had them, as QuantizedCache's flushes left them, pruned, or rounded by the run's
+        cache format."""
+        def original() -> torch.Tensor:  # read only where it is needed
+            return self.original_kv(layer, stop)[part]
+
+        rounded = Edit.quantized_keys if part == 0 else Edit.quantized_values
         if self.rotary is not None:
-            return self._placed(layer, slot, stop) if self.rotary.part == 1 else self.original_kv(layer, stop)[1]
+            return self._placed(layer, slot, stop) if self.rotary.part == part else original()
         if self.flushes:
-            return self.flushed_kv(layer, self.index(slot), stop)[1]
-        if self.parts:
+            return self.flushed_kv(layer, self.index(slot), stop)[part]
+        if self.parts and part == 1:
             raise NotImplementedError("values as a step saw them, after merges: read for latent caches, which refuse "
                                       "merges")
+        if self.parts:
+            return rounded(self.edit_at(slot), original(), layer)
         quantized = min(self.key_version(slot), stop)
         if not quantized:
-            return self.original_kv(layer, stop)[1]
+            return original()
         if self.format.grouping == "shared":  # the scales depended on every slot quantized then
-            return self.format.edit(range(quantized)).quantized_values(self.original_kv(layer, stop)[1], layer)
-        live = kv_cache.layer_kv(self.cache, layer)[1][0, :, :stop]  # blocks: quantized once, never again
-        return torch.cat([live[:, :quantized], self.original_kv(layer, stop)[1][:, quantized:]], dim=1)
+            return rounded(self.format.edit(range(quantized)), original(), layer)
+        live = kv_cache.layer_kv(self.cache, layer)[part][0, :, :stop]  # blocks: quantized once, never again
+        return torch.cat([live[:, :quantized], original()[:, quantized:]], dim=1)
 
     def evicted(self, length: int) -> torch.Tensor | None:
         """Bool ``(L, KV, length)`` of the slots hidden from the next step, or None when none is."""
