@@ -14,28 +14,26 @@ from playwright.sync_api import expect
 from tests.support.browser_page import send, settle, shows_evicted, watch_console
 
 
-@pytest.fixture(scope="module")
-def gpt_oss_server(tokenizer, tmp_path_factory):
+def _served(kind: str, tokenizer, tmp_path_factory):
+    """The app serving a tiny random model of ``kind`` saved to a folder (loaded as a checkpoint is): its URL."""
     from benchmarks.browser import running_app
     from kvviz.tiny_models import tiny
 
-    folder = tmp_path_factory.mktemp("tiny-gpt-oss")
-    tiny("gpt_oss").save_pretrained(folder)
+    folder = tmp_path_factory.mktemp(f"tiny-{kind}")
+    tiny(kind).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     with running_app({"KVVIZ_MODEL": str(folder)}) as url:
         yield url
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_server(tokenizer, tmp_path_factory):
+    yield from _served("gpt_oss", tokenizer, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def deepseek_server(tokenizer, tmp_path_factory):
-    from benchmarks.browser import running_app
-    from kvviz.tiny_models import tiny
-
-    folder = tmp_path_factory.mktemp("tiny-deepseek-v3")
-    tiny("deepseek_v3").save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    with running_app({"KVVIZ_MODEL": str(folder)}) as url:
-        yield url
+    yield from _served("deepseek_v3", tokenizer, tmp_path_factory)
 
 
 def _share(page) -> float:

@@ -30,6 +30,22 @@ def greedy_tokens(lm: LoadedModel, text: str, steps: int) -> list[int]:
     return tokens
 
 
+def teacher_forced(lm: LoadedModel, settings, text: str, steps: int):
+    """A compressed run (kvviz.runs.compressed, with ``settings``) of the user message ``text``, teacher-forced on the
+    ``steps`` tokens a plain session chooses (:func:`greedy_tokens`): the run, those tokens, each step's logits
+    ``(V,)`` and the slots each step saw (``run.seen`` then, bool ``(L, KV, n)``)."""
+    from kvviz.runs.compressed import CompressedSession
+
+    tokens = greedy_tokens(lm, text, steps)
+    run = CompressedSession(lm, settings)
+    run.add_turn(text)
+    logits, seen = [], []
+    for token in tokens:
+        logits.append(run.step(token))
+        seen.append(run.seen.clone())
+    return run, tokens, logits, seen
+
+
 def removed_step(session: Session, at: int, evicted: list[int], renumber: bool = False) -> torch.Tensor:
     """Reference: the float32 logits ``(V,)`` of slot ``at``'s step on a cache from which ``evicted`` slots were
     physically removed, at the slot's true position (or, with ``renumber``, at the count of slots kept)."""

@@ -28,7 +28,7 @@ from kvviz.schemes.kivi import Kivi
 from kvviz.schemes.written import WrittenCache
 from kvviz.tiny_sessions import tiny_pair
 from kvviz.whatif import what_if
-from tests.support.references import greedy_tokens
+from tests.support.references import teacher_forced
 from tests.support.rounding import logit_rounding, probability_rounding, weight_rounding
 
 TURNS = ["a = 3, b = 5. What is a + b?", "And a - b? Say it in words."]
@@ -139,13 +139,7 @@ def test_a_policy_run_equals_one_masked_forward_step_by_step(mla, policy):
     the heads that share it)."""
     lm, eager, _ = mla
     budget, steps = 20, 8
-    tokens = greedy_tokens(lm, TURNS[1], steps)
-    run = CompressedSession(lm, RunSettings(policy, budget, "decode"))
-    run.add_turn(TURNS[1])
-    logits, seen = [], []
-    for token in tokens:
-        logits.append(run.step(token))
-        seen.append(run.seen.clone())
+    run, _, logits, seen = teacher_forced(lm, RunSettings(policy, budget, "decode"), TURNS[1], steps)
     prompt = run.prompt_end[0]
     ids = run.session.transcript.ids[: prompt + steps]
     layers = [_causal_rows(len(ids)) for _ in range(lm.layers)]
@@ -283,10 +277,8 @@ def test_a_rerotated_run_moves_only_the_rope_key(mla):
 
     lm, _, _ = mla
     budget, steps = 20, 8
-    tokens = greedy_tokens(lm, TURNS[1], steps)
-    run = CompressedSession(lm, RunSettings(StreamingLLM(), budget, "decode", positions="rerotated"))
-    run.add_turn(TURNS[1])
-    logits = [run.step(token) for token in tokens]
+    run, tokens, logits, _ = teacher_forced(lm, RunSettings(StreamingLLM(), budget, "decode", positions="rerotated"),
+                                            TURNS[1], steps)
     ids = run.session.transcript.ids[: run.prompt_end[0]]
     moved = False
     session, prompt = run.session, run.prompt_end[0]
@@ -330,8 +322,9 @@ LATENT = dict(num_key_value_heads=8, kv_lora_rank=32, q_lora_rank=24, qk_rope_he
 @pytest.mark.parametrize("kind", RELATIVES)
 def test_the_other_latent_attention_families_pass_the_same_oracles(tokenizer, kind):
     """Other transformers models whose attention is DeepSeek's MLA with its ``expand_kv`` (``deepseek_v2``,
-    ``glm4_moe_lite``, ``minicpm3``, ``youtu``, ``axk1``): the cached chat equals a forward without cache, and an eviction what-if equals the
-    step on a cache with the latents physically removed (tests/support/references.removed_step)."""
+    ``glm4_moe_lite``, ``minicpm3``, ``youtu``, ``axk1``): the cached chat equals a forward without cache, and an
+    eviction what-if equals the step on a cache with the latents physically removed
+    (tests/support/references.removed_step)."""
     from tests.support.references import removed_step
 
     lm, eager, session = tiny_pair(kind, tokenizer, TURNS, **LATENT)

@@ -20,12 +20,12 @@ import torch
 from kvviz import attention_math as am
 from kvviz.edit.edit import Edit
 from kvviz.policies import StreamingLLM
-from kvviz.runs.compressed import CompressedSession, RunSettings
+from kvviz.runs.compressed import RunSettings
 from kvviz.session import Session
 from kvviz.tiny_models import WINDOW
 from kvviz.tiny_sessions import tiny_pair
 from kvviz.whatif import what_if
-from tests.support.references import compacted_rerotated_steps, greedy_tokens
+from tests.support.references import compacted_rerotated_steps, teacher_forced
 from tests.support.rounding import logit_rounding, probability_rounding, weight_rounding
 
 TURNS = ["a = 3, b = 5. What is a + b?", "And a - b? Say it in words."]
@@ -104,13 +104,7 @@ def test_a_streaming_llm_run_equals_one_masked_forward_step_by_step(gpt_oss):
     of each step sees the step's kept slots and itself (and, in the sliding layers, only the window of them)."""
     lm, eager, _ = gpt_oss
     budget, steps = 20, 8
-    tokens = greedy_tokens(lm, TURNS[1], steps)
-    run = CompressedSession(lm, RunSettings(StreamingLLM(), budget, "decode"))
-    run.add_turn(TURNS[1])
-    logits, seen = [], []
-    for token in tokens:
-        logits.append(run.step(token))
-        seen.append(run.seen.clone())
+    run, _, logits, seen = teacher_forced(lm, RunSettings(StreamingLLM(), budget, "decode"), TURNS[1], steps)
     prompt = run.prompt_end[0]
     ids = run.session.transcript.ids[: prompt + steps]
     rows = _causal_rows(len(ids))
@@ -161,10 +155,8 @@ def test_a_rerotated_run_moves_yarn_keys_as_the_models_own_rope(tokenizer):
     lm, _, _ = tiny_pair("gpt_oss", tokenizer, [], layer_types=["full_attention"] * 3)
     assert lm.model.model.rotary_emb.attention_scaling != 1  # the factor the rotation must leave alone
     budget, steps = 20, 8
-    tokens = greedy_tokens(lm, TURNS[1], steps)
-    run = CompressedSession(lm, RunSettings(StreamingLLM(), budget, "decode", positions="rerotated"))
-    run.add_turn(TURNS[1])
-    logits = [run.step(token) for token in tokens]
+    run, tokens, logits, _ = teacher_forced(lm, RunSettings(StreamingLLM(), budget, "decode", positions="rerotated"),
+                                            TURNS[1], steps)
     ids = run.session.transcript.ids[: run.prompt_end[0]]
     moved = False
     for step, (reference, moved_now) in enumerate(compacted_rerotated_steps(lm, ids, tokens, budget)):

@@ -23,11 +23,11 @@ from kvviz.errors import KvvizError
 from kvviz.policies import StreamingLLM
 from kvviz.quant.quantizer import Quantizer, fake_quantize
 from kvviz.rope import Rotary, no_rope_layers, pre_rope, rope_frequencies
-from kvviz.runs.compressed import CompressedSession, RunSettings
+from kvviz.runs.compressed import RunSettings
 from kvviz.session_file import export_session, import_session
 from kvviz.tiny_sessions import tiny_pair
 from kvviz.whatif import what_if
-from tests.support.references import assert_what_if_is_the_stored_cache, compacted_rerotated_steps, greedy_tokens
+from tests.support.references import assert_what_if_is_the_stored_cache, compacted_rerotated_steps, teacher_forced
 from tests.support.rounding import logit_rounding
 
 TURNS = ["a = 3, b = 5. What is a + b? Tell me, and then tell me a story about a cat."]
@@ -49,10 +49,8 @@ def _rope(model, keys: torch.Tensor, positions: list[int]) -> torch.Tensor:
 def test_a_rerotated_run_moves_the_keys_of_rope_layers_only(smollm3):
     lm, _ = smollm3
     budget, steps = 16, 8
-    tokens = greedy_tokens(lm, TURNS[0], steps)
-    run = CompressedSession(lm, RunSettings(StreamingLLM(), budget, "decode", positions="rerotated"))
-    run.add_turn(TURNS[0])
-    logits = [run.step(token) for token in tokens]
+    run, tokens, logits, _ = teacher_forced(lm, RunSettings(StreamingLLM(), budget, "decode", positions="rerotated"),
+                                            TURNS[0], steps)
 
     ids = run.session.transcript.ids[: run.prompt_end[0]]
     moved_somewhere = False
