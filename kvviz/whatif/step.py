@@ -152,11 +152,12 @@ class EditedStepProbe(Probe):
         full = self.full.probe
         columns = self.new.flatten(0, 1).any(0).nonzero()[:, 0]
         alpha, new = full.alpha[..., columns], self.new[..., columns]  # (L, H, e)
-        keys, values = full.rule.keyed(*self.full.buffers), full.rule.carried(*self.full.buffers)  # (L, KV, n, ·)
+        values = full.rule.carried(*self.full.buffers)  # (L, KV, n, D)
         evicted_values = values[:, :, columns]  # (L, KV, e, D)
         o = full.attended
         if float(self.rho.max()) < 1:
             return full.rule.project(am.evicted_change(o, alpha, evicted_values, new, self.rho))
+        keys = full.rule.keyed(*self.full.buffers)  # (L, KV, n, D): a latent cache's concatenated only here
         rows = []
         for layer in range(len(o)):
             if bool((self.rho[layer] >= 1).any()):
