@@ -4,9 +4,10 @@ kvviz recomputes attention weights from recorded queries and cached keys, and re
 reproduces causal softmax attention with one score scale, an optional soft-cap of the scores (Gemma 2), a sliding
 window per layer (Mistral, Qwen2 with ``use_sliding_window``, Gemma 2 / 3, gpt-oss) and learned attention sinks per
 layer and head (gpt-oss), and multi-head latent attention (DeepSeek's MLA, read in its absorbed form:
-:mod:`kvviz.latent`): an :class:`AttentionRule`. A model whose attention adds something else is refused with a line
-naming it, never shown with wrong numbers: chunked or other non-causal layers, bidirectional windows, attention
-modules that differ in their score scale or soft-cap."""
+:mod:`kvviz.latent`): an :class:`AttentionRule`. In a hybrid model (Qwen3-Next, Qwen3.5) the rule is that of its KV
+layers, and the recurrent layers between them are :mod:`kvviz.recurrent`'s. A model whose attention adds something
+else is refused with a line naming it, never shown with wrong numbers: chunked or other non-causal layers,
+bidirectional windows, attention modules that differ in their score scale or soft-cap."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from transformers.cache_utils import get_layer_types_and_kwargs
 
 from kvviz import attention_math as am
 from kvviz import latent as mla
+from kvviz import recurrent
 from kvviz.errors import ModelLoadError
 
 
@@ -115,8 +117,10 @@ def read(model: torch.nn.Module) -> tuple[AttentionRule | None, list[str]]:
     config = model.config
     problems = []
     modules = attention_modules(model)
-    if len(modules) != config.num_hidden_layers:
-        problems.append(f"{len(modules)} attention modules for {config.num_hidden_layers} layers")
+    kv_layers = recurrent.kv_layers(config)
+    if len(modules) != len(kv_layers):
+        problems.append(f"{len(modules)} attention modules for {len(kv_layers)} layers with a KV cache")
+    problems += recurrent.problems(model)
     windows, other = _windows(config)
     problems += [f"{kind} layers" for kind in other]
     if getattr(config, "use_bidirectional_attention", False):
@@ -149,6 +153,8 @@ def _windows(config) -> tuple[tuple[int | None, ...], list[str]]:
     kinds, kwargs = get_layer_types_and_kwargs(config)
     windows, other = [], []
     for kind, arguments in zip(kinds, kwargs):
+        if kind == recurrent.LINEAR:  # no KV: not on kvviz's layer axis
+            continue
         window = arguments.get("sliding_window") if kind == "sliding_attention" else None
         if kind not in ("full_attention", "sliding_attention"):
             other.append(kind.replace("_", " "))
@@ -158,11 +164,15 @@ def _windows(config) -> tuple[tuple[int | None, ...], list[str]]:
 
 def check(model: torch.nn.Module, name: str) -> AttentionRule:
     """Refuse a model kvviz cannot reproduce (one line naming what is missing); return its attention rule. A model
-    with latent attention is made to report its latent to kvviz's attention function (:func:`kvviz.latent.install`)."""
+    with latent attention is made to report its latent to kvviz's attention function (:func:`kvviz.latent.install`),
+    a hybrid model's layers are numbered and its recurrent layers report their inputs
+    (:func:`kvviz.recurrent.install`)."""
     rule, problems = read(model)
     if problems:
         raise ModelLoadError(f"{name} ({model.config.model_type}) uses {'; '.join(problems)}, which kvviz cannot "
                              "reproduce yet; its numbers would be wrong, so it is not loaded")
     if rule.latent is not None:
         mla.install(attention_modules(model))
+    if recurrent.linear_layers(model.config):
+        recurrent.install(model, attention_modules(model))
     return rule

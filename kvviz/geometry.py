@@ -15,7 +15,8 @@ class Geometry:
 
     A model with latent attention (MLA, :mod:`kvviz.latent`) has one KV head: its cache's keys are the latent
     (``kv_lora_rank`` wide), its values the RoPE key (``qk_rope_head_dim``), and a query scores against both
-    (``head_dim`` their sum)."""
+    (``head_dim`` their sum). A hybrid model's ``layers`` are those with a KV cache (its recurrent layers hold none,
+    :mod:`kvviz.recurrent`)."""
 
     layers: int
     heads: int
@@ -35,7 +36,9 @@ class Geometry:
     def from_config(cls, config: Mapping[str, Any]) -> Geometry:
         """From a config's fields (``config.to_dict()`` or a ``config.json``)."""
         heads = config["num_attention_heads"]
-        shape = dict(layers=config["num_hidden_layers"], heads=heads, vocab=config["vocab_size"],
+        kinds = (config.get("layer_types") or ())[: config["num_hidden_layers"]]
+        linear = sum(kind == "linear_attention" for kind in kinds)  # recurrent layers: no KV (kvviz.recurrent)
+        shape = dict(layers=config["num_hidden_layers"] - linear, heads=heads, vocab=config["vocab_size"],
                      context_window=config["max_position_embeddings"])
         if config.get("kv_lora_rank"):  # latent attention: one latent and one RoPE key per token
             rank, rope = config["kv_lora_rank"], config["qk_rope_head_dim"]

@@ -43,15 +43,10 @@ class HiddenLog:
                 self._parts[layer][:] = [self.layer(layer)[:length]]
 
 
-def attention_modules(lm: LoadedModel) -> list[torch.nn.Module]:
-    """The model's attention modules, layer by layer (``model.layers[i].self_attn``)."""
-    return [layer.self_attn for layer in lm.model.model.layers]
-
-
 @contextmanager
 def recording(lm: LoadedModel, log: HiddenLog) -> Iterator[HiddenLog]:
     """Record the forward passes inside this block into ``log``; a pass that fails leaves ``log`` as it was."""
-    for index, module in enumerate(attention_modules(lm)):
+    for index, module in enumerate(lm.attention_modules):
         if not getattr(module, HOOKED, False):
             module.register_forward_pre_hook(_hook(index), with_kwargs=True)
             setattr(module, HOOKED, True)

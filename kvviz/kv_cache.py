@@ -1,5 +1,6 @@
 """The one adapter to transformers' cache internals: per-layer ``keys``/``values`` of shape ``(B, KV, n, D)``, keys
-stored post-RoPE. Everything else in kvviz goes through these functions."""
+stored post-RoPE. Everything else in kvviz goes through these functions. A hybrid model's cache also holds recurrent
+layers (no K/V, :mod:`kvviz.recurrent`): the functions here count and touch its KV layers only (:func:`entries`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 from transformers import Cache, DynamicCache, PretrainedConfig
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
 
 KV = tuple[torch.Tensor, torch.Tensor]
 Writer = Callable[[torch.Tensor, torch.Tensor], KV]  # new keys, values (B, KV, q, D) → as the cache stores them
@@ -65,10 +66,16 @@ class RoomyLayer(DynamicLayer):
         return self.keys, self.values
 
 
+def entries(cache: Cache) -> list:
+    """The layers of ``cache`` that hold K/V, in order (kvviz's layer axis): all of them, except a hybrid model's
+    recurrent layers."""
+    return [entry for entry in cache.layers if not isinstance(entry, LinearAttentionCacheLayerMixin)]
+
+
 def reserve(cache: Cache, capacity: int) -> None:
     """Room for ``capacity`` slots in every started :class:`RoomyLayer` (a chunked prefill allocates once, not once
     per chunk)."""
-    for entry in cache.layers:
+    for entry in entries(cache):
         if isinstance(entry, RoomyLayer) and entry.is_initialized and not entry._fits(capacity):
             _regrow(entry, capacity)
 
@@ -77,7 +84,7 @@ def own(cache: Cache) -> None:
     """Buffers of their own for the :class:`RoomyLayer` s of ``cache`` that are rows of a buffer shared by a batch of
     sessions (:mod:`kvviz.runs.lockstep`): their cached slots copied, with a quarter more room; the batch's buffer is
     freed once no session holds a row of it."""
-    for entry in cache.layers:
+    for entry in entries(cache):
         buffers = entry._buffers if isinstance(entry, RoomyLayer) and entry.is_initialized else None
         if buffers is not None and any(b.untyped_storage().nbytes() > b.numel() * b.element_size() for b in buffers):
             length = entry.get_seq_length()
@@ -105,11 +112,11 @@ def share(caches: list[Cache], length: int, capacity: int) -> list[KV]:
     (a batch of sessions, :mod:`kvviz.runs.lockstep`); every cache's :class:`RoomyLayer` s become views of its row,
     so their updates write there. :func:`own` gives a cache buffers of its own again."""
     buffers = []
-    for entries in zip(*(cache.layers for cache in caches)):
-        keys, values = entries[0].keys, entries[0].values  # (1, KV, ≥ length, D)
+    for layer in zip(*(entries(cache) for cache in caches)):
+        keys, values = layer[0].keys, layer[0].values  # (1, KV, ≥ length, D)
         pair = (keys.new_empty(len(caches), keys.shape[1], capacity, keys.shape[3]),
                 values.new_empty(len(caches), values.shape[1], capacity, values.shape[3]))
-        for row, entry in enumerate(entries):
+        for row, entry in enumerate(layer):
             for buffer, old in zip(pair, (entry.keys, entry.values)):
                 buffer[row, :, :length] = old[0, :, :length]
             entry._buffers = tuple(buffer[row:row + 1] for buffer in pair)
@@ -122,7 +129,7 @@ def extend(caches: list[Cache], buffers: list[KV], length: int) -> None:
     """Point each cache of a :func:`share` batch at the first ``length`` slots of its row of ``buffers`` (after a
     batched pass wrote its new slots there)."""
     for row, cache in enumerate(caches):
-        for entry, (keys, values) in zip(cache.layers, buffers):
+        for entry, (keys, values) in zip(entries(cache), buffers):
             entry.keys, entry.values = keys[row:row + 1, :, :length], values[row:row + 1, :, :length]
 
 
@@ -130,14 +137,14 @@ def shared(caches: list[Cache], buffers: list[KV]) -> bool:
     """Whether every cache's layers are still views of its row of ``buffers`` (:func:`share`): nothing reallocated
     them since."""
     return all(entry.keys.data_ptr() == keys[row].data_ptr() and entry.values.data_ptr() == values[row].data_ptr()
-               for row, cache in enumerate(caches) for entry, (keys, values) in zip(cache.layers, buffers))
+               for row, cache in enumerate(caches) for entry, (keys, values) in zip(entries(cache), buffers))
 
 
 def compact_memo(cache: Cache) -> dict[int, object]:
     """A ``copy.deepcopy`` memo under which a copy of ``cache`` holds each :class:`RoomyLayer`'s cached slots alone:
     not its spare room, nor the other rows of a buffer shared by a batch of sessions (:mod:`kvviz.runs.lockstep`)."""
     memo: dict[int, object] = {}
-    for entry in cache.layers:
+    for entry in entries(cache):
         if isinstance(entry, RoomyLayer) and entry._buffers is not None and entry.keys.dim() == 4:
             keys, values = entry.keys.clone(), entry.values.clone()
             memo[id(entry.keys)], memo[id(entry.values)], memo[id(entry._buffers)] = keys, values, (keys, values)
@@ -146,13 +153,13 @@ def compact_memo(cache: Cache) -> dict[int, object]:
 
 def layer_kv(cache: Cache, layer: int) -> KV:
     """Keys and values of ``layer``: two ``(B, KV, n, D)`` tensors."""
-    entry = cache.layers[layer]
+    entry = entries(cache)[layer]
     return entry.keys, entry.values
 
 
 def truncate(cache: Cache, length: int) -> None:
     """Keep the first ``length`` slots of every layer (layers a failed pass already extended are cut back)."""
-    for entry in cache.layers:
+    for entry in entries(cache):
         if entry.is_initialized and entry.keys.dim() == 4 and entry.keys.shape[2] > length:
             entry.keys = entry.keys[:, :, :length]
             entry.values = entry.values[:, :, :length]
@@ -161,15 +168,16 @@ def truncate(cache: Cache, length: int) -> None:
 def nbytes(cache: Cache) -> int:
     """Bytes held by keys and values over all layers (the cached slots; not a :class:`RoomyLayer`'s spare room)."""
     return sum(
-        t.numel() * t.element_size() for e in cache.layers if e.is_initialized for t in (e.keys, e.values)
+        t.numel() * t.element_size() for e in entries(cache) if e.is_initialized for t in (e.keys, e.values)
     )
 
 
 def _every_slot(config: PretrainedConfig, layer: type[DynamicLayer]) -> DynamicCache:
-    """An empty ``DynamicCache`` for ``config`` whose layers are all ``layer``: sliding-window layers too keep every
-    slot (their window is the model's attention mask over absolute slots, and kvviz shows what they no longer see)."""
+    """An empty ``DynamicCache`` for ``config`` whose KV layers are all ``layer`` (a hybrid's recurrent layers stay as
+    transformers makes them): sliding-window layers too keep every slot (their window is the model's attention mask
+    over absolute slots, and kvviz shows what they no longer see)."""
     cache = DynamicCache(config=config)
-    cache.layers = [layer() for _ in cache.layers]
+    cache.layers = [entry if isinstance(entry, LinearAttentionCacheLayerMixin) else layer() for entry in cache.layers]
     return cache
 
 
@@ -177,7 +185,7 @@ def build(config: PretrainedConfig, tensors: list[KV]) -> DynamicCache:
     """A new ``DynamicCache`` holding the given per-layer ``(keys, values)`` themselves, not copies: ``update``
     concatenates into new tensors, so a forward pass on this cache never writes to the given ones."""
     cache = _every_slot(config, DynamicLayer)
-    for entry, (keys, values) in zip(cache.layers, tensors, strict=True):
+    for entry, (keys, values) in zip(entries(cache), tensors, strict=True):
         entry.device, entry.is_initialized = keys.device, True  # lazy_initialization, without its placeholders
         entry.keys, entry.values = keys, values
     return cache
@@ -190,16 +198,20 @@ def roomy(config: PretrainedConfig) -> DynamicCache:
 
 
 def over(buffers: list[KV], length: int, cached: list[tuple[KV, KV]] | None = None,
-         written: Sequence[Writer] | None = None) -> Cache:
+         written: Sequence[Writer] | None = None, recurrent: dict | None = None) -> Cache:
     """A cache over the first ``length`` slots of per-layer buffers ``(B, KV, capacity, D)``: a forward pass writes
     its new slots into the buffers (slots ``length..``), without copying the cached ones. ``cached``: the views of
     those slots and of the next one (:func:`leading`) when made before: a cache made over the same buffers again
     costs no operation, and a decode step on it writes its slot without making views. ``written``: per layer, how
-    the new slots are stored (:class:`RoomyLayer`)."""
+    the new slots are stored (:class:`RoomyLayer`). ``recurrent``: a hybrid model's recurrent layers by decoder layer
+    (:func:`kvviz.recurrent.layers`), put between the KV layers where the model has them."""
     cached = cached or [None] * len(buffers)
     written = written or [None] * len(buffers)
-    return Cache(layers=[RoomyLayer(keys, values, length, views, writer)
-                         for (keys, values), views, writer in zip(buffers, cached, written)])
+    kv = iter(RoomyLayer(keys, values, length, views, writer)
+              for (keys, values), views, writer in zip(buffers, cached, written))
+    recurrent = recurrent or {}
+    return Cache(layers=[recurrent[index] if index in recurrent else next(kv)
+                         for index in range(len(buffers) + len(recurrent))])
 
 
 def leading(buffers: list[KV], length: int) -> list[tuple[KV, KV]]:

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from transformers.utils import logging as hf_logging
 
 from kvviz import settings
-from kvviz.attention_support import AttentionRule, check
+from kvviz.attention_support import AttentionRule, attention_modules, check
 from kvviz.chat_template import PLAIN_TEMPLATE
 from kvviz.checkpoint import BUNDLED_NAME, GGUF_MAGIC, bundled_gguf, cache_root, converted_dir
 from kvviz.errors import ModelLoadError
@@ -67,6 +67,12 @@ class LoadedModel:
         """What the model's attention applies to the scores: scale, soft-cap, each layer's sliding window (checked
         when the model loads)."""
         return check(self.model, self.name)
+
+    @cached_property
+    def attention_modules(self) -> list[torch.nn.Module]:
+        """The attention module of each layer with a KV cache, in kvviz's layer order (a hybrid model's recurrent
+        layers have none)."""
+        return attention_modules(self.model)
 
     @property
     def scaling(self) -> float:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from kvviz import kv_cache
+from kvviz import kv_cache, recurrent
 from kvviz.model import LoadedModel
 from kvviz.recorder import QueryLog, QueryRecorder, probing
 
@@ -36,6 +36,7 @@ def forward(lm: LoadedModel, cache, queries: QueryLog, evicted: Callable[[int], 
     length, recorded = cache.get_seq_length(), queries.length
     parts = chunks(len(ids), chunk)
     queries.reserve(recorded + len(ids))
+    states = recurrent.snapshot(cache)  # a hybrid model's recurrent layers, which a pass changes in place
     try:
         for index, part in enumerate(parts):
             report = None if on_layer is None else _progress(on_layer, index, len(parts))
@@ -52,7 +53,8 @@ def forward(lm: LoadedModel, cache, queries: QueryLog, evicted: Callable[[int], 
                 kv_cache.reserve(cache, length + len(ids))
     except BaseException:
         kv_cache.truncate(cache, length)  # undo the layers and chunks that were already appended
-        queries.length = recorded
+        recurrent.restore(cache, states)
+        queries.rollback(recorded)
         raise
     return out.logits[0, -1].float()
 

@@ -46,8 +46,17 @@ class Probe:
     def on_output(self, layer: int, output: torch.Tensor) -> None:
         """Called with the per-head attention output ``(B, q, H, D)`` (before ``o_proj``)."""
 
+    def on_mixer(self, index: int, hidden: torch.Tensor) -> None:
+        """Called with the input ``(B, q, hidden)`` of a hybrid model's recurrent layer ``index`` (its place among the
+        recurrent layers, :mod:`kvviz.recurrent`)."""
+
 
 _probe: ContextVar[Probe | None] = ContextVar("kvviz_probe", default=None)
+
+
+def current_probe() -> Probe | None:
+    """The probe of the forward pass in progress on this thread/task (None: none)."""
+    return _probe.get()
 
 
 @contextmanager
@@ -100,14 +109,14 @@ def kvviz_attention(
     ``(B, H, q, D)``, key/value ``(B, KV, n, D)`` (the whole cache after this step's update); returns ``(B, q, H, D)``
     and the weights ``(B, H, q, n)`` or None."""
     probe = _probe.get()
-    visible = None
+    visible, layer = None, getattr(module, "kvviz_layer", module.layer_idx)  # a hybrid's KV layers are numbered apart
     if probe is not None and hasattr(module, "kv_b_proj"):  # latent attention: the probe sees what the cache holds
         stored = mla.stored()
         if stored is None:
             raise RuntimeError("a latent attention module that does not report its latent (kvviz.latent.install)")
-        visible = probe.on_query(module.layer_idx, mla.absorbed(module, query), *stored)
+        visible = probe.on_query(layer, mla.absorbed(module, query), *stored)
     elif probe is not None:
-        visible = probe.on_query(module.layer_idx, query, key, value)
+        visible = probe.on_query(layer, query, key, value)
     sinks = kwargs.pop("s_aux", None)  # gpt-oss passes its learned sinks under this name
     if sinks is not None:
         output, weights = _with_sinks(query, key, value, _full_mask(attention_mask, query, key, visible), scaling,
@@ -132,7 +141,7 @@ def kvviz_attention(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
     if probe is not None:
-        probe.on_output(module.layer_idx, output)
+        probe.on_output(layer, output)
     return output, weights
 
 
@@ -192,12 +201,15 @@ class QueryLog:
     """Post-RoPE queries of every processed slot, all layers: ``(L, H, n, D)`` in a buffer grown by ~25 % steps.
 
     Writes of one forward pass are staged per layer and become visible with :meth:`commit`, so a failed pass leaves
-    the log as it was.
+    the log as it was. ``mixers``: for a hybrid model, the count and width of its recurrent layers, whose inputs per
+    slot are kept beside the queries as :attr:`inputs` ``(M, 1, n, hidden)`` (:mod:`kvviz.recurrent`).
     """
 
-    def __init__(self, layers: int, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device):
+    def __init__(self, layers: int, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
+                 mixers: tuple[int, int] | None = None):
         self.length, self.layers = 0, layers
         self._buffer = torch.empty(layers, heads, 0, head_dim, dtype=dtype, device=device)
+        self.inputs = None if not mixers or not mixers[0] else QueryLog(mixers[0], 1, mixers[1], dtype, device)
 
     def reserve(self, size: int) -> None:
         """Capacity for ``size`` slots (grown by at least a quarter when it grows)."""
@@ -208,6 +220,8 @@ class QueryLog:
         grown = self._buffer.new_empty(layers, heads, max(size, capacity + capacity // 4 + 64), head_dim)
         grown[:, :, : self.length] = self._buffer[:, :, : self.length]
         self._buffer = grown
+        if self.inputs is not None:
+            self.inputs.reserve(size)
 
     def write(self, layer: int, query: torch.Tensor) -> None:
         """Stage ``query`` ``(H, q, D)`` of ``layer`` right after the committed slots."""
@@ -216,12 +230,21 @@ class QueryLog:
 
     def commit(self, count: int) -> None:
         self.length += count
+        if self.inputs is not None:
+            self.inputs.commit(count)
+
+    def rollback(self, length: int) -> None:
+        """Forget the slots from ``length`` on (a pass that failed)."""
+        self.length = length
+        if self.inputs is not None:
+            self.inputs.rollback(length)
 
     def __deepcopy__(self, memo: dict) -> QueryLog:
         """A copy holding the recorded queries, not the spare capacity (a forked run copies its session)."""
         copied = QueryLog.__new__(QueryLog)
         copied.length, copied.layers = self.length, self.layers
         copied._buffer = self._buffer[:, :, : self.length].clone()
+        copied.inputs = None if self.inputs is None else self.inputs.__deepcopy__(memo)
         return copied
 
     def layer(self, layer: int) -> torch.Tensor:
@@ -230,8 +253,8 @@ class QueryLog:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held, including spare capacity."""
-        return self._buffer.numel() * self._buffer.element_size()
+        """Bytes held, including spare capacity (and the recurrent layers' inputs)."""
+        return self._buffer.numel() * self._buffer.element_size() + (0 if self.inputs is None else self.inputs.nbytes)
 
 
 class QueryRecorder(Probe):
@@ -250,3 +273,6 @@ class QueryRecorder(Probe):
         if self.on_layer is not None:
             self.on_layer(layer, self.log.layers)
         return None if self.evicted is None else ~self.evicted[layer][None]
+
+    def on_mixer(self, index: int, hidden: torch.Tensor) -> None:
+        self.log.inputs.write(index, hidden[:1])  # (1, q, hidden): batch row 0

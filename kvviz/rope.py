@@ -28,7 +28,11 @@ if TYPE_CHECKING:  # the model's module loads transformers; a rotation needs onl
 def rope_rotate(x: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """``x`` ``(..., n, D)`` rotated by ``delta`` ``(n,)`` positions each, with RoPE frequencies ``inv_freq``
     ``(D/2,)``: channel pair ``(x_i, x_{i+D/2})`` turned by the angle ``δ·θ_i`` (transformers' ``rotate_half`` layout,
-    float32 angles as the model computes them). A negative ``delta`` undoes a rotation."""
+    float32 angles as the model computes them). A negative ``delta`` undoes a rotation. With partial RoPE (fewer
+    frequencies than ``D/2``: Qwen3-Next, Qwen3.5) the first ``2·len(θ)`` channels turn and the others stay."""
+    turned = 2 * inv_freq.shape[-1]
+    if turned < x.shape[-1]:
+        return torch.cat((rope_rotate(x[..., :turned], delta, inv_freq), x[..., turned:]), dim=-1)
     freqs = delta.to(inv_freq.device, torch.float32)[:, None] * inv_freq  # (n, D/2)
     emb = torch.cat((freqs, freqs), dim=-1).to(x.device)
     cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
@@ -43,9 +47,7 @@ ROTATIONS = ("default", "linear", "llama3", "yarn")  # RoPE variants whose angle
 
 def no_rope_layers(lm: LoadedModel) -> tuple[int, ...]:
     """The layers of ``lm`` whose attention applies no RoPE (SmolLM3's NoPE layers: transformers' ``use_rope``)."""
-    layers = getattr(getattr(lm.model, "model", None), "layers", ())
-    return tuple(index for index, layer in enumerate(layers)
-                 if not getattr(getattr(layer, "self_attn", None), "use_rope", True))
+    return tuple(index for index, module in enumerate(lm.attention_modules) if not getattr(module, "use_rope", True))
 
 
 class Rotary:

@@ -14,7 +14,7 @@ from typing import TypeVar
 import torch
 from transformers import Cache
 
-from kvviz import kv_cache, prefill, settings
+from kvviz import kv_cache, prefill, recurrent, settings
 from kvviz.chat_template import chat_delta, check_unicode
 from kvviz.edit.commits import CommitLog, Commits
 from kvviz.edit.check import check_edit
@@ -39,6 +39,12 @@ class SessionBytes:
     recorded_bytes: int
 
 
+def new_query_log(lm: LoadedModel) -> QueryLog:
+    """An empty log of ``lm``'s queries per slot, and of its recurrent layers' inputs when it has any."""
+    linear = len(recurrent.linear_layers(lm.config))
+    return QueryLog(lm.layers, lm.heads, lm.head_dim, lm.dtype, lm.device, (linear, lm.config.hidden_size))
+
+
 class Session:
     """A turn-by-turn conversation on a shared :class:`LoadedModel`."""
 
@@ -54,7 +60,7 @@ class Session:
         self.sampling = sampling or Sampling()
         self.transcript = Transcript()
         self.cache = kv_cache.roomy(lm.model.config)  # decode steps write into spare room, no copy of the cache
-        self.queries = QueryLog(lm.layers, lm.heads, lm.head_dim, lm.dtype, lm.device)
+        self.queries = new_query_log(lm)
         self.messages: list[dict[str, str]] = []
         self.turns: list[dict[str, str]] = []
         self.produced: list[int] = []  # tokens chosen in the current turn; the last one is pending
@@ -306,8 +312,9 @@ class Session:
         return self.memo.get(self.version, kind, key, compute, keep)
 
     def memory(self) -> SessionBytes:
-        """Bytes of the KV cache and of the recorded queries."""
-        return SessionBytes(kv_cache.nbytes(self.cache), self.queries.nbytes)
+        """Bytes of the KV cache (with a hybrid model's recurrent states) and of the recorded queries (with its
+        recurrent layers' recorded inputs)."""
+        return SessionBytes(kv_cache.nbytes(self.cache) + recurrent.nbytes(self.cache), self.queries.nbytes)
 
     def nbytes(self) -> int:
         """Bytes of every tensor held: cache (with room), recorded queries, quantization originals, derived data."""
@@ -323,7 +330,7 @@ class Session:
         held = self.nbytes()
         self.memo.clear()
         self.cache = kv_cache.roomy(self.lm.model.config)
-        self.queries = QueryLog(self.lm.layers, self.lm.heads, self.lm.head_dim, self.lm.dtype, self.lm.device)
+        self.queries = new_query_log(self.lm)
         self.commits = CommitLog(self.cache, self.lm.layers, self.lm.kv_heads)
         self.logits, self.released = None, why
         return held

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from transformers import Cache
 
-from kvviz import kv_cache
+from kvviz import kv_cache, recurrent
 from kvviz.recorder import Probe, probing
 from kvviz.session import Session
 
@@ -49,6 +49,8 @@ def rerun_rows(session: Session, slots: list[int], visible: torch.Tensor, cache:
     outside = torch.stack([lm.attention.outside(slot, at, visible.device) for slot in slots])  # (B, L, m)
     visible = visible & ~outside[:, :, None]
     cache = session.cache if cache is None else cache
+    if recurrent.linear_layers(lm.config):
+        return torch.cat([_alone(session, slot, row[None], cache) for slot, row in zip(slots, visible)])
     try:
         with torch.no_grad(), probing(Variants(visible)):
             out = lm.model(input_ids=torch.tensor([[s.id for s in picked]], device=lm.device),
@@ -58,3 +60,34 @@ def rerun_rows(session: Session, slots: list[int], visible: torch.Tensor, cache:
         if cache is session.cache:
             kv_cache.truncate(session.cache, length)
     return out.logits[0].float()
+
+
+def _alone(session: Session, index: int, visible: torch.Tensor, cache: Cache) -> torch.Tensor:
+    """One row of :func:`rerun_rows` on a hybrid model, in a pass of its own (its recurrent layers would read the rows
+    of one pass as consecutive tokens): the step of slot ``index`` on ``cache``, whose recurrent layers start from
+    their states before that slot; ``cache`` is as it was afterwards. Returns the logits ``(1, V)`` float32."""
+    lm, length, slot = session.lm, cache.get_seq_length(), session.transcript.slots[index]
+    mine = recurrent.layers(states_before(session, index))
+    kept = {layer: cache.layers[layer] for layer in mine}
+    try:
+        cache.layers[:] = [mine.get(layer, entry) for layer, entry in enumerate(cache.layers)]
+        with torch.no_grad(), probing(Variants(visible)):
+            out = lm.model(input_ids=torch.tensor([[slot.id]], device=lm.device),
+                           position_ids=torch.tensor([[slot.position]], device=lm.device),
+                           cache=cache, use_cache=True, logits_to_keep=1)
+    finally:
+        cache.layers[:] = [kept.get(layer, entry) for layer, entry in enumerate(cache.layers)]
+        kv_cache.truncate(cache, length)
+    return out.logits[0].float()
+
+
+def states_before(session: Session, at: int) -> dict:
+    """A hybrid model's recurrent layers as they stood before slot ``at`` (:mod:`kvviz.recurrent`; empty without
+    any): copies of the live cache's before the pending slot, else rebuilt from the recorded inputs (memoized)."""
+    if not recurrent.linear_layers(session.lm.config):
+        return {}
+    if at == len(session):
+        return {index: None if state is None else tuple(t.clone() for t in state)
+                for index, state in recurrent.live_states(session.cache).items()}
+    return session.memoized("recurrent", at, lambda: recurrent.states_at(session.lm.model, session.queries.inputs, at),
+                            keep=4)

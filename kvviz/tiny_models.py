@@ -38,6 +38,15 @@ ARCHITECTURES = {  # each with a GQA ratio other than the bundled model's 3
                                              bos_token_id=None, eos_token_id=None)),
     # latent attention (MLA): a 256-wide latent (two of fp8_ds_mla's 128-channel tiles) and an 8-wide RoPE key per
     # token, interleaved RoPE, value heads narrower than query heads; a mixture of experts from layer 1 on
+    "qwen3_next": ("Qwen3NextConfig", dict(num_hidden_layers=4, num_key_value_heads=2, head_dim=16, **(HYBRID := dict(
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"], pad_token_id=None,
+        bos_token_id=None, eos_token_id=None)), num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=32)),
+    # hybrid: Gated DeltaNet layers 0 and 2 keep a recurrent state, no K/V; layers 1 and 3 attend, their output gated
+    # per head, a quarter of each head's channels rotated (partial RoPE); a mixture of experts with a shared expert
+    "qwen3_5": ("Qwen3_5TextConfig", dict(num_hidden_layers=4, num_key_value_heads=4, head_dim=16, **HYBRID)),
+    # the same hybrid layout with a dense MLP (Qwen3.5's text model)
 }
 SINKS = (4.0, 2.0)  # a learned sink's logit ~ N(4, 2²): some heads give it most of their mass, others little
 

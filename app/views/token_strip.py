@@ -11,6 +11,7 @@ from app import state
 from app.plain import plain, plural, warn
 from app.components.strip import clicked, parse_click, token_strip
 from app.views import branches, reshape, schemes
+from kvviz import recurrent
 from kvviz.attention_math import kv_head_of
 from kvviz.schemes.calibration import calibrate
 from kvviz.rope import pre_rope
@@ -45,7 +46,10 @@ def view_settings() -> None:
     session = state.session()
     large = st.session_state.get("large", False)  # larger type: "Jump to" needs a wider column to stay one line
     view = st.columns([2, 2, 2, 3, 1.5 if large else 1], vertical_alignment="bottom")
-    view[0].selectbox("Layer", range(session.lm.layers), key="layer")
+    decoder = recurrent.kv_layers(session.lm.config)
+    view[0].selectbox("Layer", range(session.lm.layers), key="layer",
+                      format_func=lambda l: str(l) if len(decoder) == session.lm.config.num_hidden_layers else
+                      f"{l} (decoder layer {decoder[l]})")
     view[1].selectbox("Head", [state.MEAN, *range(session.lm.heads)], key="head",
                       format_func=lambda h: "mean of heads" if h == state.MEAN else
                       f"head {h} (KV {kv_head_of(h, session.lm.heads, session.lm.kv_heads)})")
@@ -77,7 +81,7 @@ def render() -> None:
         st.caption(f"Click a chip to evict it · shift-click to select · background = attention of the current step "
                    f"(dashed), {scale} · band: grey history, blue query, orange generated · struck through: the edit "
                    "you are trying (faded) or committed (grey, double line; purple filled badge: committed bits)")
-    for note in (latent_note(session), window_note(session, at, st.session_state.layer)):
+    for note in (latent_note(session), hybrid_note(session), window_note(session, at, st.session_state.layer)):
         if note:
             st.caption(note)
     large = st.session_state.large
@@ -151,6 +155,20 @@ def latent_note(session) -> str | None:
             f"channels per layer, from which all {lm.heads} heads derive their keys and values. A chip is a token's "
             "latent: evicting it removes the token for every head; bit-widths round the latent as keys and the RoPE "
             "key as values (fp8-ds-mla under Compare schemes stores it as vLLM does).")
+
+
+def hybrid_note(session) -> str | None:
+    """One line on a hybrid model's layers without KV, or None for a model whose every layer caches K/V."""
+    config = session.lm.config
+    linear = recurrent.linear_layers(config)
+    if not linear:
+        return None
+    kv, state = recurrent.kv_layers(config), recurrent.nbytes(session.cache)
+    return (f"This model is hybrid: of its {config.num_hidden_layers} decoder layers only {len(kv)} cache keys and "
+            f"values (decoder layers {', '.join(map(str, kv))}: kvviz's layers 0–{len(kv) - 1}); the other "
+            f"{len(linear)} ({', '.join(map(str, linear))}) are linear-attention layers that keep a recurrent state "
+            f"of fixed size instead ({state / 1024:.1f} KiB now, counted in the cache's bytes). Evictions, bit-widths "
+            "and policies touch the KV layers only; the recurrent layers see every token.")
 
 
 def window_note(session, at: int, layer: int) -> str | None:

@@ -58,7 +58,7 @@ class Candidates:
 
     def module(self, layer: int) -> torch.nn.Module:
         """``layer``'s attention module (its ``q_proj``, ``head_dim``, config: what kvpress' scorers use)."""
-        return self.session.lm.model.model.layers[layer].self_attn
+        return self.session.lm.attention_modules[layer]
 
     def positions(self) -> torch.Tensor:
         """The candidates' positions ``(1, at)`` (kvpress' ``position_ids``), on the model's device."""

@@ -81,11 +81,15 @@ class ExpectedAttention(TopkTies):
 
 def _mean_rotation(rotary, start: int, count: int, dim: int) -> torch.Tensor:
     """RoPE's rotation averaged over the positions ``start..start+count-1``: ``mean_p (cos_p·I + sin_p·P)`` with
-    ``P`` the ``rotate_half`` matrix, ``(D, D)``."""
-    freqs = torch.arange(start, start + count, dtype=torch.float32)[:, None] * rotary.inv_freq.cpu()  # (count, D/2)
+    ``P`` the ``rotate_half`` matrix, ``(D, D)``; with partial RoPE (Qwen3-Next) over the first ``2·len(θ)`` channels,
+    the identity on the others."""
+    freqs = torch.arange(start, start + count, dtype=torch.float32)[:, None] * rotary.inv_freq.cpu()  # (count, R/2)
     emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos(), emb.sin()  # (count, D)
-    half = dim // 2
-    swap = torch.zeros(dim, dim)
+    cos, sin = emb.cos(), emb.sin()  # (count, R)
+    rotated = emb.shape[-1]
+    half = rotated // 2
+    swap = torch.zeros(rotated, rotated)
     swap[half:, :half], swap[:half, half:] = torch.eye(half), -torch.eye(half)
-    return (cos[:, None] * torch.eye(dim) + sin[:, None] * swap).mean(0)
+    mean = torch.eye(dim)
+    mean[:rotated, :rotated] = (cos[:, None] * torch.eye(rotated) + sin[:, None] * swap).mean(0)
+    return mean

@@ -71,7 +71,7 @@ class KVZip(Policy):
             probe = _Repeat(start, stop, min(self.sinks, start), alive, scores, lm.scaling)
             log = HiddenLog(lm.layers)
             if self.plus:
-                probe.hidden, probe.modules = log, [layer.self_attn for layer in lm.model.model.layers]
+                probe.hidden, probe.modules = log, lm.attention_modules
             with torch.no_grad(), probing(probe), recording(lm, log) if self.plus else nullcontext():
                 lm.model(input_ids=torch.tensor([repeat], device=lm.device),
                          position_ids=torch.arange(position, position + len(repeat), device=lm.device)[None],

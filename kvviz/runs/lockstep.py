@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from kvviz import kv_cache
+from kvviz import kv_cache, recurrent
 from kvviz.model import LoadedModel
 from kvviz.recorder import Probe, QueryLog, probing
 from kvviz.runs.compressed import CompressedSession
@@ -88,6 +88,9 @@ def _session(row: Row) -> Session:
 
 
 def _batchable(row: Row) -> bool:
+    """A hybrid model's rows step alone: their recurrent layers' states are not rows of a shared buffer."""
+    if recurrent.linear_layers(_session(row).lm.config):
+        return False
     return not isinstance(row, CompressedSession) or row.batchable
 
 

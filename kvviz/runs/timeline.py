@@ -325,7 +325,7 @@ class Timeline:
                            source=(self.originals[0][layer], self.originals[1][layer]), layer=layer)
         if self.format.own and self.own_from is None:
             self.own_from = new  # from now on the cache rounds what it is written, keeping it as computed here
-            for layer, entry in enumerate(self.cache.layers):
+            for layer, entry in enumerate(kv_cache.entries(self.cache)):
                 entry.written = partial(self._write, layer)
 
     def _write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -349,6 +349,6 @@ class Timeline:
         if any(self._fresh):
             self._fresh = [[] for _ in range(self.layers)]
         if self.originals is not None:
-            length = self.cache.layers[0].get_seq_length()
+            length = self.cache.get_seq_length()
             if self.originals[0].shape[2] > length:
                 self.originals = tuple(t[:, :, :length] for t in self.originals)

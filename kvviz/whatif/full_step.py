@@ -13,13 +13,14 @@ import torch
 from transformers import Cache
 
 from kvviz import attention_math as am
-from kvviz import kv_cache
+from kvviz import kv_cache, recurrent
 from kvviz.attention_support import AttentionRule
 from kvviz.edit.parts import reshaped
 from kvviz.edit.edit import Edit
 from kvviz.kv_cache import KV
 from kvviz.recorder import Probe, probing
 from kvviz.session import Session
+from kvviz.step_variants import states_before
 from kvviz.whatif.continuation import greedy
 from kvviz.whatif.metrics import Reference
 
@@ -73,6 +74,8 @@ class FullStep:
     edited: KV | None = None  # the buffers the last edited run read: ``buffers`` (lent) or ``scratch``
     views: dict = field(default_factory=dict)  # per-layer views of ``buffers`` / ``scratch``, made once
     writes: list | None = None  # per layer, how the step stores its own K/V (Commits.writes; None: as computed)
+    states: dict = field(default_factory=dict)  # a hybrid's recurrent layers before this step (kvviz.recurrent)
+    after: dict = field(default_factory=dict)  # … and after the full run of it (its continuation starts there)
     _reference: Reference | None = None
 
     @property
@@ -89,7 +92,7 @@ class FullStep:
             layers = layer_views(getattr(self, name))
             self.views[name] = layers, kv_cache.leading(layers, self.at)
         layers, cached = self.views[name]
-        return kv_cache.over(layers, self.at, cached, self.writes)
+        return kv_cache.over(layers, self.at, cached, self.writes, recurrent.layers(self.states))
 
     def plan(self, edit: Edit) -> tuple:
         """What ``edit`` writes into the cache: per kind, its quantizer with its widths per head and its ``(bit-width,
@@ -183,7 +186,8 @@ class FullStep:
         stored its own (a full cache of ``at + 1`` slots: the first new slot reallocates, ``buffers`` stay as they
         are)."""
         if steps not in self.continuations:
-            cache = kv_cache.over(layer_views(self.buffers), self.at + 1, written=self.writes)
+            cache = kv_cache.over(layer_views(self.buffers), self.at + 1, written=self.writes,
+                                  recurrent=recurrent.layers(self.after))
             self.continuations[steps] = greedy(session, cache, self.hidden, self.logits, self.position, steps)
         return self.continuations[steps]
 
@@ -202,10 +206,13 @@ def kept_full_step(session: Session, at: int, full: Edit, hidden: torch.Tensor |
         buffers = stacked(prefix_kv(session, at, full), room=1)
         probe = FullStepProbe(hidden, session.lm.attention)
         writes = session.commits.writes(at)
-        out, _ = run(session, kv_cache.over(layer_views(buffers), at, written=writes), slot.id, slot.position, probe)
+        states = states_before(session, at)
+        out, cache = run(session, kv_cache.over(layer_views(buffers), at, written=writes,
+                                                recurrent=recurrent.layers(states)), slot.id, slot.position, probe)
         probe.finish(buffers)
         return FullStep(at, slot.position, probe, out.logits[0, -1].float(), out.hidden_states, hidden,
-                        session.transcript.segments()[:at], full, buffers, writes=writes)
+                        session.transcript.segments()[:at], full, buffers, writes=writes, states=states,
+                        after=recurrent.live_states(cache))
 
     return session.memoized("full_steps", (at, full.key, hidden is not None), compute, keep=2)
 

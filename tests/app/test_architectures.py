@@ -1,6 +1,7 @@
 """The app on tiny random models of other architectures (no download), under AppTest: a page runs tiny Qwen3, Gemma 2,
-gpt-oss and DeepSeek-V3 models with their heads named by KV group (gpt-oss's sink share beside ρ; DeepSeek's latent
-said in a line), and switches between the server's models."""
+gpt-oss, DeepSeek-V3 and Qwen3-Next models with their heads named by KV group (gpt-oss's sink share beside ρ;
+DeepSeek's latent said in a line; Qwen3-Next's layers without KV said in a line and in the layer picker), and switches
+between the server's models."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from tests.support.app_test import open_view
     ("gemma2", ["head 3 (KV 0)", "head 4 (KV 1)"]),  # over 2 KV heads; soft-capped, local / global layers
     ("gpt_oss", ["head 3 (KV 0)", "head 4 (KV 1)"]),  # learned sinks, sliding / full layers
     ("deepseek_v3", ["head 3 (KV 0)", "head 7 (KV 0)"]),  # latent attention: one latent read by all 8 heads
+    ("qwen3_next", ["head 3 (KV 0)", "head 4 (KV 1)"]),  # hybrid: decoder layers 1 and 3 alone cache K/V
 ])
 def test_the_app_runs_a_tiny_non_llama_model(tokenizer, tmp_path, monkeypatch, kind, labels):
     from pathlib import Path
@@ -42,6 +44,10 @@ def test_the_app_runs_a_tiny_non_llama_model(tokenizer, tmp_path, monkeypatch, k
         app.run()
         assert len(app.get("vega_lite_chart")) == 1 and not app.exception
         assert not [w.value for w in app.warning if "could not be drawn" in w.value]
+    hybrid = [c.value for c in app.caption if "This model is hybrid" in c.value]
+    assert bool(hybrid) == (kind == "qwen3_next")
+    layers = next(s for s in app.selectbox if s.key == "layer").options
+    assert layers == (["0 (decoder layer 1)", "1 (decoder layer 3)"] if hybrid else [str(l) for l in range(3)])
     windows = [c.value for c in app.caption if "sliding window of" in c.value]
     assert bool(windows) == (kind in ("gemma2", "gpt_oss"))  # layer 0 is a local layer
     if kind == "deepseek_v3":  # the latent cache's own scheme is offered, and compared as the library compares it

@@ -2,7 +2,9 @@
 saved to a folder (no download): the strip shows what is particular to the cache, a click evicts, the numbers appear
 and the console stays clean. Learned sinks (gpt-oss): a sink chip before slot 0 with the sink's share of the step's
 attention, which grows when slots are evicted (α_sink / (1 − ρ)), as the what-if's sink number says. Latent attention
-(DeepSeek-V3's MLA): the strip says a chip is a token's latent shared by every head, and a click evicts it."""
+(DeepSeek-V3's MLA): the strip says a chip is a token's latent shared by every head, and a click evicts it. Hybrid layers
+(Qwen3-Next): the strip says which decoder layers cache K/V and which keep a recurrent state, the layer picker names
+the attention layers by their decoder layer, and a click evicts."""
 
 from __future__ import annotations
 
@@ -34,6 +36,11 @@ def gpt_oss_server(tokenizer, tmp_path_factory):
 @pytest.fixture(scope="module")
 def deepseek_server(tokenizer, tmp_path_factory):
     yield from _served("deepseek_v3", tokenizer, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def hybrid_server(tokenizer, tmp_path_factory):
+    yield from _served("qwen3_next", tokenizer, tmp_path_factory)
 
 
 def _share(page) -> float:
@@ -107,4 +114,26 @@ def test_a_latent_cache_says_what_a_chip_is_and_a_click_evicts_the_token(deepsee
         kl = page.locator("[data-testid=stMetric]", has_text="KL(full").locator("[data-testid=stMetricValue]")
         expect(kl).to_have_text(re.compile(r"\d"))
         assert float(kl.inner_text().split()[0]) > 0  # the token's latent mattered to the next token
+        assert page.console == []
+
+
+def test_a_hybrid_model_says_which_layers_cache_and_a_click_evicts(hybrid_server):
+    from benchmarks.browser import browser_page
+
+    with browser_page(hybrid_server, width=1500, height=1000) as page:
+        watch_console(page)
+        page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=120_000)
+        send(page, "a = 3, b = 5. What is a + b?")
+        note = page.get_by_text("This model is hybrid")
+        expect(note).to_have_count(1)
+        expect(note).to_contain_text("only 2 cache keys and values (decoder layers 1, 3")
+        expect(note).to_be_visible()
+        picker = page.locator("[data-testid=stSelectbox]").filter(has=page.get_by_role("combobox", name="Layer"))
+        expect(picker).to_match_aria_snapshot('- combobox "Layer": 0 (decoder layer 1)')  # the picker's shown value
+        chip = page.locator('.kv-chip[data-slot="3"]')
+        settle(page, lambda: chip.click())
+        shows_evicted(chip, 3)
+        kl = page.locator("[data-testid=stMetric]", has_text="KL(full").locator("[data-testid=stMetricValue]")
+        expect(kl).to_have_text(re.compile(r"\d"))
+        assert float(kl.inner_text().split()[0]) > 0
         assert page.console == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kvviz import kv_cache
+from kvviz import kv_cache, recurrent
 from kvviz.edit.edit import Edit
 from kvviz.model import LoadedModel
 from kvviz.session import Session
@@ -49,6 +49,8 @@ def teacher_forced(lm: LoadedModel, settings, text: str, steps: int):
 def removed_step(session: Session, at: int, evicted: list[int], renumber: bool = False) -> torch.Tensor:
     """Reference: the float32 logits ``(V,)`` of slot ``at``'s step on a cache from which ``evicted`` slots were
     physically removed, at the slot's true position (or, with ``renumber``, at the count of slots kept)."""
+    if recurrent.linear_layers(session.lm.config) and not renumber:
+        return masked_step(session, at, evicted)
     keep = [s for s in range(at) if s not in evicted]
     tensors = [tuple(t[:, :, keep] for t in kv_cache.layer_kv(session.cache, layer)) for layer in range(session.lm.layers)]
     slot, device = session.transcript.slots[at], session.lm.device
@@ -57,6 +59,24 @@ def removed_step(session: Session, at: int, evicted: list[int], renumber: bool =
         out = session.lm.model(input_ids=torch.tensor([[slot.id]], device=device),
                                position_ids=torch.tensor([[position]], device=device),
                                cache=kv_cache.build(session.lm.config, tensors), use_cache=True)
+    return out.logits[0, -1].float()
+
+
+def masked_step(session: Session, at: int, evicted: list[int]) -> torch.Tensor:
+    """Reference: the float32 logits ``(V,)`` of slot ``at``'s step from one forward without cache over slots
+    ``0..at``, the row of slot ``at`` masked (−inf) at the ``evicted`` slots in every KV layer (a float 4D mask; a
+    hybrid model's recurrent layers get none: they see every token, as they do in the session)."""
+    lm = session.lm
+    ids = [slot.id for slot in session.transcript.slots[: at + 1]]
+    positions = [slot.position for slot in session.transcript.slots[: at + 1]]
+    mask = torch.full((at + 1, at + 1), float("-inf")).triu(1)
+    mask[at, evicted] = float("-inf")
+    masks = {"full_attention": mask[None, None], "sliding_attention": mask[None, None]}
+    if recurrent.linear_layers(lm.config):
+        masks["linear_attention"] = None
+    with torch.no_grad():
+        out = lm.model(input_ids=torch.tensor([ids]), position_ids=torch.tensor([positions]), attention_mask=masks,
+                       use_cache=False)
     return out.logits[0, -1].float()
 
 

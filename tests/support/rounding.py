@@ -14,7 +14,11 @@ size at most K = max(hidden, intermediate), so two summation orders of logits of
 
 A latent-attention layer (MLA) runs 3 more (its query and key-value down- and up-projections in place of q, k, v, and
 kvviz's absorbed score), some of inner size R + P (the latent and the RoPE key: the absorbed score sums that many
-terms where the model's sums nope + P), so K and the count grow with them.
+terms where the model's sums nope + P), so K and the count grow with them. A hybrid model (Qwen3-Next, Qwen3.5) runs 5
+more: a recurrent layer's five products (the two input projections, the state's update, its readout, the output
+projection) in place of attention's four, and Qwen3-Next's shared expert (its gate, up and down projections and its
+gate's projection) beside the routed experts; its recurrent state sums every token's update, as attention sums every
+slot (inner size n, below K on the test conversations).
 
 For the bundled model (K = 1536, L = 30, Z = 40: its logits stay below 37 on the test prompts) ε_z ≈ 1.4e-3; the
 largest difference seen between one and two threads there was 4.4e-5. A real error is orders of magnitude larger
@@ -37,6 +41,7 @@ import torch
 U = 2.0**-24
 MATMULS_PER_LAYER = 7  # q, k, v, o, gate, up, down: the products on the residual stream's path
 MLA_MATMULS = 3  # a latent-attention layer's q_a / q_b and kv_a / kv_b in place of q, k, v, and the absorbed score
+HYBRID_MATMULS = 5  # a recurrent layer's fifth product, and a shared expert's four (see the module's docstring)
 BUNDLED_LOGIT_SCALE = 40.0  # the bundled model's logits stay below 37 on the test prompts
 
 
@@ -50,6 +55,8 @@ def residual_rounding(config, scale: float | torch.Tensor, layers: int | None = 
     if latent:  # MLA: the absorbed score over the latent and the RoPE key, and the low-rank projections
         inner = max(inner, latent + config.qk_rope_head_dim, getattr(config, "q_lora_rank", None) or 0)
         products += MLA_MATMULS
+    if "linear_attention" in (getattr(config, "layer_types", None) or ()):
+        products += HYBRID_MATMULS
     depth = config.num_hidden_layers if layers is None else layers
     scale = float(scale.abs().max()) if isinstance(scale, torch.Tensor) else float(scale)
     return math.sqrt(inner * products * depth) * U * scale

@@ -115,11 +115,9 @@ def test_export_then_import_gives_identical_logits(model):
 
 
 @pytest.mark.parametrize("kind, overrides, words", [
-    ("Qwen3NextConfig", dict(num_key_value_heads=2, head_dim=16, num_experts=2, num_experts_per_tok=1,
-                             moe_intermediate_size=32, shared_expert_intermediate_size=32, linear_num_key_heads=2,
-                             linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
-                             layer_types=["linear_attention", "linear_attention", "full_attention"]),
-     "linear attention layers"),
+    ("FalconH1Config", dict(num_key_value_heads=2, head_dim=16, mamba_d_ssm=64, mamba_n_heads=8, mamba_d_head=8,
+                            mamba_n_groups=1, mamba_d_state=16),
+     "hybrid layers"),  # attention and Mamba side by side in every layer
     ("Gemma3TextConfig", dict(num_key_value_heads=1, head_dim=16, sliding_window=16, use_bidirectional_attention=True),
      "bidirectional attention"),
 ])

@@ -1,0 +1,171 @@
+"""Hybrid models (Qwen3-Next, Qwen3.5): Gated DeltaNet layers keep a recurrent state, no K/V; only the attention layers
+cache. On a tiny random Qwen3-Next (kvviz.tiny_models: decoder layers 0 and 2 recurrent, 1 and 3 attention with a
+gated output and partial RoPE, a mixture of experts), kvviz's layer axis holds layers 1 and 3.
+
+The references are transformers' own model with eager attention, nothing of kvviz involved: one forward without cache
+whose attention layers get a float 4D mask (0 allowed, −inf masked), each row seeing what its step saw, while the
+recurrent layers see every token (as in the model: an eviction cannot reach them); or transformers' own cache, filled
+by its own forward, for a step on stored tensors the test rounds itself. (The cached chat, the recorded weights, an
+eviction at the pending step, every policy, blame and session files pass the same oracles as every family:
+tests/unit/test_architectures.py.)
+
+Tolerances: the session's states came from chunked prefills and one-token decode steps, a rebuilt state from one
+chunked pass over the recorded inputs, the reference from one pass without cache: the same sums in other orders, so
+logits agree within the model's logit rounding ε_z and probabilities within (e^{2ε} − 1)·p
+(tests/support/rounding.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from kvviz import kv_cache, recurrent
+from kvviz.edit.edit import Edit
+from kvviz.policies import H2O, StreamingLLM
+from kvviz.quant.quantizer import Quantizer, fake_quantize
+from kvviz.runs.compressed import RunSettings
+from kvviz.tiny_sessions import tiny_pair
+from kvviz.whatif import what_if
+from tests.support.references import masked_step, teacher_forced
+from tests.support.rounding import logit_rounding, probability_rounding
+
+TURNS = ["a = 3, b = 5. What is a + b?", "And a - b? Say it in words."]
+
+
+@pytest.fixture(scope="module")
+def hybrid(tokenizer):
+    return tiny_pair("qwen3_next", tokenizer, TURNS)
+
+
+def _close(lm, result, logits: torch.Tensor) -> None:
+    """The what-if's edited top-k against reference ``logits`` ``(V,)``, within the probability rounding."""
+    reference = torch.softmax(logits.double(), -1)
+    rel = probability_rounding(logit_rounding(lm.config, logits))
+    for candidate in result.next_token.edited:
+        assert candidate.prob == pytest.approx(float(reference[candidate.id]), rel=rel, abs=1e-12)
+
+
+def test_only_the_attention_layers_cache_kv_and_the_bytes_count_the_states(hybrid):
+    lm, _, session = hybrid
+    config = lm.config
+    assert recurrent.kv_layers(config) == (1, 3) and lm.layers == 2
+    assert len(kv_cache.entries(session.cache)) == 2 and len(session.cache.layers) == 4
+    n = len(session)
+    kv = 2 * 2 * config.num_key_value_heads * n * config.head_dim * 4  # 2 layers, K and V, float32
+    conv = (2 * config.linear_num_key_heads * config.linear_key_head_dim
+            + config.linear_num_value_heads * config.linear_value_head_dim) * config.linear_conv_kernel_dim
+    state = config.linear_num_value_heads * config.linear_key_head_dim * config.linear_value_head_dim
+    assert session.memory().kv_bytes == kv + 2 * (conv + state) * 4
+    assert session.queries.inputs.length == n  # each recurrent layer's input per slot, to rebuild its state
+
+
+@pytest.mark.parametrize("back", [1, 12, 30])
+def test_a_what_if_at_an_earlier_step_starts_from_the_state_as_it_stood(hybrid, back):
+    """Time travel: the step of an earlier slot, on the K/V before it and the recurrent states rebuilt before it,
+    equals the forward without cache masked at that row; the unedited side equals the row unmasked."""
+    lm, _, session = hybrid
+    at = len(session) - back
+    evicted = [2, 5, 7, at - 2]
+    result = what_if(session, Edit.evict(evicted), at=at, topk=20)
+    _close(lm, result, masked_step(session, at, evicted))
+    full = masked_step(session, at, [])
+    reference = torch.softmax(full.double(), -1)
+    rel = probability_rounding(logit_rounding(lm.config, full))
+    for candidate in result.next_token.full:
+        assert candidate.prob == pytest.approx(float(reference[candidate.id]), rel=rel, abs=1e-12)
+    assert result.next_token.kl > 0
+
+
+def test_a_rebuilt_state_equals_the_live_one(hybrid):
+    """Before the pending slot the what-if uses the live cache's states; rebuilt from the recorded inputs they are the
+    same numbers up to float32 summation order: the conv state holds the last inputs' projections (sums of 64 terms,
+    each within 64·u ≈ 4e-6 of its size, computed in batches of another shape); the recurrent state accumulates
+    every token's update, chunked (64 tokens) instead of one by one."""
+    lm, _, session = hybrid
+    rebuilt = recurrent.states_at(lm.model, session.queries.inputs, len(session))
+    for layer, (conv, state) in recurrent.live_states(session.cache).items():
+        assert torch.allclose(rebuilt[layer][0], conv, rtol=0, atol=64 * 2**-24 * float(conv.abs().max()))
+        assert torch.allclose(rebuilt[layer][1], state, rtol=0, atol=1e-5 * float(state.abs().max()))
+        assert not torch.equal(rebuilt[layer][1], torch.zeros_like(state))
+
+
+def test_a_quantization_what_if_equals_transformers_on_a_cache_the_test_rounds(hybrid):
+    """4-bit keys and 8-bit values (int, per token), rounded by the test, against the eager model stepping on
+    transformers' own cache (filled by its own forward over the earlier slots, its recurrent states included) whose
+    K/V the test replaced by the rounded ones."""
+    lm, eager, session = hybrid
+    at = len(session) - 5
+    edit = Edit(key_bits=dict.fromkeys(range(at), 4), value_bits=dict.fromkeys(range(at), 8),
+                keys=Quantizer("token"), values=Quantizer("token"))
+    ids = session.transcript.ids
+    cache = DynamicCache(config=eager.config)
+    with torch.no_grad():
+        eager(input_ids=torch.tensor([ids[:at]]), cache=cache, use_cache=True)
+        for entry in kv_cache.entries(cache):
+            entry.keys = fake_quantize(entry.keys[0], 4, Quantizer("token"))[None]
+            entry.values = fake_quantize(entry.values[0], 8, Quantizer("token"))[None]
+        logits = eager(input_ids=torch.tensor([[ids[at]]]), position_ids=torch.tensor([[at]]), cache=cache,
+                       use_cache=True).logits[0, -1]
+    result = what_if(session, edit, at=at, topk=20)
+    _close(lm, result, logits)
+    assert result.next_token.kl > 0
+
+
+@pytest.mark.parametrize("policy", [StreamingLLM(sinks=4), H2O()], ids=["streaming_llm", "h2o"])
+def test_a_policy_run_equals_one_masked_forward_step_by_step(hybrid, policy):
+    """A decode-time run, teacher-forced, against one forward without cache of the eager model: each attention layer's
+    row of a step sees that step's kept slots and itself (H2O's differ by layer), the recurrent layers every token."""
+    lm, eager, _ = hybrid
+    budget, steps = 20, 8
+    run, _, logits, seen = teacher_forced(lm, RunSettings(policy, budget, "decode"), TURNS[1], steps)
+    prompt = run.prompt_end[0]
+    ids = run.session.transcript.ids[: prompt + steps]
+    n = len(ids)
+    for step in range(steps):
+        kept = seen[step][:, :, : prompt + step]  # (L, KV, slot)
+        assert (kept.sum(-1) == min(budget, prompt + step)).all(), step
+    hooks = []
+    for layer, index in enumerate(recurrent.kv_layers(lm.config)):
+        per_head = [torch.zeros(n, n).masked_fill(~rows, float("-inf")) for rows in _head_rows(seen, layer, prompt, n)]
+        mask = torch.stack(per_head).repeat_interleave(lm.heads // lm.kv_heads, 0)[None]  # (1, H, n, n)
+        hooks.append(eager.model.layers[index].self_attn.register_forward_pre_hook(
+            lambda _, args, kwargs, mask=mask: (args, {**kwargs, "attention_mask": mask}), with_kwargs=True))
+    try:
+        with torch.no_grad():
+            out = eager(input_ids=torch.tensor([ids]), use_cache=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    for step in range(steps):
+        reference = out.logits[0, prompt + step]
+        assert (reference - logits[step]).abs().max() <= logit_rounding(lm.config, reference), step
+
+
+def _head_rows(seen: list[torch.Tensor], layer: int, prompt: int, n: int) -> list[torch.Tensor]:
+    """Per KV head of ``layer``, the rows of the no-cache mask: causal, each step's row its kept slots and itself."""
+    heads = seen[0].shape[1]
+    rows = [torch.ones(n, n, dtype=torch.bool).tril() for _ in range(heads)]
+    for step, kept in enumerate(seen):
+        slot = prompt + step
+        for head in range(heads):
+            rows[head][slot, :slot] = kept[layer, head, :slot]
+    return rows
+
+
+def test_a_failed_pass_leaves_the_recurrent_states_as_they_were(tokenizer):
+    """A decode step that fails in its last layer (after the recurrent layers below it ran) leaves the session as it
+    was: the next step gives the logits of a session that never failed."""
+    lm, _, session = tiny_pair("qwen3_next", tokenizer, TURNS[:1], new_tokens=3)
+    _, _, twin = tiny_pair("qwen3_next", tokenizer, TURNS[:1], new_tokens=3)
+    before = {k: tuple(t.clone() for t in v) for k, v in recurrent.live_states(session.cache).items()}
+    failing = lm.attention_modules[-1].register_forward_pre_hook(lambda *_: (_ for _ in ()).throw(RuntimeError("x")))
+    try:
+        with pytest.raises(RuntimeError):
+            session.step()
+    finally:
+        failing.remove()
+    for layer, (conv, state) in recurrent.live_states(session.cache).items():
+        assert torch.equal(conv, before[layer][0]) and torch.equal(state, before[layer][1])
+    session.step(), twin.step()
+    assert torch.equal(session.logits, twin.logits)
