@@ -22,6 +22,7 @@ from transformers import DynamicCache
 
 from kvviz import kv_cache, recurrent
 from kvviz.edit.edit import Edit
+from kvviz.errors import KvvizError
 from kvviz.policies import H2O, StreamingLLM
 from kvviz.quant.quantizer import Quantizer, fake_quantize
 from kvviz.runs.compressed import RunSettings
@@ -169,3 +170,44 @@ def test_a_failed_pass_leaves_the_recurrent_states_as_they_were(tokenizer):
         assert torch.equal(conv, before[layer][0]) and torch.equal(state, before[layer][1])
     session.step(), twin.step()
     assert torch.equal(session.logits, twin.logits)
+
+
+def test_kvpress_own_code_reads_each_attention_layer_where_the_model_numbers_it(hybrid):
+    """kvpress' hooks read a layer's keys from the cache at the module's ``layer_idx`` — the decoder layer (1 and 3
+    here), not kvviz's 0 and 1: kvpress' own classes keep what the native policies keep, and its DecodingPress keeps,
+    per layer and KV head, the 24 largest −‖k‖ of what it held after every 3rd step (docs/kvpress.md; the rule written
+    out as in tests/model/test_kvpress_code.py)."""
+    from kvviz.policies.base import Ratio
+    from kvviz.policies.kvpress import own_code
+    from kvviz.policies.kvpress.presses import from_kvpress, from_press
+    from kvviz.runs.compressed import CompressedSession
+
+    lm, _, _ = hybrid
+    kvpress = own_code.kvpress()
+
+    def kept(policy) -> torch.Tensor:
+        run = CompressedSession(lm, RunSettings(policy, Ratio(0.5), "prefill"))
+        run.add_turn(TURNS[0] + " " + TURNS[1])
+        return run.alive()
+
+    for press, native in ((kvpress.KnormPress(), from_kvpress("KnormPress")),
+                          (kvpress.StreamingLLMPress(n_sink=2), from_kvpress("StreamingLLMPress", n_sink=2))):
+        assert torch.equal(kept(from_press(press).policy), kept(native.policy)), type(press).__name__
+    with pytest.raises(KvvizError, match="SnapKVPress failed in layer 0"):  # kvpress' own query rebuild does not know
+        kept(from_press(kvpress.SnapKVPress(window_size=8)).policy)  # Qwen3-Next's gated q_proj (kvpress' limit)
+    press = from_press(kvpress.DecodingPress(base_press=kvpress.KnormPress(), compression_interval=3, target_size=24))
+    run = CompressedSession(lm, RunSettings(press.policy, press.ratio, press.mode, press.every))
+    run.add_turn(TURNS[0])
+    prompt = len(run)
+    order = [torch.arange(prompt).expand(lm.kv_heads, -1) for _ in range(lm.layers)]
+    for step in range(7):
+        run.step()
+        mirror = run.scratch["kvpress_mirror"]
+        for layer in range(lm.layers):
+            grown = torch.cat([order[layer], torch.full((lm.kv_heads, 1), prompt + step - 1)], -1) if step else order[layer]
+            if step and step % 3 == 0:
+                keys = run.session.layer_kv(layer)[0]  # (KV, n, D)
+                norms = keys.gather(1, grown[..., None].expand(-1, -1, lm.head_dim)).norm(dim=-1)
+                grown = grown.gather(-1, (-norms).topk(24, dim=-1).indices)
+            order[layer] = grown
+            assert torch.equal(mirror.slots[layer], grown), (step, layer)

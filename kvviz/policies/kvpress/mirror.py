@@ -59,21 +59,22 @@ def advance(mirror: Mirror, candidates: Candidates, hidden, rotary) -> tuple[tor
         press.post_init_from_model(lm.model)
     kept = torch.zeros(lm.layers, lm.kv_heads, at, dtype=torch.bool)
     for layer in range(lm.layers):
-        before = mirror.cache.layers[layer].keys.shape[-2] if layer < len(mirror.cache.layers) else 0
+        module = candidates.module(layer)
+        index = module.layer_idx  # the press reads the cache by decoder layer (a hybrid's differ from kvviz's)
+        before = mirror.cache.layers[index].keys.shape[-2] if index < len(mirror.cache.layers) else 0
         keys, values = candidates.keys(layer)[:, new][None], candidates.values(layer)[:, new][None]
-        mirror.cache.update(keys, values, layer)
+        mirror.cache.update(keys, values, index)
         ids = torch.arange(new.start, new.stop).expand(lm.kv_heads, -1)
         slots = torch.cat([mirror.slots[layer], ids], -1) if layer < len(mirror.slots) else ids
-        old_keys, old_values = mirror.cache.layers[layer].keys[0], mirror.cache.layers[layer].values[0]
+        old_keys, old_values = mirror.cache.layers[index].keys[0], mirror.cache.layers[index].values[0]
         inputs = hidden.layer(layer)[new][None]
-        module = candidates.module(layer)
         kwargs = {"hidden_states": inputs, "position_embeddings": rotary(inputs, positions), "attention_mask": None,
                   "past_key_values": mirror.cache, "position_ids": positions,
                   "cache_position": torch.arange(before, before + inputs.shape[1], device=lm.device)}
         with hook_ready(module, lm.model.model.rotary_emb, mirror.masked.get(layer)), torch.no_grad():
             press.forward_hook(module, [], kwargs, (None, None))
             mirror.masked[layer] = module.masked_key_indices
-        left = mirror.cache.layers[layer]
+        left = mirror.cache.layers[index]
         if left.keys.data_ptr() != old_keys.data_ptr() or left.values.data_ptr() != old_values.data_ptr() \
                 or left.keys.shape != old_keys[None].shape or left.values.shape != old_values[None].shape:
             rows = matched(type(press).__name__, old_keys, old_values, left.keys[0], left.values[0])

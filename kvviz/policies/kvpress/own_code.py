@@ -146,8 +146,9 @@ class PressCode(Policy):
                     positions = candidates.positions()
                     cos_sin = candidates.position_embeddings()
                     cache = DynamicCache()
-                    for index in range(lm.layers):  # kvpress' hooks read the layer's keys and values from the cache
-                        cache.update(candidates.keys(index)[None], candidates.values(index)[None], index)
+                    for index in range(lm.layers):  # kvpress' hooks read the layer's keys and values from the cache,
+                        cache.update(candidates.keys(index)[None], candidates.values(index)[None],  # by decoder layer
+                                     candidates.module(index).layer_idx)
                     if callable(getattr(press, "post_init_from_model", None)):
                         press.post_init_from_model(lm.model)
                     for layer in range(lm.layers):
@@ -204,7 +205,8 @@ class PressCode(Policy):
             with hook_ready(module, lm.model.model.rotary_emb), torch.no_grad():
                 if callable(getattr(press, "forward_hook", None)):  # kvpress' hook, as after a prompt's forward
                     press.forward_hook(module, [], kwargs, (None, attentions))
-                    out_keys, out_values = cache.layers[layer].keys, cache.layers[layer].values
+                    left = cache.layers[module.layer_idx]  # a hybrid's decoder layers number the cache
+                    out_keys, out_values = left.keys, left.values
                 elif callable(getattr(press, "compress", None)):
                     out_keys, out_values = press.compress(module, hidden[None], keys, values, attentions, kwargs)
                 else:
