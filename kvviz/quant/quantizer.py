@@ -110,7 +110,7 @@ class Quantizer:
         object.__setattr__(self, "scales", rows)
 
     def check(self, head_dim: int) -> None:
-        if self.rope is not None and 2 * len(self.rope) != head_dim:
+        if self.rope is not None and not 0 < 2 * len(self.rope) <= head_dim:  # fewer: partial RoPE (Qwen3-Next)
             raise KvvizError(f"{len(self.rope)} RoPE frequencies do not rotate a head of {head_dim} channels: take the "
                              "model's own")
         if self.outliers >= head_dim:

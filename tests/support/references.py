@@ -206,26 +206,30 @@ def compacted_rerotated_steps(lm: LoadedModel, ids: list[int], tokens: list[int]
     """StreamingLLM with re-rotated positions the plain way: the prompt ``ids``' K/V computed by the model, then
     before each step the kept slots (``sinks`` first and the most recent) physically compacted into a new cache,
     their keys (a latent cache's RoPE keys) moved to the positions ``0..k-1`` of their order with the model's own
-    RoPE — in the layers whose attention applies RoPE (transformers' ``use_rope``; a NoPE layer's keys stay as they are) — and the step's token
-    at position ``k``. Yields each step's logits ``(V,)`` and whether any key moved (with ``attentions``, also the
+    RoPE — in the layers whose attention applies RoPE (transformers' ``use_rope``; a NoPE layer's keys stay as they
+    are) — and the step's token at position ``k`` (a hybrid's recurrent layers stepping on as they do in the model). Yields each step's logits ``(V,)`` and whether any key moved (with ``attentions``, also the
     step's kept slots and layer 0's weights ``(H, k + 1)`` over them and itself)."""
     from transformers import DynamicCache
 
     with torch.no_grad():
         out = lm.model(input_ids=torch.tensor([ids]), use_cache=True)
-    layers = [(out.past_key_values.layers[i].keys, out.past_key_values.layers[i].values) for i in range(lm.layers)]
-    uses_rope = [bool(getattr(layer.self_attn, "use_rope", True)) for layer in lm.model.model.layers]
+    decoder = recurrent.kv_layers(lm.config)  # a hybrid's recurrent layers carry their own state from step to step
+    linear = {index: out.past_key_values.layers[index] for index in recurrent.linear_layers(lm.config)}
+    layers = [(out.past_key_values.layers[i].keys, out.past_key_values.layers[i].values) for i in decoder]
+    uses_rope = [bool(getattr(module, "use_rope", True)) for module in lm.attention_modules]
     part = 0 if lm.attention.latent is None else 1  # latent attention: the RoPE key, held as the values, moves
     computed_at, kept = list(range(len(ids))), list(range(len(ids)))  # per slot: the position its key was computed at
     for token in tokens:
         if len(kept) > budget:
             kept = kept[:sinks] + kept[-(budget - sinks):]
         cache, old = DynamicCache(config=lm.model.config), [computed_at[s] for s in kept]
+        for index, entry in linear.items():
+            cache.layers[index] = entry
         for layer, (keys, values) in enumerate(layers):
             pair = [keys[:, :, kept], values[:, :, kept]]
             if uses_rope[layer]:
                 pair[part] = rope_moved(lm.model, pair[part], old, list(range(len(kept))))
-            cache.update(*pair, layer)
+            cache.update(*pair, decoder[layer])
         with torch.no_grad():
             step_out = lm.model(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[len(kept)]]),
                                 cache=cache, use_cache=True, output_attentions=attentions)
@@ -233,7 +237,7 @@ def compacted_rerotated_steps(lm: LoadedModel, ids: list[int], tokens: list[int]
         yield (step_out.logits[0, -1], moved, list(kept), step_out.attentions[0][0, :, -1]) if attentions else (
             step_out.logits[0, -1], moved)
         for layer in range(lm.layers):
-            new = step_out.past_key_values.layers[layer]
+            new = step_out.past_key_values.layers[decoder[layer]]
             keys, values = layers[layer]
             layers[layer] = (torch.cat([keys, new.keys[:, :, -1:]], 2), torch.cat([values, new.values[:, :, -1:]], 2))
         computed_at.append(len(kept))

@@ -91,20 +91,32 @@ def test_a_rebuilt_state_equals_the_live_one(hybrid):
         assert not torch.equal(rebuilt[layer][1], torch.zeros_like(state))
 
 
-def test_a_quantization_what_if_equals_transformers_on_a_cache_the_test_rounds(hybrid):
+@pytest.mark.parametrize("before_rope", [False, True], ids=["as_cached", "before_rope"])
+def test_a_quantization_what_if_equals_transformers_on_a_cache_the_test_rounds(hybrid, before_rope):
     """4-bit keys and 8-bit values (int, per token), rounded by the test, against the eager model stepping on
     transformers' own cache (filled by its own forward over the earlier slots, its recurrent states included) whose
-    K/V the test replaced by the rounded ones."""
+    K/V the test replaced by the rounded ones. Keys rounded before RoPE: the test turns them back with the model's own
+    rotary embedding and ``apply_rotary_pos_emb`` (partial RoPE: the first quarter of each head turns), rounds them
+    there and turns them forward again."""
+    from kvviz.rope import pre_rope
+    from transformers.models.qwen3_next.modeling_qwen3_next import apply_rotary_pos_emb
+
     lm, eager, session = hybrid
     at = len(session) - 5
+    keys = Quantizer("token", **pre_rope(lm)) if before_rope else Quantizer("token")
     edit = Edit(key_bits=dict.fromkeys(range(at), 4), value_bits=dict.fromkeys(range(at), 8),
-                keys=Quantizer("token"), values=Quantizer("token"))
+                keys=keys, values=Quantizer("token"))
     ids = session.transcript.ids
     cache = DynamicCache(config=eager.config)
     with torch.no_grad():
         eager(input_ids=torch.tensor([ids[:at]]), cache=cache, use_cache=True)
+        cos, sin = eager.model.rotary_emb(cache.layers[1].keys, torch.arange(at)[None])
         for entry in kv_cache.entries(cache):
-            entry.keys = fake_quantize(entry.keys[0], 4, Quantizer("token"))[None]
+            stored = entry.keys
+            if before_rope:
+                stored = apply_rotary_pos_emb(stored, stored, cos, -sin)[1]
+            stored = fake_quantize(stored[0], 4, Quantizer("token"))[None]
+            entry.keys = apply_rotary_pos_emb(stored, stored, cos, sin)[1] if before_rope else stored
             entry.values = fake_quantize(entry.values[0], 8, Quantizer("token"))[None]
         logits = eager(input_ids=torch.tensor([[ids[at]]]), position_ids=torch.tensor([[at]]), cache=cache,
                        use_cache=True).logits[0, -1]
@@ -211,3 +223,22 @@ def test_kvpress_own_code_reads_each_attention_layer_where_the_model_numbers_it(
                 grown = grown.gather(-1, (-norms).topk(24, dim=-1).indices)
             order[layer] = grown
             assert torch.equal(mirror.slots[layer], grown), (step, layer)
+
+
+def test_a_rerotated_run_turns_the_rotated_quarter_alone(hybrid):
+    """Re-rotated positions with partial RoPE: Qwen3-Next rotates the first quarter of each head's channels, so a
+    re-rotated StreamingLLM run turns those by the position change and leaves the rest; the reference compacts
+    transformers' own cache (its recurrent layers stepping on) and moves the keys with the model's own rotary embedding
+    and ``apply_rotary_pos_emb`` (tests/support/references.py)."""
+    from tests.support.references import compacted_rerotated_steps
+
+    lm, _, _ = hybrid
+    budget, steps = 20, 8
+    run, tokens, logits, _ = teacher_forced(lm, RunSettings(StreamingLLM(), budget, "decode", positions="rerotated"),
+                                            TURNS[1], steps)
+    ids = run.session.transcript.ids[: run.prompt_end[0]]
+    moved = False
+    for step, (reference, moved_now) in enumerate(compacted_rerotated_steps(lm, ids, tokens, budget)):
+        assert (reference - logits[step]).abs().max() <= logit_rounding(lm.config, reference), step
+        moved |= moved_now
+    assert moved
