@@ -1,5 +1,6 @@
 """One row per architecture family kvviz supports, on tiny random models built from their configs (no download): a
-warm what-if eviction at 512 slots against one plain transformers decode step of the same model on the same cache."""
+warm what-if eviction at 512 slots against one plain transformers decode step of the same model on the same cache (a
+hybrid's recurrent layers holding their state before the step)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 from transformers import AutoTokenizer
 
 from benchmarks.harness import Row, paired_times, row, token_ids
-from kvviz import kv_cache
+from kvviz import kv_cache, recurrent
 from kvviz.edit.edit import Edit
 from kvviz.model import LoadedModel, resolve_checkpoint
 from kvviz.session import Session
@@ -30,6 +31,7 @@ def architecture_rows(bench, count: int = 512) -> list[Row]:
         edit = Edit.evict(range(at // 2, at // 2 + 10))
         prefix = [tuple(t[:, :, :at] for t in kv_cache.layer_kv(session.cache, layer)) for layer in range(lm.layers)]
         slot = session.transcript.slots[at]
+        states = recurrent.states_at(ours, session.queries.inputs, at)  # a hybrid's recurrent layers before the step
 
         def step(cache, slot=slot, plain=plain) -> None:
             with torch.no_grad():
@@ -37,6 +39,14 @@ def architecture_rows(bench, count: int = 512) -> list[Row]:
                       use_cache=True, logits_to_keep=1)
 
         ours_times, plain_times = paired_times(lambda _: what_if(session, edit), step, max(bench.repeats, 11),
-                                               theirs_setup=lambda p=prefix, c=plain.config: kv_cache.build(c, p))
+                                               theirs_setup=lambda p=prefix, c=plain.config, s=states: _plain(c, p, s))
         rows.append(row(f"whatif evict {count}, tiny {kind}", ours_times, plain_times, 1.3))
     return rows
+
+
+def _plain(config, prefix: list, states: dict):
+    """transformers' cache holding ``prefix`` (per layer K/V) and, in a hybrid model, its recurrent layers' states."""
+    cache = kv_cache.build(config, prefix)
+    for index, entry in recurrent.layers(states).items():
+        cache.layers[index] = entry
+    return cache
