@@ -9,6 +9,7 @@ Usage: .venv/bin/python scripts/screenshots.py   (writes assets/screenshot-*.png
        .venv/bin/python scripts/screenshots.py --notebook   (the widget in JupyterLab: screenshot-notebook.png)
        .venv/bin/python scripts/screenshots.py --marimo   (the marimo example, a chip clicked: screenshot-marimo.png)
        .venv/bin/python scripts/screenshots.py --latent   (a tiny DeepSeek-V3's latent cache: screenshot-latent.png)
+       .venv/bin/python scripts/screenshots.py --hybrid   (a tiny Qwen3-Next's layers: screenshot-hybrid.png)
 """
 
 from __future__ import annotations
@@ -99,16 +100,16 @@ def window_shots(model: str) -> None:
         shoot(page, "window-attention", top=VIEWS, bottom=None, height=1500)
 
 
-def latent_shot() -> None:
-    """The strip of a tiny random DeepSeek-V3 (latent attention) with a token evicted: the line on what a chip is,
-    and the what-if's numbers."""
+def family_shot(kind: str, name: str) -> None:
+    """The strip of a tiny random model of ``kind`` with a token evicted (DeepSeek-V3: the line on what a chip is;
+    Qwen3-Next: the line on its layers without KV) and the what-if's numbers, as ``screenshot-NAME.png``."""
     from transformers import AutoTokenizer
 
     from kvviz.model import resolve_checkpoint
     from kvviz.tiny_models import tiny
 
     with tempfile.TemporaryDirectory() as folder:
-        tiny("deepseek_v3").save_pretrained(folder)
+        tiny(kind).save_pretrained(folder)
         AutoTokenizer.from_pretrained(resolve_checkpoint(None)[0]).save_pretrained(folder)
         with running_app({"KVVIZ_MODEL": folder}) as url, browser_page(url, width=1440, height=4200) as page:
             page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=120_000)
@@ -120,7 +121,7 @@ def latent_shot() -> None:
             page.wait_for_selector(".kv-chip.kv-evicted", timeout=300_000)
             page.mouse.move(1400, 20)
             wait_idle(page, 3)
-            shoot(page, "latent", top="text=Click a chip to evict", bottom=VIEWS)
+            shoot(page, name, top="text=Click a chip to evict", bottom=VIEWS)
 
 
 def sweep_shot(folder: str) -> None:
@@ -274,9 +275,12 @@ if __name__ == "__main__":
     parser.add_argument("--notebook", action="store_true", help="the notebook widget in JupyterLab")
     parser.add_argument("--marimo", action="store_true", help="the marimo example in marimo's app view")
     parser.add_argument("--latent", action="store_true", help="a tiny DeepSeek-V3's latent cache, a token evicted")
+    parser.add_argument("--hybrid", action="store_true", help="a tiny Qwen3-Next's layers, a token evicted")
     arguments = parser.parse_args()
     if arguments.latent:
-        latent_shot()
+        family_shot("deepseek_v3", "latent")
+    elif arguments.hybrid:
+        family_shot("qwen3_next", "hybrid")
     elif arguments.notebook:
         notebook_shot()
     elif arguments.marimo:

@@ -167,8 +167,9 @@ def hybrid_note(session) -> str | None:
     return (f"This model is hybrid: of its {config.num_hidden_layers} decoder layers only {len(kv)} cache keys and "
             f"values (decoder layers {', '.join(map(str, kv))}: kvviz's layers 0–{len(kv) - 1}); the other "
             f"{len(linear)} ({', '.join(map(str, linear))}) are linear-attention layers that keep a recurrent state "
-            f"of fixed size instead ({state / 1024:.1f} KiB now, counted in the cache's bytes). Evictions, bit-widths "
-            "and policies touch the KV layers only; the recurrent layers see every token.")
+            f"of fixed size instead ({state / 1024:.1f} KiB, counted in the session's memory; the what-if's cache bytes "
+            "are the K/V an edit changes). Evictions, bit-widths and policies touch the KV layers only; the recurrent "
+            "layers see every token.")
 
 
 def window_note(session, at: int, layer: int) -> str | None:

@@ -242,3 +242,40 @@ def test_a_rerotated_run_turns_the_rotated_quarter_alone(hybrid):
         assert (reference - logits[step]).abs().max() <= logit_rounding(lm.config, reference), step
         moved |= moved_now
     assert moved
+
+
+def test_where_an_eviction_matters_is_each_steps_what_if(hybrid):
+    """"Where the edit matters" re-runs the reply's steps with a mask each — on a hybrid model one pass per step (each
+    from its recurrent states before it): each step's KL equals the what-if of that step, to the KL rounding."""
+    from kvviz.whatif.steps import step_effects
+    from tests.support.rounding import kl_rounding
+
+    lm, eager, session = hybrid
+    effects = step_effects(session, Edit.evict([3, 4, 5]))
+    assert len(effects.steps) > 3
+    with torch.no_grad():  # the largest logit of any step: the scale of every step's rounding
+        eps = logit_rounding(lm.config, eager(input_ids=torch.tensor([session.transcript.ids])).logits.abs().max())
+    for step in effects.steps:
+        result = what_if(session, Edit.evict([3, 4, 5]), at=step.slot)
+        assert abs(step.kl - result.next_token.kl) <= 2 * kl_rounding(eps, result.next_token.kl), step.slot
+        assert step.top1_edited == result.next_token.edited[0].id
+
+
+def test_the_command_line_and_the_notebook_widget_run_on_a_hybrid_model(hybrid, tokenizer, tmp_path):
+    """``whatif`` from a saved tiny Qwen3-Next folder, and the widget's clicks, each equal to ``what_if``."""
+    import json
+
+    from kvviz.notebook import widget
+    from kvviz.tiny_models import tiny
+    from tests.support.cli import cli
+
+    tiny("qwen3_next").save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    done = cli("whatif", "--model", str(tmp_path), "--turn", TURNS[0], "--max-new-tokens", "3", "--json", "--evict",
+               "3,5")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["next_token"]["kl"] > 0
+    _, _, session = hybrid
+    w = widget(session)
+    w.set_state({"request": {"kind": "evict", "slot": 4, "n": 1}})
+    assert w.kl == what_if(session, Edit.evict([4])).next_token.kl and not w.error
