@@ -7,7 +7,7 @@ import streamlit as st
 from app import state
 from app.views.slide_download import slide_popover
 from app.views.token_strip import window_note
-from kvviz import figures
+from kvviz import figures, recurrent
 from kvviz.figures import plot_slides
 from kvviz.figures.slides import PLOTLY_CONFIG
 from kvviz.view_data import attention_row, head_map, overview
@@ -38,6 +38,12 @@ def render() -> None:
                f"head {head}, framed in red{mean}")
     slide_popover("overview", lambda: plot_slides.overview_slide(overview(session, at), lm.kv_heads, at, caption),
                   f"kvviz-overview-slot{at}")
+    linear = recurrent.linear_layers(lm.config)
+    if linear:
+        kv = recurrent.kv_layers(lm.config)
+        rows = ", ".join(f"{row} = decoder layer {index}" for row, index in enumerate(kv))
+        st.caption(f"Rows are the layers with a KV cache ({rows}); decoder layer{'s' * (len(linear) > 1)} "
+                   f"{', '.join(map(str, linear))} keep a recurrent state and have no attention weights to show.")
     windows = session.lm.attention.windows
     if any(w is not None for w in windows):
         local = [str(i) for i, w in enumerate(windows) if w is not None]

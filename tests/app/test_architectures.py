@@ -46,6 +46,9 @@ def test_the_app_runs_a_tiny_non_llama_model(tokenizer, tmp_path, monkeypatch, k
         assert not [w.value for w in app.warning if "could not be drawn" in w.value]
     hybrid = [c.value for c in app.caption if "This model is hybrid" in c.value]
     assert bool(hybrid) == (kind == "qwen3_next")
+    rows = [c.value for c in app.caption if "Rows are the layers with a KV cache" in c.value]  # the Attention view
+    assert rows == (["Rows are the layers with a KV cache (0 = decoder layer 1, 1 = decoder layer 3); decoder layers "
+                     "0, 2 keep a recurrent state and have no attention weights to show."] if hybrid else [])
     layers = next(s for s in app.selectbox if s.key == "layer").options
     assert layers == (["0 (decoder layer 1)", "1 (decoder layer 3)"] if hybrid else [str(l) for l in range(3)])
     windows = [c.value for c in app.caption if "sliding window of" in c.value]
