@@ -13,6 +13,7 @@ from kvviz.policies.kv_zip import KVZip
 from kvviz.policies.lag_kv import LagKV
 from kvviz.policies.observed_attention import ObservedAttention
 from kvviz.policies.pyramid_kv import PyramidKV
+from kvviz.policies.r_kv import RKV
 from kvviz.policies.random import RandomPolicy
 from kvviz.policies.snapkv import SnapKV
 from kvviz.policies.streaming_llm import StreamingLLM
@@ -20,8 +21,8 @@ from kvviz.policies.tova import TOVA
 
 POLICIES: dict[str, type[Policy]] = {p.name: p for p in (StreamingLLM, H2O, SnapKV, TOVA, PyramidKV, AdaKV, KeyNorm,
                                                          RandomPolicy, ObservedAttention, KeyDiff, LagKV, ChunkKV,
-                                                         ExpectedAttention, CUR, CriticalKV, KVZip)}
+                                                         ExpectedAttention, CUR, CriticalKV, KVZip, RKV)}
 
 __all__ = ["CUR", "H2O", "AdaKV", "Candidates", "ChunkKV", "CriticalKV", "ExpectedAttention", "KVZip", "KeyDiff", "KeyNorm", "LagKV",
-           "ObservedAttention", "POLICIES", "Policy", "PyramidKV", "RandomPolicy", "SnapKV", "StreamingLLM", "TOVA",
+           "ObservedAttention", "POLICIES", "Policy", "PyramidKV", "RKV", "RandomPolicy", "SnapKV", "StreamingLLM", "TOVA",
            "slots_kept"]

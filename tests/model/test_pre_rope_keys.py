@@ -98,7 +98,10 @@ def test_pre_rope_quantization_that_cannot_hold_is_refused_in_one_line(lm, chat)
     gemma, _, _ = tiny_pair("gemma3", tokenizer, ["hi"], 1)
     refusals = [
         (lambda: Edit(values=Quantizer("token", rope=theta)), "values carry no RoPE"),
-        (lambda: what_if(chat, Edit.quantize(range(at), 2, keys=Quantizer("channel", rope=theta[:8])), at), "do not rotate"),
+        (lambda: what_if(chat, Edit.quantize(range(at), 2, keys=Quantizer("channel", rope=theta + theta)), at),
+         "do not rotate"),  # more pairs than the head has (fewer: partial RoPE, checked against the model's below)
+        (lambda: what_if(chat, Edit.quantize(range(at), 2, keys=Quantizer("channel", rope=theta[:8])), at),
+         "not this model's RoPE"),
         (lambda: what_if(chat, Edit.quantize(range(at), 2, keys=Quantizer("channel", rope=tuple(2 * f for f in theta))),
                          at), "not this model's RoPE"),
         (lambda: Quantizer("channel", rope=(1.0, -1.0)), "positive and finite"),

@@ -75,7 +75,7 @@ def test_a_what_if_eviction_equals_a_removed_cache_and_16_bits_change_nothing(mo
     assert result.heads["rho"].shape == (lm.layers, lm.heads)
 
 
-LATENT_REFUSED = {"expected_attention", "kv_zip"}  # they need the model's whole RoPE keys (docs/models.md)
+LATENT_REFUSED = {"expected_attention", "kv_zip", "r_kv"}  # whole RoPE keys, or whole keys compared (docs/models.md)
 
 
 def test_every_policy_runs(model):
