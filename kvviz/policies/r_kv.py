@@ -90,7 +90,8 @@ class RKV(Policy):
                 continue
             window = min(self.window, order.shape[-1])
             rest = order[:, : order.shape[-1] - window]
-            ranked = rest.gather(-1, decision.scores[layer].gather(-1, rest).argsort(dim=-1, descending=True, stable=True))
+            by_score = decision.scores[layer].gather(-1, rest).argsort(dim=-1, descending=True, stable=True)
+            ranked = rest.gather(-1, by_score)
             orders.append(torch.cat([_kept_in(ranked, ~decision.evicted[layer].gather(-1, ranked)),
                                      order[:, order.shape[-1] - window:]], -1))
         candidates.scratch["r_kv_order"] = orders
