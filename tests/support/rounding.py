@@ -17,8 +17,10 @@ kvviz's absorbed score), some of inner size R + P (the latent and the RoPE key: 
 terms where the model's sums nope + P), so K and the count grow with them. A hybrid model (Qwen3-Next, Qwen3.5) runs 5
 more: a recurrent layer's five products (the two input projections, the state's update, its readout, the output
 projection) in place of attention's four, and Qwen3-Next's shared expert (its gate, up and down projections and its
-gate's projection) beside the routed experts; its recurrent state sums every token's update, as attention sums every
-slot (inner size n, below K on the test conversations).
+gate's projection) beside the routed experts. Its state also passes through one update per token in a row: the chunked
+rule transformers' forward without cache runs solves each chunk of C = 64 tokens by substitution, C sequential
+products of inner size d_k, where a cached decode step applies the updates one by one — so each recurrent layer adds
+C·d_k/K products of inner size K to the count.
 
 For the bundled model (K = 1536, L = 30, Z = 40: its logits stay below 37 on the test prompts) ε_z ≈ 1.4e-3; the
 largest difference seen between one and two threads there was 4.4e-5. A real error is orders of magnitude larger
@@ -42,6 +44,7 @@ U = 2.0**-24
 MATMULS_PER_LAYER = 7  # q, k, v, o, gate, up, down: the products on the residual stream's path
 MLA_MATMULS = 3  # a latent-attention layer's q_a / q_b and kv_a / kv_b in place of q, k, v, and the absorbed score
 HYBRID_MATMULS = 5  # a recurrent layer's fifth product, and a shared expert's four (see the module's docstring)
+RECURRENT_CHUNK = 64  # tokens per chunk of transformers' chunked gated delta rule: sequential updates of the state
 BUNDLED_LOGIT_SCALE = 40.0  # the bundled model's logits stay below 37 on the test prompts
 
 
@@ -55,11 +58,14 @@ def residual_rounding(config, scale: float | torch.Tensor, layers: int | None = 
     if latent:  # MLA: the absorbed score over the latent and the RoPE key, and the low-rank projections
         inner = max(inner, latent + config.qk_rope_head_dim, getattr(config, "q_lora_rank", None) or 0)
         products += MLA_MATMULS
-    if "linear_attention" in (getattr(config, "layer_types", None) or ()):
-        products += HYBRID_MATMULS
     depth = config.num_hidden_layers if layers is None else layers
+    recurrent = sum(kind == "linear_attention" for kind in (getattr(config, "layer_types", None) or ())[:depth])
+    sequential = 0.0
+    if recurrent:
+        products += HYBRID_MATMULS
+        sequential = recurrent * RECURRENT_CHUNK * config.linear_key_head_dim / inner  # in products of inner size K
     scale = float(scale.abs().max()) if isinstance(scale, torch.Tensor) else float(scale)
-    return math.sqrt(inner * products * depth) * U * scale
+    return math.sqrt(inner * (products * depth + sequential)) * U * scale
 
 
 def logit_rounding(config, scale: float | torch.Tensor) -> float:
