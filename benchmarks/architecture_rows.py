@@ -47,6 +47,5 @@ def architecture_rows(bench, count: int = 512) -> list[Row]:
 def _plain(config, prefix: list, states: dict):
     """transformers' cache holding ``prefix`` (per layer K/V) and, in a hybrid model, its recurrent layers' states."""
     cache = kv_cache.build(config, prefix)
-    for index, entry in recurrent.layers(states).items():
-        cache.layers[index] = entry
+    recurrent.place(cache, recurrent.layers(states))
     return cache

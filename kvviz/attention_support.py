@@ -171,8 +171,9 @@ def check(model: torch.nn.Module, name: str) -> AttentionRule:
     if problems:
         raise ModelLoadError(f"{name} ({model.config.model_type}) uses {'; '.join(problems)}, which kvviz cannot "
                              "reproduce yet; its numbers would be wrong, so it is not loaded")
+    modules = attention_modules(model)
     if rule.latent is not None:
-        mla.install(attention_modules(model))
+        mla.install(modules)
     if recurrent.linear_layers(model.config):
-        recurrent.install(model, attention_modules(model))
+        recurrent.install(model, modules)
     return rule

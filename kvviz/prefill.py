@@ -53,7 +53,7 @@ def forward(lm: LoadedModel, cache, queries: QueryLog, evicted: Callable[[int], 
                 kv_cache.reserve(cache, length + len(ids))
     except BaseException:
         kv_cache.truncate(cache, length)  # undo the layers and chunks that were already appended
-        recurrent.restore(cache, states)
+        recurrent.place(cache, states)
         queries.rollback(recorded)
         raise
     return out.logits[0, -1].float()

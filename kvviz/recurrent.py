@@ -110,13 +110,14 @@ def layers(states: dict[int, State | None]) -> dict[int, LinearAttentionLayer]:
 
 
 def snapshot(cache) -> dict[int, LinearAttentionLayer]:
-    """Copies of ``cache``'s recurrent layers as they are now, for :func:`restore` (empty without any)."""
+    """Copies of ``cache``'s recurrent layers as they are now, for :func:`place` (empty without any)."""
     return layers(live_states(cache))
 
 
-def restore(cache, saved: dict[int, LinearAttentionLayer]) -> None:
-    """Put ``cache``'s recurrent layers back as :func:`snapshot` saved them (before a pass that failed)."""
-    for index, entry in saved.items():
+def place(cache, recurrent: dict[int, LinearAttentionLayer]) -> None:
+    """Make ``recurrent`` (decoder layer → cache layer: :func:`layers`, :func:`snapshot`) ``cache``'s recurrent
+    layers: a cache built from K/V alone given its states, or a cache put back after a pass that failed."""
+    for index, entry in recurrent.items():
         cache.layers[index] = entry
 
 

@@ -70,13 +70,13 @@ def _alone(session: Session, index: int, visible: torch.Tensor, cache: Cache) ->
     mine = recurrent.layers(states_before(session, index))
     kept = {layer: cache.layers[layer] for layer in mine}
     try:
-        cache.layers[:] = [mine.get(layer, entry) for layer, entry in enumerate(cache.layers)]
+        recurrent.place(cache, mine)
         with torch.no_grad(), probing(Variants(visible)):
             out = lm.model(input_ids=torch.tensor([[slot.id]], device=lm.device),
                            position_ids=torch.tensor([[slot.position]], device=lm.device),
                            cache=cache, use_cache=True, logits_to_keep=1)
     finally:
-        cache.layers[:] = [kept.get(layer, entry) for layer, entry in enumerate(cache.layers)]
+        recurrent.place(cache, kept)
         kv_cache.truncate(cache, length)
     return out.logits[0].float()
 
