@@ -101,39 +101,37 @@ def test_a_latent_cache_says_what_a_chip_is_and_a_click_evicts_the_token(deepsee
     from benchmarks.browser import browser_page
 
     with browser_page(deepseek_server, width=1500, height=1000) as page:
-        watch_console(page)
-        page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=120_000)
-        send(page, "a = 3, b = 5. What is a + b?")
-        note = page.get_by_text("This model caches one latent per token")
-        expect(note).to_have_count(1)
-        expect(note).to_contain_text("256 latent and 8 RoPE channels per layer")
-        expect(note).to_be_visible()
-        chip = page.locator('.kv-chip[data-slot="3"]')
-        settle(page, lambda: chip.click())
-        shows_evicted(chip, 3)
-        kl = page.locator("[data-testid=stMetric]", has_text="KL(full").locator("[data-testid=stMetricValue]")
-        expect(kl).to_have_text(re.compile(r"\d"))
-        assert float(kl.inner_text().split()[0]) > 0  # the token's latent mattered to the next token
-        assert page.console == []
+        _chat_and_note(page, "This model caches one latent per token", "256 latent and 8 RoPE channels per layer")
+        _a_click_evicts(page)  # the token's latent mattered to the next token
 
 
 def test_a_hybrid_model_says_which_layers_cache_and_a_click_evicts(hybrid_server):
     from benchmarks.browser import browser_page
 
     with browser_page(hybrid_server, width=1500, height=1000) as page:
-        watch_console(page)
-        page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=120_000)
-        send(page, "a = 3, b = 5. What is a + b?")
-        note = page.get_by_text("This model is hybrid")
-        expect(note).to_have_count(1)
-        expect(note).to_contain_text("only 2 cache keys and values (decoder layers 1, 3")
-        expect(note).to_be_visible()
+        _chat_and_note(page, "This model is hybrid", "only 2 cache keys and values (decoder layers 1, 3")
         picker = page.locator("[data-testid=stSelectbox]").filter(has=page.get_by_role("combobox", name="Layer"))
         expect(picker).to_match_aria_snapshot('- combobox "Layer": 0 (decoder layer 1)')  # the picker's shown value
-        chip = page.locator('.kv-chip[data-slot="3"]')
-        settle(page, lambda: chip.click())
-        shows_evicted(chip, 3)
-        kl = page.locator("[data-testid=stMetric]", has_text="KL(full").locator("[data-testid=stMetricValue]")
-        expect(kl).to_have_text(re.compile(r"\d"))
-        assert float(kl.inner_text().split()[0]) > 0
-        assert page.console == []
+        _a_click_evicts(page)
+
+
+def _chat_and_note(page, starts: str, says: str) -> None:
+    """Send a turn on a clean console and wait for the one line above the strip that starts with ``starts``."""
+    watch_console(page)
+    page.wait_for_selector("[data-testid=stChatInputTextArea]", timeout=120_000)
+    send(page, "a = 3, b = 5. What is a + b?")
+    note = page.get_by_text(starts)
+    expect(note).to_have_count(1)
+    expect(note).to_contain_text(says)
+    expect(note).to_be_visible()
+
+
+def _a_click_evicts(page) -> None:
+    """A click on slot 3's chip evicts it, the next token's KL appears and is positive, the console stays clean."""
+    chip = page.locator('.kv-chip[data-slot="3"]')
+    settle(page, lambda: chip.click())
+    shows_evicted(chip, 3)
+    kl = page.locator("[data-testid=stMetric]", has_text="KL(full").locator("[data-testid=stMetricValue]")
+    expect(kl).to_have_text(re.compile(r"\d"))
+    assert float(kl.inner_text().split()[0]) > 0
+    assert page.console == []

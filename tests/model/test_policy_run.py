@@ -23,20 +23,10 @@ from kvviz.session import Session
 from kvviz.whatif import what_if
 from tests.support.rounding import kl_rounding, logit_rounding, probability_rounding, zero_kl_rounding
 from tests.support.cli import cli
+from tests.support.references import forced_run
 from tests.support.inputs import USER_POLICY
 
 PROMPT = "My name is Zorblax and I live in the city of Quintara. I like green tea. What is my name?"
-
-
-def _forced(lm, settings, tokens):
-    """A compressed session teacher-forced on ``tokens``: its per-step logits and what each step saw."""
-    run = CompressedSession(lm, settings)
-    run.add_turn(PROMPT)
-    logits, seen = [], []
-    for token in tokens:
-        logits.append(run.step(token))
-        seen.append(run.seen.clone())
-    return run, logits, seen
 
 
 def _greedy(lm, steps):
@@ -52,7 +42,7 @@ def _greedy(lm, steps):
 
 def test_a_budget_above_the_cache_changes_nothing(lm, eps):
     _, tokens, logits = _greedy(lm, 12)
-    _, policy_logits, _ = _forced(lm, RunSettings(H2O(), 10_000, "both"), tokens)
+    _, policy_logits, _ = forced_run(lm, RunSettings(H2O(), 10_000, "both"), PROMPT, tokens)
     for full, policy in zip(logits, policy_logits):
         assert (full - policy).abs().max() <= logit_rounding(lm.config, full)
     result = run_policy(lm, [PROMPT], RunSettings(StreamingLLM(), 10_000), max_new_tokens=12)
@@ -65,7 +55,7 @@ def test_streaming_llm_equals_one_masked_forward(lm, eager_model):
     itself) reproduces the incremental run, step by step (eager attention, nothing of kvviz involved)."""
     budget, steps = 20, 10
     _, tokens, _ = _greedy(lm, steps)
-    run, logits, seen = _forced(lm, RunSettings(StreamingLLM(), budget, "decode"), tokens)
+    run, logits, seen = forced_run(lm, RunSettings(StreamingLLM(), budget, "decode"), PROMPT, tokens)
     prompt = run.prompt_end[0]
     ids = run.session.transcript.ids[: prompt + steps]
     mask = torch.full((len(ids), len(ids)), float("-inf")).triu(1)  # the prompt: causal
@@ -98,7 +88,7 @@ def test_h2o_equals_a_reference_loop(lm):
     loop picks the recent window and the heavy hitters per layer and KV head."""
     budget, steps = 24, 8
     _, tokens, _ = _greedy(lm, steps)
-    run, logits, seen = _forced(lm, RunSettings(H2O(), budget, "decode"), tokens)
+    run, logits, seen = forced_run(lm, RunSettings(H2O(), budget, "decode"), PROMPT, tokens)
     ids = run.session.transcript.ids[: run.prompt_end[0]]
     layers, kv, group = lm.layers, lm.kv_heads, lm.heads // lm.kv_heads
     rows = []  # per forward: (L, H, q, n) weights
@@ -194,7 +184,7 @@ def test_a_steps_what_if_sees_the_policy_cache_as_it_stood(lm, h2o_run, eps):
     """Time travel: the what-if of step 3, taken after the whole run, re-runs it on the cache as it stood then."""
     run = h2o_run.last
     step = run.steps[3]
-    _, logits, _ = _forced(lm, RunSettings(H2O(), 24, "decode"), run.full_ids[:4])
+    _, logits, _ = forced_run(lm, RunSettings(H2O(), 24, "decode"), PROMPT, run.full_ids[:4])
     result = what_if(run.forced.session, Edit(), at=step.slot, topk=5)
     probs = torch.softmax(logits[3].double(), -1)
     assert result.next_token.full[0].id == step.policy_top1

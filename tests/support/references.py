@@ -34,16 +34,60 @@ def teacher_forced(lm: LoadedModel, settings, text: str, steps: int):
     """A compressed run (kvviz.runs.compressed, with ``settings``) of the user message ``text``, teacher-forced on the
     ``steps`` tokens a plain session chooses (:func:`greedy_tokens`): the run, those tokens, each step's logits
     ``(V,)`` and the slots each step saw (``run.seen`` then, bool ``(L, KV, n)``)."""
+    tokens = greedy_tokens(lm, text, steps)
+    run, logits, seen = forced_run(lm, settings, text, tokens)
+    return run, tokens, logits, seen
+
+
+def forced_run(lm: LoadedModel, settings, text: str, tokens: list[int]):
+    """A compressed run of the user message ``text`` teacher-forced on ``tokens``: the run, each step's logits ``(V,)``
+    and the slots each step saw (``run.seen`` then, bool ``(L, KV, n)``)."""
     from kvviz.runs.compressed import CompressedSession
 
-    tokens = greedy_tokens(lm, text, steps)
     run = CompressedSession(lm, settings)
     run.add_turn(text)
     logits, seen = [], []
     for token in tokens:
         logits.append(run.step(token))
         seen.append(run.seen.clone())
-    return run, tokens, logits, seen
+    return run, logits, seen
+
+
+def assert_rerotated_run_is_the_compacted_cache(lm: LoadedModel, text: str, budget: int = 20, steps: int = 8):
+    """A re-rotated StreamingLLM run of ``text`` (teacher-forced, ``steps`` tokens) against
+    :func:`compacted_rerotated_steps`: each step's logits within the logit rounding, and some key moved. Returns the
+    run."""
+    from kvviz.policies import StreamingLLM
+    from kvviz.runs.compressed import RunSettings
+
+    run, tokens, logits, _ = teacher_forced(lm, RunSettings(StreamingLLM(), budget, "decode", positions="rerotated"),
+                                            text, steps)
+    ids = run.session.transcript.ids[: run.prompt_end[0]]
+    moved = False
+    for step, (reference, moved_now) in enumerate(compacted_rerotated_steps(lm, ids, tokens, budget)):
+        assert (reference - logits[step]).abs().max() <= logit_rounding(lm.config, reference), step
+        moved |= moved_now
+    assert moved
+    return run
+
+
+def assert_step_effects_are_what_ifs(session: Session, eager, edit: Edit) -> None:
+    """"Where the edit matters" (each reply step re-run with ``edit``'s mask) against the what-if of each step: the KL
+    within the KL rounding of the largest logit of any step (``eager``: the same weights, one forward without cache,
+    for that scale), and the same edited top-1."""
+    from kvviz.whatif import what_if
+    from kvviz.whatif.steps import step_effects
+    from tests.support.rounding import kl_rounding
+
+    effects = step_effects(session, edit)
+    assert len(effects.steps) > 3
+    with torch.no_grad():  # the largest logit of any step: the scale of every step's rounding
+        eps = logit_rounding(session.lm.config,
+                             eager(input_ids=torch.tensor([session.transcript.ids])).logits.abs().max())
+    for step in effects.steps:
+        result = what_if(session, edit, at=step.slot)
+        assert abs(step.kl - result.next_token.kl) <= 2 * kl_rounding(eps, result.next_token.kl), step.slot
+        assert step.top1_edited == result.next_token.edited[0].id
 
 
 def removed_step(session: Session, at: int, evicted: list[int], renumber: bool = False) -> torch.Tensor:
@@ -223,8 +267,7 @@ def compacted_rerotated_steps(lm: LoadedModel, ids: list[int], tokens: list[int]
         if len(kept) > budget:
             kept = kept[:sinks] + kept[-(budget - sinks):]
         cache, old = DynamicCache(config=lm.model.config), [computed_at[s] for s in kept]
-        for index, entry in linear.items():
-            cache.layers[index] = entry
+        recurrent.place(cache, linear)
         for layer, (keys, values) in enumerate(layers):
             pair = [keys[:, :, kept], values[:, :, kept]]
             if uses_rope[layer]:

@@ -28,7 +28,8 @@ from kvviz.quant.quantizer import Quantizer, fake_quantize
 from kvviz.runs.compressed import RunSettings
 from kvviz.tiny_sessions import tiny_pair
 from kvviz.whatif import what_if
-from tests.support.references import masked_step, teacher_forced
+from tests.support.references import (assert_rerotated_run_is_the_compacted_cache, assert_step_effects_are_what_ifs,
+                                      masked_step, teacher_forced)
 from tests.support.rounding import logit_rounding, probability_rounding
 
 TURNS = ["a = 3, b = 5. What is a + b?", "And a - b? Say it in words."]
@@ -230,35 +231,14 @@ def test_a_rerotated_run_turns_the_rotated_quarter_alone(hybrid):
     re-rotated StreamingLLM run turns those by the position change and leaves the rest; the reference compacts
     transformers' own cache (its recurrent layers stepping on) and moves the keys with the model's own rotary embedding
     and ``apply_rotary_pos_emb`` (tests/support/references.py)."""
-    from tests.support.references import compacted_rerotated_steps
-
-    lm, _, _ = hybrid
-    budget, steps = 20, 8
-    run, tokens, logits, _ = teacher_forced(lm, RunSettings(StreamingLLM(), budget, "decode", positions="rerotated"),
-                                            TURNS[1], steps)
-    ids = run.session.transcript.ids[: run.prompt_end[0]]
-    moved = False
-    for step, (reference, moved_now) in enumerate(compacted_rerotated_steps(lm, ids, tokens, budget)):
-        assert (reference - logits[step]).abs().max() <= logit_rounding(lm.config, reference), step
-        moved |= moved_now
-    assert moved
+    assert_rerotated_run_is_the_compacted_cache(hybrid[0], TURNS[1])
 
 
 def test_where_an_eviction_matters_is_each_steps_what_if(hybrid):
     """"Where the edit matters" re-runs the reply's steps with a mask each — on a hybrid model one pass per step (each
     from its recurrent states before it): each step's KL equals the what-if of that step, to the KL rounding."""
-    from kvviz.whatif.steps import step_effects
-    from tests.support.rounding import kl_rounding
-
-    lm, eager, session = hybrid
-    effects = step_effects(session, Edit.evict([3, 4, 5]))
-    assert len(effects.steps) > 3
-    with torch.no_grad():  # the largest logit of any step: the scale of every step's rounding
-        eps = logit_rounding(lm.config, eager(input_ids=torch.tensor([session.transcript.ids])).logits.abs().max())
-    for step in effects.steps:
-        result = what_if(session, Edit.evict([3, 4, 5]), at=step.slot)
-        assert abs(step.kl - result.next_token.kl) <= 2 * kl_rounding(eps, result.next_token.kl), step.slot
-        assert step.top1_edited == result.next_token.edited[0].id
+    _, eager, session = hybrid
+    assert_step_effects_are_what_ifs(session, eager, Edit.evict([3, 4, 5]))
 
 
 def test_the_command_line_and_the_notebook_widget_run_on_a_hybrid_model(hybrid, tokenizer, tmp_path):

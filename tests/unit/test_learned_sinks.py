@@ -25,7 +25,7 @@ from kvviz.session import Session
 from kvviz.tiny_models import WINDOW
 from kvviz.tiny_sessions import tiny_pair
 from kvviz.whatif import what_if
-from tests.support.references import compacted_rerotated_steps, teacher_forced
+from tests.support.references import assert_rerotated_run_is_the_compacted_cache, teacher_forced
 from tests.support.rounding import logit_rounding, probability_rounding, weight_rounding
 
 TURNS = ["a = 3, b = 5. What is a + b?", "And a - b? Say it in words."]
@@ -154,15 +154,7 @@ def test_a_rerotated_run_moves_yarn_keys_as_the_models_own_rope(tokenizer):
     in one line, as for every windowed model)."""
     lm, _, _ = tiny_pair("gpt_oss", tokenizer, [], layer_types=["full_attention"] * 3)
     assert lm.model.model.rotary_emb.attention_scaling != 1  # the factor the rotation must leave alone
-    budget, steps = 20, 8
-    run, tokens, logits, _ = teacher_forced(lm, RunSettings(StreamingLLM(), budget, "decode", positions="rerotated"),
-                                            TURNS[1], steps)
-    ids = run.session.transcript.ids[: run.prompt_end[0]]
-    moved = False
-    for step, (reference, moved_now) in enumerate(compacted_rerotated_steps(lm, ids, tokens, budget)):
-        assert (reference - logits[step]).abs().max() <= logit_rounding(lm.config, reference), step
-        moved |= moved_now
-    assert moved
+    assert_rerotated_run_is_the_compacted_cache(lm, TURNS[1])
 
 
 def test_the_notebook_widget_and_the_strip_data_carry_the_sinks_share(gpt_oss):

@@ -20,15 +20,12 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from kvviz import kv_cache
 from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
-from kvviz.policies import StreamingLLM
 from kvviz.quant.quantizer import Quantizer, fake_quantize
 from kvviz.rope import Rotary, no_rope_layers, pre_rope, rope_frequencies
-from kvviz.runs.compressed import RunSettings
 from kvviz.session_file import export_session, import_session
 from kvviz.tiny_sessions import tiny_pair
 from kvviz.whatif import what_if
-from tests.support.references import assert_what_if_is_the_stored_cache, compacted_rerotated_steps, teacher_forced
-from tests.support.rounding import logit_rounding
+from tests.support.references import assert_rerotated_run_is_the_compacted_cache, assert_what_if_is_the_stored_cache
 
 TURNS = ["a = 3, b = 5. What is a + b? Tell me, and then tell me a story about a cat."]
 
@@ -48,16 +45,7 @@ def _rope(model, keys: torch.Tensor, positions: list[int]) -> torch.Tensor:
 
 def test_a_rerotated_run_moves_the_keys_of_rope_layers_only(smollm3):
     lm, _ = smollm3
-    budget, steps = 16, 8
-    run, tokens, logits, _ = teacher_forced(lm, RunSettings(StreamingLLM(), budget, "decode", positions="rerotated"),
-                                            TURNS[0], steps)
-
-    ids = run.session.transcript.ids[: run.prompt_end[0]]
-    moved_somewhere = False
-    for step, (reference, moved) in enumerate(compacted_rerotated_steps(lm, ids, tokens, budget)):
-        assert (reference - logits[step]).abs().max() <= logit_rounding(lm.config, reference), step
-        moved_somewhere |= moved
-    assert moved_somewhere  # the run did move keys: the NoPE layer's were the ones left in place
+    run = assert_rerotated_run_is_the_compacted_cache(lm, TURNS[0], budget=16)  # keys moved: not the NoPE layer's
     n = len(run.session)
     for layer in range(lm.layers):  # the live cache: the NoPE layer's keys as computed, the others' moved
         live = kv_cache.layer_kv(run.session.cache, layer)[0][0, :, :n]
