@@ -1,6 +1,6 @@
 """One row per architecture family kvviz supports, on tiny random models built from their configs (no download): a
 warm what-if eviction at 512 slots against one plain transformers decode step of the same model on the same cache (a
-hybrid's recurrent layers holding their state before the step)."""
+hybrid's recurrent layers holding their state before the step, a DSA model's indexer its keys)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ def architecture_rows(bench, count: int = 512) -> list[Row]:
         prefix = [tuple(t[:, :, :at] for t in kv_cache.layer_kv(session.cache, layer)) for layer in range(lm.layers)]
         slot = session.transcript.slots[at]
         states = recurrent.states_at(ours, session.queries.inputs, at)  # a hybrid's recurrent layers before the step
+        indexed = kv_cache.indexer_keys(session.cache, at)  # a DSA model's indexer keys
 
         def step(cache, slot=slot, plain=plain) -> None:
             with torch.no_grad():
@@ -39,13 +40,15 @@ def architecture_rows(bench, count: int = 512) -> list[Row]:
                       use_cache=True, logits_to_keep=1)
 
         ours_times, plain_times = paired_times(lambda _: what_if(session, edit), step, max(bench.repeats, 11),
-                                               theirs_setup=lambda p=prefix, c=plain.config, s=states: _plain(c, p, s))
+                                               theirs_setup=lambda p=prefix, c=plain.config, s=states, i=indexed:
+                                               _plain(c, p, s, i))
         rows.append(row(f"whatif evict {count}, tiny {kind}", ours_times, plain_times, 1.3))
     return rows
 
 
-def _plain(config, prefix: list, states: dict):
-    """transformers' cache holding ``prefix`` (per layer K/V) and, in a hybrid model, its recurrent layers' states."""
-    cache = kv_cache.build(config, prefix)
+def _plain(config, prefix: list, states: dict, indexed: list | None = None):
+    """transformers' cache holding ``prefix`` (per layer K/V) and, in a hybrid model, its recurrent layers' states (in
+    a DSA model, its indexer keys ``indexed``)."""
+    cache = kv_cache.build(config, prefix, indexed)
     recurrent.place(cache, recurrent.layers(states))
     return cache

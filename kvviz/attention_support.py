@@ -4,7 +4,8 @@ kvviz recomputes attention weights from recorded queries and cached keys, and re
 reproduces causal softmax attention with one score scale, an optional soft-cap of the scores (Gemma 2), a sliding
 window per layer (Mistral, Qwen2 with ``use_sliding_window``, Gemma 2 / 3, gpt-oss) and learned attention sinks per
 layer and head (gpt-oss), and multi-head latent attention (DeepSeek's MLA, read in its absorbed form:
-:mod:`kvviz.latent`): an :class:`AttentionRule`. In a hybrid model (Qwen3-Next, Qwen3.5) the rule is that of its KV
+:mod:`kvviz.latent`): an :class:`AttentionRule`. A model whose queries read an indexer's top-k slots (DSA,
+:mod:`kvviz.sparse`) is the same rule over the slots each query read. In a hybrid model (Qwen3-Next, Qwen3.5) the rule is that of its KV
 layers, and the recurrent layers between them are :mod:`kvviz.recurrent`'s. A model whose attention adds something
 else is refused with a line naming it, never shown with wrong numbers: chunked or other non-causal layers,
 bidirectional windows, attention modules that differ in their score scale or soft-cap."""
@@ -18,7 +19,7 @@ from transformers.cache_utils import get_layer_types_and_kwargs
 
 from kvviz import attention_math as am
 from kvviz import latent as mla
-from kvviz import recurrent
+from kvviz import recurrent, sparse
 from kvviz.errors import ModelLoadError
 
 
@@ -30,13 +31,16 @@ class AttentionRule:
     ``sinks``: each layer's learned sink logit per query head (gpt-oss; empty: none), one more term in the softmax's
     denominator with no value (docs/math.md §3). ``latent``: the up-projections of a model with latent attention
     (MLA; None: none): its cache's "keys" are then the latent and its "values" the RoPE key, which :meth:`keyed`,
-    :meth:`carried` and :meth:`project` read as the absorbed form does (:mod:`kvviz.latent`)."""
+    :meth:`carried` and :meth:`project` read as the absorbed form does (:mod:`kvviz.latent`). ``reads``: with sparse
+    selection (DSA, :mod:`kvviz.sparse`), how many slots each query reads, the top of its indexer's scores (None:
+    every slot)."""
 
     scaling: float
     softcap: float | None = None
     windows: tuple[int | None, ...] = ()  # one per layer (empty: no layer has a window)
     sinks: tuple[tuple[float, ...], ...] = ()  # (L, H) logits, as the model holds them
     latent: mla.Latent | None = field(default=None, compare=False, repr=False)
+    reads: int | None = None
 
     def keyed(self, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """What a recorded query scores against, of cached ``keys`` and ``values`` ``(..., KV, n, ·)``: the keys; with
@@ -122,6 +126,11 @@ def read(model: torch.nn.Module) -> tuple[AttentionRule | None, list[str]]:
         problems.append(f"{len(modules)} attention modules for {len(kv_layers)} layers with a KV cache")
     problems += recurrent.problems(model)
     windows, other = _windows(config)
+    if "indexed attention" in other and sparse.indexers(modules):  # DSA: kvviz.sparse runs the model's own indexer
+        shared = len(sparse.indexers(modules)) < len(modules)
+        other[other.index("indexed attention")] = "indexed attention (shared-selection)" if shared \
+            else None
+        other = [kind for kind in other if kind]
     problems += [f"{kind} layers" for kind in other]
     if getattr(config, "use_bidirectional_attention", False):
         problems.append("bidirectional attention")
@@ -144,7 +153,7 @@ def read(model: torch.nn.Module) -> tuple[AttentionRule | None, list[str]]:
     softcap = caps.pop() if caps else None
     sinks = () if sinks[0] is None else tuple(tuple(sink.detach().float().tolist()) for sink in sinks)
     return AttentionRule(float(scales.pop()), None if softcap is None else float(softcap), windows, sinks,
-                         latent), []
+                         latent, sparse.top_count(config)), []
 
 
 def _windows(config) -> tuple[tuple[int | None, ...], list[str]]:
@@ -165,6 +174,7 @@ def _windows(config) -> tuple[tuple[int | None, ...], list[str]]:
 def check(model: torch.nn.Module, name: str) -> AttentionRule:
     """Refuse a model kvviz cannot reproduce (one line naming what is missing); return its attention rule. A model
     with latent attention is made to report its latent to kvviz's attention function (:func:`kvviz.latent.install`),
+    a model with sparse selection its indexer's scores (:func:`kvviz.sparse.install`),
     a hybrid model's layers are numbered and its recurrent layers report their inputs
     (:func:`kvviz.recurrent.install`)."""
     rule, problems = read(model)
@@ -174,6 +184,7 @@ def check(model: torch.nn.Module, name: str) -> AttentionRule:
     modules = attention_modules(model)
     if rule.latent is not None:
         mla.install(modules)
+    sparse.install(modules)
     if recurrent.linear_layers(model.config):
         recurrent.install(model, modules)
     return rule

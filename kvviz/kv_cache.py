@@ -1,6 +1,9 @@
 """The one adapter to transformers' cache internals: per-layer ``keys``/``values`` of shape ``(B, KV, n, D)``, keys
 stored post-RoPE. Everything else in kvviz goes through these functions. A hybrid model's cache also holds recurrent
-layers (no K/V, :mod:`kvviz.recurrent`): the functions here count and touch its KV layers only (:func:`entries`)."""
+layers (no K/V, :mod:`kvviz.recurrent`): the functions here count and touch its KV layers only (:func:`entries`). A
+model with sparse selection (DSA, :mod:`kvviz.sparse`) keeps one indexer key per slot beside its K/V
+(``indexer_keys`` ``(B, n, Di)``, transformers' ``DynamicIndexedLayer``); the functions here keep them slot for slot
+with the K/V."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 from transformers import Cache, DynamicCache, PretrainedConfig
-from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
+from transformers.cache_utils import DynamicIndexedLayer, DynamicLayer, LinearAttentionCacheLayerMixin
 
 KV = tuple[torch.Tensor, torch.Tensor]
 Writer = Callable[[torch.Tensor, torch.Tensor], KV]  # new keys, values (B, KV, q, D) → as the cache stores them
@@ -64,6 +67,28 @@ class RoomyLayer(DynamicLayer):
         self.keys, self.values = (buffer if stop == buffer.shape[2] else buffer.narrow(2, 0, stop)
                                   for buffer in self._buffers)  # a full buffer is its own view
         return self.keys, self.values
+
+
+class RoomyIndexedLayer(RoomyLayer, DynamicIndexedLayer):
+    """A :class:`RoomyLayer` that also keeps a DSA indexer's keys ``(B, n, Di)``, appended as transformers'
+    ``DynamicIndexedLayer`` appends them (one narrow tensor per layer)."""
+
+
+def _indexed(entry: DynamicLayer, keys: torch.Tensor | None) -> DynamicLayer:
+    """``entry`` holding the indexer ``keys`` ``(B, n, Di)`` themselves (None: none yet); returns it."""
+    if keys is not None:
+        entry.indexer_keys, entry.is_indexer_initialized = keys, True
+        entry.indexer_dtype, entry.indexer_device = keys.dtype, keys.device
+    return entry
+
+
+def indexer_keys(cache: Cache, length: int) -> list[torch.Tensor | None] | None:
+    """Per KV layer, the indexer keys ``(B, length, Di)`` of the first ``length`` slots (views; None in a layer that
+    has none yet), or None for a model without sparse selection."""
+    found = [entry for entry in entries(cache) if isinstance(entry, DynamicIndexedLayer)]
+    if not found:
+        return None
+    return [entry.indexer_keys[:, :length] if entry.is_indexer_initialized else None for entry in found]
 
 
 def entries(cache: Cache) -> list:
@@ -163,13 +188,17 @@ def truncate(cache: Cache, length: int) -> None:
         if entry.is_initialized and entry.keys.dim() == 4 and entry.keys.shape[2] > length:
             entry.keys = entry.keys[:, :, :length]
             entry.values = entry.values[:, :, :length]
+        if getattr(entry, "is_indexer_initialized", False) and entry.indexer_keys.shape[1] > length:
+            entry.indexer_keys = entry.indexer_keys[:, :length]
 
 
 def nbytes(cache: Cache) -> int:
-    """Bytes held by keys and values over all layers (the cached slots; not a :class:`RoomyLayer`'s spare room)."""
+    """Bytes held by keys and values over all layers (the cached slots; not a :class:`RoomyLayer`'s spare room), and
+    by a DSA model's indexer keys."""
     return sum(
         t.numel() * t.element_size() for e in entries(cache) if e.is_initialized for t in (e.keys, e.values)
-    )
+    ) + sum(e.indexer_keys.numel() * e.indexer_keys.element_size() for e in entries(cache)
+            if getattr(e, "is_indexer_initialized", False))
 
 
 def _every_slot(config: PretrainedConfig, layer: type[DynamicLayer]) -> DynamicCache:
@@ -177,17 +206,28 @@ def _every_slot(config: PretrainedConfig, layer: type[DynamicLayer]) -> DynamicC
     transformers makes them): sliding-window layers too keep every slot (their window is the model's attention mask
     over absolute slots, and kvviz shows what they no longer see)."""
     cache = DynamicCache(config=config)
-    cache.layers = [entry if isinstance(entry, LinearAttentionCacheLayerMixin) else layer() for entry in cache.layers]
+    cache.layers = [entry if isinstance(entry, LinearAttentionCacheLayerMixin) else _kind(layer, entry)()
+                    for entry in cache.layers]
     return cache
 
 
-def build(config: PretrainedConfig, tensors: list[KV]) -> DynamicCache:
+def _kind(layer: type[DynamicLayer], made: DynamicLayer) -> type[DynamicLayer]:
+    """``layer``, or its indexed kind where transformers made an indexed layer (sparse selection)."""
+    if not isinstance(made, DynamicIndexedLayer):
+        return layer
+    return RoomyIndexedLayer if issubclass(layer, RoomyLayer) else DynamicIndexedLayer
+
+
+def build(config: PretrainedConfig, tensors: list[KV], indexed: list[torch.Tensor | None] | None = None
+          ) -> DynamicCache:
     """A new ``DynamicCache`` holding the given per-layer ``(keys, values)`` themselves, not copies: ``update``
-    concatenates into new tensors, so a forward pass on this cache never writes to the given ones."""
+    concatenates into new tensors, so a forward pass on this cache never writes to the given ones. ``indexed``: per
+    layer, a DSA model's indexer keys ``(B, n, Di)`` of those slots (:func:`indexer_keys`)."""
     cache = _every_slot(config, DynamicLayer)
-    for entry, (keys, values) in zip(entries(cache), tensors, strict=True):
+    for entry, (keys, values), index in zip(entries(cache), tensors, indexed or [None] * len(tensors), strict=True):
         entry.device, entry.is_initialized = keys.device, True  # lazy_initialization, without its placeholders
         entry.keys, entry.values = keys, values
+        _indexed(entry, index)
     return cache
 
 
@@ -198,17 +238,20 @@ def roomy(config: PretrainedConfig) -> DynamicCache:
 
 
 def over(buffers: list[KV], length: int, cached: list[tuple[KV, KV]] | None = None,
-         written: Sequence[Writer] | None = None, recurrent: dict | None = None) -> Cache:
+         written: Sequence[Writer] | None = None, recurrent: dict | None = None,
+         indexed: list[torch.Tensor | None] | None = None) -> Cache:
     """A cache over the first ``length`` slots of per-layer buffers ``(B, KV, capacity, D)``: a forward pass writes
     its new slots into the buffers (slots ``length..``), without copying the cached ones. ``cached``: the views of
     those slots and of the next one (:func:`leading`) when made before: a cache made over the same buffers again
     costs no operation, and a decode step on it writes its slot without making views. ``written``: per layer, how
     the new slots are stored (:class:`RoomyLayer`). ``recurrent``: a hybrid model's recurrent layers by decoder layer
-    (:func:`kvviz.recurrent.layers`), put between the KV layers where the model has them."""
+    (:func:`kvviz.recurrent.layers`), put between the KV layers where the model has them. ``indexed``: per layer, a
+    DSA model's indexer keys of the first ``length`` slots (:func:`indexer_keys`; a pass appends to copies)."""
     cached = cached or [None] * len(buffers)
     written = written or [None] * len(buffers)
-    kv = iter(RoomyLayer(keys, values, length, views, writer)
-              for (keys, values), views, writer in zip(buffers, cached, written))
+    kind = RoomyLayer if indexed is None else RoomyIndexedLayer
+    kv = iter(_indexed(kind(keys, values, length, views, writer), index) for (keys, values), views, writer, index
+              in zip(buffers, cached, written, indexed or [None] * len(buffers)))
     recurrent = recurrent or {}
     return Cache(layers=[recurrent[index] if index in recurrent else next(kv)
                          for index in range(len(buffers) + len(recurrent))])

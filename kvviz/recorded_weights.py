@@ -11,7 +11,7 @@ from kvviz.attention_support import AttentionRule
 from kvviz.edit.commits import Commits
 from kvviz.errors import KvvizError
 from kvviz.geometry import Geometry
-from kvviz.recorder import QueryLog
+from kvviz.recorder import QueryLog, read_mask
 
 
 def recorded_weights(commits: Commits, queries: QueryLog, shape: Geometry, rule: AttentionRule, layer: int,
@@ -21,12 +21,13 @@ def recorded_weights(commits: Commits, queries: QueryLog, shape: Geometry, rule:
 
     Recomputed from the recorded post-RoPE queries and the keys each slot saw when it was processed (the original
     keys with the edit committed at that time): row ``i`` sees slots ``0..start+i`` (within the layer's sliding
-    window) except evicted ones. ``commits`` and ``queries`` are a session's; ``shape`` and ``rule`` its model's.
+    window) except evicted ones; with sparse selection, those its step read (:mod:`kvviz.sparse`). ``commits`` and ``queries`` are a session's; ``shape`` and ``rule`` its model's.
     """
     cached = queries.length
     stop = cached if stop is None else stop
     if not 0 <= start < stop <= cached:
         raise KvvizError(f"slots {start}..{stop - 1} are not all cached (the cache holds {cached})")
+    reads = None if queries.reads is None else queries.reads.layer(layer)[0]  # (n, topk): the slots each row read
     queries = queries.layer(layer)
     kv_head = None
     if head is not None:  # one query head and the KV head it reads
@@ -50,6 +51,9 @@ def recorded_weights(commits: Commits, queries: QueryLog, shape: Geometry, rule:
         if any(commits.edit_at(a).evicted_slots() for a, _ in group):
             evicted = torch.cat([commits.hidden(a, end)[layer, :, None, :].expand(-1, b - a, -1) for a, b in group],
                                 dim=1).to(keys.device)
+        if reads is not None:  # a slot a row did not read is hidden from it as an evicted one is
+            unread = ~read_mask(reads[first:end], end)[None]  # (1, end - first, end)
+            evicted = unread if evicted is None else evicted | unread
         if kv_head is not None:
             keys = keys[kv_head : kv_head + 1]
             evicted = None if evicted is None else evicted[kv_head : kv_head + 1]

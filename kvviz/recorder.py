@@ -21,6 +21,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward  # llama's, with a soft-cap
 
 from kvviz import latent as mla
+from kvviz import sparse
 from kvviz.attention_math import causal_mask, expand_kv, sink_softmax
 
 ATTENTION_NAME = "kvviz"
@@ -49,6 +50,10 @@ class Probe:
     def on_mixer(self, index: int, hidden: torch.Tensor) -> None:
         """Called with the input ``(B, q, hidden)`` of a hybrid model's recurrent layer ``index`` (its place among the
         recurrent layers, :mod:`kvviz.recurrent`)."""
+
+    def on_read(self, layer: int, read: torch.Tensor, scores: torch.Tensor) -> None:
+        """Called, in a model with sparse selection (DSA, :mod:`kvviz.sparse`), with the slots each query row reads,
+        bool ``(B, q, n)`` (chosen among those the probe left visible), and the indexer's scores ``(B, q, n)``."""
 
 
 _probe: ContextVar[Probe | None] = ContextVar("kvviz_probe", default=None)
@@ -117,6 +122,14 @@ def kvviz_attention(
         visible = probe.on_query(layer, mla.absorbed(module, query), *stored)
     elif probe is not None:
         visible = probe.on_query(layer, query, key, value)
+    selection = kwargs.pop("indices", None)  # DSA: the indexer's scores (kvviz.sparse.install)
+    if isinstance(selection, sparse.Selection):  # the slots this pass reads, chosen among the visible ones
+        read = selection.read(_full_mask(attention_mask, query, key, visible)[:, 0])  # (B, q, n): one latent head
+        if probe is not None:
+            probe.on_read(layer, read, selection.scores)
+        visible, attention_mask = read[:, None].expand(-1, key.shape[1], -1, -1), None  # every row's whole mask
+    elif selection is not None:
+        raise RuntimeError("sparse indices from an indexer kvviz did not install (kvviz.sparse.install)")
     sinks = kwargs.pop("s_aux", None)  # gpt-oss passes its learned sinks under this name
     if sinks is not None:
         output, weights = _with_sinks(query, key, value, _full_mask(attention_mask, query, key, visible), scaling,
@@ -202,14 +215,20 @@ class QueryLog:
 
     Writes of one forward pass are staged per layer and become visible with :meth:`commit`, so a failed pass leaves
     the log as it was. ``mixers``: for a hybrid model, the count and width of its recurrent layers, whose inputs per
-    slot are kept beside the queries as :attr:`inputs` ``(M, 1, n, hidden)`` (:mod:`kvviz.recurrent`).
+    slot are kept beside the queries as :attr:`inputs` ``(M, 1, n, hidden)`` (:mod:`kvviz.recurrent`). ``reads``: for
+    a model with sparse selection, how many slots a query reads (``index_topk``); the slots each one read are kept as
+    :attr:`reads` ``(L, 1, n, topk)`` int64, −1 where a row read fewer (:mod:`kvviz.sparse`, :func:`read_mask`).
     """
 
     def __init__(self, layers: int, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
-                 mixers: tuple[int, int] | None = None):
+                 mixers: tuple[int, int] | None = None, reads: int | None = None):
         self.length, self.layers = 0, layers
         self._buffer = torch.empty(layers, heads, 0, head_dim, dtype=dtype, device=device)
         self.inputs = None if not mixers or not mixers[0] else QueryLog(mixers[0], 1, mixers[1], dtype, device)
+        self.reads = None if not reads else QueryLog(layers, 1, reads, torch.int64, device)
+
+    def _logs(self) -> list[QueryLog]:
+        return [log for log in (self.inputs, self.reads) if log is not None]
 
     def reserve(self, size: int) -> None:
         """Capacity for ``size`` slots (grown by at least a quarter when it grows)."""
@@ -220,8 +239,8 @@ class QueryLog:
         grown = self._buffer.new_empty(layers, heads, max(size, capacity + capacity // 4 + 64), head_dim)
         grown[:, :, : self.length] = self._buffer[:, :, : self.length]
         self._buffer = grown
-        if self.inputs is not None:
-            self.inputs.reserve(size)
+        for log in self._logs():
+            log.reserve(size)
 
     def write(self, layer: int, query: torch.Tensor) -> None:
         """Stage ``query`` ``(H, q, D)`` of ``layer`` right after the committed slots."""
@@ -230,14 +249,14 @@ class QueryLog:
 
     def commit(self, count: int) -> None:
         self.length += count
-        if self.inputs is not None:
-            self.inputs.commit(count)
+        for log in self._logs():
+            log.commit(count)
 
     def rollback(self, length: int) -> None:
         """Forget the slots from ``length`` on (a pass that failed)."""
         self.length = length
-        if self.inputs is not None:
-            self.inputs.rollback(length)
+        for log in self._logs():
+            log.rollback(length)
 
     def __deepcopy__(self, memo: dict) -> QueryLog:
         """A copy holding the recorded queries, not the spare capacity (a forked run copies its session)."""
@@ -245,6 +264,7 @@ class QueryLog:
         copied.length, copied.layers = self.length, self.layers
         copied._buffer = self._buffer[:, :, : self.length].clone()
         copied.inputs = None if self.inputs is None else self.inputs.__deepcopy__(memo)
+        copied.reads = None if self.reads is None else self.reads.__deepcopy__(memo)
         return copied
 
     def layer(self, layer: int) -> torch.Tensor:
@@ -253,8 +273,14 @@ class QueryLog:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held, including spare capacity (and the recurrent layers' inputs)."""
-        return self._buffer.numel() * self._buffer.element_size() + (0 if self.inputs is None else self.inputs.nbytes)
+        """Bytes held, including spare capacity (and the recurrent layers' inputs, the read sets)."""
+        return self._buffer.numel() * self._buffer.element_size() + sum(log.nbytes for log in self._logs())
+
+
+def read_mask(reads: torch.Tensor, n: int) -> torch.Tensor:
+    """Recorded read sets ``(..., q, topk)`` (slot indices, −1 padding) → bool ``(..., q, n)``: True where read."""
+    mask = torch.zeros(*reads.shape[:-1], n + 1, dtype=torch.bool, device=reads.device)
+    return mask.scatter_(-1, torch.where((reads < 0) | (reads >= n), n, reads), True)[..., :n]
 
 
 class QueryRecorder(Probe):
@@ -276,3 +302,15 @@ class QueryRecorder(Probe):
 
     def on_mixer(self, index: int, hidden: torch.Tensor) -> None:
         self.log.inputs.write(index, hidden[:1])  # (1, q, hidden): batch row 0
+
+    def on_read(self, layer: int, read: torch.Tensor, scores: torch.Tensor) -> None:
+        self.log.reads.write(layer, read_slots(read[:1], self.log.reads._buffer.shape[-1]))
+
+
+def read_slots(read: torch.Tensor, topk: int) -> torch.Tensor:
+    """Bool read sets ``(..., q, n)`` → the slots read, ascending, ``(..., q, topk)`` int64 (−1 after the last)."""
+    n = read.shape[-1]
+    slots = torch.where(read, torch.arange(n, device=read.device), n).sort(dim=-1).values[..., :topk]
+    if slots.shape[-1] < topk:
+        slots = torch.nn.functional.pad(slots, (0, topk - slots.shape[-1]), value=n)
+    return slots.masked_fill_(slots == n, -1)

@@ -14,7 +14,7 @@ from typing import TypeVar
 import torch
 from transformers import Cache
 
-from kvviz import kv_cache, prefill, recurrent, settings
+from kvviz import kv_cache, prefill, recurrent, settings, sparse
 from kvviz.chat_template import chat_delta, check_unicode
 from kvviz.edit.commits import CommitLog, Commits
 from kvviz.edit.check import check_edit
@@ -24,7 +24,7 @@ from kvviz.memo import Memo, held_bytes
 from kvviz.model import LoadedModel
 from kvviz.numbers import reply_length
 from kvviz.recorded_weights import recorded_weights
-from kvviz.recorder import QueryLog
+from kvviz.recorder import QueryLog, read_mask
 from kvviz.sampling import Sampling, Token
 from kvviz.transcript import Transcript, token_pieces
 
@@ -40,9 +40,11 @@ class SessionBytes:
 
 
 def new_query_log(lm: LoadedModel) -> QueryLog:
-    """An empty log of ``lm``'s queries per slot, and of its recurrent layers' inputs when it has any."""
+    """An empty log of ``lm``'s queries per slot, and of its recurrent layers' inputs and its read sets (sparse
+    selection) when it has them."""
     linear = len(recurrent.linear_layers(lm.config))
-    return QueryLog(lm.layers, lm.heads, lm.head_dim, lm.dtype, lm.device, (linear, lm.config.hidden_size))
+    return QueryLog(lm.layers, lm.heads, lm.head_dim, lm.dtype, lm.device, (linear, lm.config.hidden_size),
+                    sparse.top_count(lm.config))
 
 
 class Session:
@@ -282,6 +284,16 @@ class Session:
         ``(1, stop - start, stop)`` for one query ``head`` (see :func:`~kvviz.recorded_weights.recorded_weights`)."""
         lm = self.lm
         return recorded_weights(self.commits, self.queries, lm.geometry, lm.attention, layer, start, stop, head)
+
+    def read_set(self, layer: int, at: int) -> torch.Tensor | None:
+        """With sparse selection (DSA, :mod:`kvviz.sparse`): bool ``(at + 1,)``, the slots the step of slot ``at``
+        read in ``layer`` (its indexer's top-k among the slots it saw); None for a model whose steps read every slot
+        they see."""
+        if self.queries.reads is None:
+            return None
+        if not 0 <= at < len(self):
+            raise KvvizError(f"slot {at} is not cached (the cache holds {len(self)})")
+        return read_mask(self.queries.reads.layer(layer)[0, at], at + 1)
 
     # --- committed edits -------------------------------------------------------------------------------------
 

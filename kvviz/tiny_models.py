@@ -31,13 +31,17 @@ ARCHITECTURES = {  # each with a GQA ratio other than the bundled model's 3
                                          rope_type="yarn", rope_theta=150000.0, factor=8.0, beta_fast=32.0,
                                          beta_slow=1.0, truncate=False, original_max_position_embeddings=128))),
     # learned sinks (drawn by `tiny` so they bite), sliding / full layers alternating, YaRN RoPE, a mixture of experts
-    "deepseek_v3": ("DeepseekV3Config", dict(num_key_value_heads=8, kv_lora_rank=256, q_lora_rank=24,
-                                             qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12,
-                                             n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
-                                             moe_intermediate_size=32, first_k_dense_replace=1, pad_token_id=None,
-                                             bos_token_id=None, eos_token_id=None)),
+    "deepseek_v3": ("DeepseekV3Config", dict(num_key_value_heads=8, **(LATENT := dict(
+        kv_lora_rank=256, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12, num_experts_per_tok=2,
+        n_group=1, topk_group=1, moe_intermediate_size=32, pad_token_id=None, bos_token_id=None, eos_token_id=None)),
+        n_routed_experts=4, first_k_dense_replace=1)),
     # latent attention (MLA): a 256-wide latent (two of fp8_ds_mla's 128-channel tiles) and an 8-wide RoPE key per
     # token, interleaved RoPE, value heads narrower than query heads; a mixture of experts from layer 1 on
+    "deepseek_v32": ("DeepseekV32Config", dict(num_key_value_heads=8, **LATENT, num_local_experts=4,
+                                               mlp_layer_types=["dense", "sparse", "sparse"], index_topk=12,
+                                               index_n_heads=8, index_head_dim=16)),
+    # the same latent, each query reading the 12 slots its lightning indexer (8 heads, 16-wide keys) scores highest
+    # (DSA); no pad token: a zeroed embedding row would tie the indexer's scores
     "qwen3_next": ("Qwen3NextConfig", dict(num_hidden_layers=4, num_key_value_heads=2, head_dim=16, **(HYBRID := dict(
         linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
         layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"], pad_token_id=None,

@@ -47,6 +47,16 @@ def reply_as_cached(session: Session) -> tuple[str, str | None]:
     return text, None if session.turn_ended else session.piece(session.pending)
 
 
+def read_count(session: Session, at: int, layer: int) -> tuple[int, int] | None:
+    """With sparse selection (DSA): how many slots the step of slot ``at`` read in ``layer``, and of how many it saw
+    (not evicted); None for a model whose steps read every slot they see."""
+    read = session.read_set(layer, at)
+    if read is None:
+        return None
+    seen = at + 1 - int(session.commits.hidden(at, at + 1)[layer].all(0).sum())
+    return int(read.sum()), seen
+
+
 def window_start(session: Session, at: int, layer: int) -> int:
     """The first slot ``layer`` still sees at the step of slot ``at``: 0, or in a sliding window ``w`` the slot
     ``at − w + 1`` (the slots before it the window itself dropped, whatever the person edits)."""
@@ -88,7 +98,8 @@ def strip_chips(session: Session, draft: EditDraft, at: int, layer: int, head: i
     typed 0/1, outside ``layer``'s sliding window at this step 0/1, committed eviction 0/1/2, committed key bits,
     committed value bits, (layer, KV head) pairs that evict the slot in the draft, the same committed, cached late
     0/1 (the end-of-turn token that closed the previous reply, first cached by this turn's prefill), why the policy
-    that seeded the draft evicted it (``reasons``' line, or "")]`` — the draft's
+    that seeded the draft evicted it (``reasons``' line, or ""), not read by this step in ``layer`` 0/1 (sparse
+    selection: its indexer did not pick it)]`` — the draft's
     columns are the edit being tried, the committed ones the cache as it stood after this step (the commits made up
     to then: part of the conversation, in force for the next step)."""
     if at < 0:
@@ -108,6 +119,8 @@ def strip_chips(session: Session, draft: EditDraft, at: int, layer: int, head: i
     slots, stops = session.transcript.slots, session.lm.stop_ids
     late = {s.slot for s in slots[1 : at + 1] if s.kind == "prefill" and s.id in stops
             and slots[s.slot - 1].turn < s.turn}
+    read = session.read_set(layer, at)
+    unread = [] if read is None else (~read).tolist()
     chips = []
     for slot in slots[: at + 1]:
         evicted = 1 if slot.slot in everywhere else 2 if slot.slot in partial else 0
@@ -117,7 +130,7 @@ def strip_chips(session: Session, draft: EditDraft, at: int, layer: int, head: i
                       gone.get(slot.slot, 0), committed.key_bits.get(slot.slot, 16),
                       committed.value_bits.get(slot.slot, 16),
                       *(int(counts[slot.slot]) if counts else 0 for counts in pairs), int(slot.slot in late),
-                      (reasons or {}).get(slot.slot, "")])
+                      (reasons or {}).get(slot.slot, ""), int(bool(unread) and unread[slot.slot])])
     return chips
 
 

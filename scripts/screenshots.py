@@ -10,6 +10,7 @@ Usage: .venv/bin/python scripts/screenshots.py   (writes assets/screenshot-*.png
        .venv/bin/python scripts/screenshots.py --marimo   (the marimo example, a chip clicked: screenshot-marimo.png)
        .venv/bin/python scripts/screenshots.py --latent   (a tiny DeepSeek-V3's latent cache: screenshot-latent.png)
        .venv/bin/python scripts/screenshots.py --hybrid   (a tiny Qwen3-Next's layers: screenshot-hybrid.png)
+       .venv/bin/python scripts/screenshots.py --sparse   (a tiny DeepSeek-V3.2's read sets: screenshot-sparse.png)
 """
 
 from __future__ import annotations
@@ -100,9 +101,10 @@ def window_shots(model: str) -> None:
         shoot(page, "window-attention", top=VIEWS, bottom=None, height=1500)
 
 
-def family_shot(kind: str, name: str) -> None:
-    """The strip of a tiny random model of ``kind`` with a token evicted (DeepSeek-V3: the line on what a chip is;
-    Qwen3-Next: the line on its layers without KV) and the what-if's numbers, as ``screenshot-NAME.png``."""
+def family_shot(kind: str, name: str, chip: str = '.kv-chip[data-slot="3"]') -> None:
+    """The strip of a tiny random model of ``kind`` with the token of the first ``chip`` evicted (DeepSeek-V3: the
+    line on what a chip is; DeepSeek-V3.2: the slots the step read; Qwen3-Next: the line on its layers without KV) and
+    the what-if's numbers, as ``screenshot-NAME.png``."""
     from transformers import AutoTokenizer
 
     from kvviz.model import resolve_checkpoint
@@ -117,7 +119,7 @@ def family_shot(kind: str, name: str) -> None:
             page.keyboard.press("Enter")
             page.wait_for_selector(".kv-chip", timeout=300_000)
             wait_idle(page, 2)
-            page.locator('.kv-chip[data-slot="3"]').click()
+            page.locator(chip).first.click()
             page.wait_for_selector(".kv-chip.kv-evicted", timeout=300_000)
             page.mouse.move(1400, 20)
             wait_idle(page, 3)
@@ -276,11 +278,14 @@ if __name__ == "__main__":
     parser.add_argument("--marimo", action="store_true", help="the marimo example in marimo's app view")
     parser.add_argument("--latent", action="store_true", help="a tiny DeepSeek-V3's latent cache, a token evicted")
     parser.add_argument("--hybrid", action="store_true", help="a tiny Qwen3-Next's layers, a token evicted")
+    parser.add_argument("--sparse", action="store_true", help="a tiny DeepSeek-V3.2's read sets, a read token evicted")
     arguments = parser.parse_args()
     if arguments.latent:
         family_shot("deepseek_v3", "latent")
     elif arguments.hybrid:
         family_shot("qwen3_next", "hybrid")
+    elif arguments.sparse:
+        family_shot("deepseek_v32", "sparse", ".kv-chip:not(.kv-unread):not(.kv-current)")
     elif arguments.notebook:
         notebook_shot()
     elif arguments.marimo:

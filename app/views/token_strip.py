@@ -18,7 +18,7 @@ from kvviz.rope import pre_rope
 from kvviz.errors import KvvizError
 from kvviz.spelling import spell
 from kvviz.quant.quantizer import Quantizer
-from kvviz.view_data import (SHADINGS, commit_rows, find_slots, kept_per_head, sink_share, strip_chips,
+from kvviz.view_data import (SHADINGS, commit_rows, find_slots, kept_per_head, read_count, sink_share, strip_chips,
                              strip_reasons, window_start)
 
 BITS = [16, 8, 4, 3, 2]
@@ -81,7 +81,8 @@ def render() -> None:
         st.caption(f"Click a chip to evict it · shift-click to select · background = attention of the current step "
                    f"(dashed), {scale} · band: grey history, blue query, orange generated · struck through: the edit "
                    "you are trying (faded) or committed (grey, double line; purple filled badge: committed bits)")
-    for note in (latent_note(session), hybrid_note(session), window_note(session, at, st.session_state.layer)):
+    for note in (latent_note(session), sparse_note(session, at, st.session_state.layer), hybrid_note(session),
+                 window_note(session, at, st.session_state.layer)):
         if note:
             st.caption(note)
     large = st.session_state.large
@@ -155,6 +156,19 @@ def latent_note(session) -> str | None:
             f"channels per layer, from which all {lm.heads} heads derive their keys and values. A chip is a token's "
             "latent: evicting it removes the token for every head; bit-widths round the latent as keys and the RoPE "
             "key as values (fp8-ds-mla under Compare schemes stores it as vLLM does).")
+
+
+def sparse_note(session, at: int, layer: int) -> str | None:
+    """One line on the slots this step read (sparse selection, DSA), or None for a model that reads every slot."""
+    counts = read_count(session, at, layer)
+    if counts is None:
+        return None
+    read, seen = counts
+    return (f"This model reads a subset of its cache at each step (DeepSeek sparse attention): a lightning indexer "
+            f"scores every slot and each query reads the {session.lm.attention.reads} of highest score. At slot {at}, "
+            f"layer {layer} read {read} of the {seen} slots it saw; the others are faded, with a dotted band. The "
+            "cache keeps them all: evicting a slot that was read lets the indexer pick the next one of its ranking "
+            "(the what-if lists the slots it admitted).")
 
 
 def hybrid_note(session) -> str | None:

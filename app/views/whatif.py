@@ -206,6 +206,12 @@ def _summary(result: WhatIf) -> None:
                    delta_color="off", help="This model's learned attention sink: a logit per head with no value in "
                    "the softmax's denominator, the share of attention that goes nowhere. Evicting slots leaves it "
                    "the same logit, so its share grows to α_sink/(1−ρ) as the rest does")
+    if result.detail.unread:  # sparse selection: the read set the edit changed
+        admitted = [slot for slot, new in enumerate(result.detail.admitted) if new]
+        row.metric(f"Read anew (layer {layer})", len(admitted), help="This model's indexer picks the slots each step "
+                   "reads (DeepSeek sparse attention). With the edit, it picked these slots the full step did not "
+                   "read: " + (", ".join(map(str, admitted)) or "none") + ". They take some of the attention, so the "
+                   "edited weights differ from α/(1−ρ) (the detail shows both)")
     saved = 1 - memory.edited_bytes / max(memory.full_bytes, 1)
     large = st.session_state.large  # presentation mode: the saving in the label, the numbers on one line
     smaller = f"{saved:.1%}" != "0.0%"  # an edit that saves nothing (or rounds to nothing) shows no "↓ -0.0%"

@@ -4,7 +4,8 @@
 // No import or export: the same text runs as a module (Streamlit, anywidget) and as a page's classic script.
 //
 // A row is kvviz.view_data.strip_chips' list: [slot, text, segment, turn, attention, evicted, keyBits, valueBits,
-// selected, typed, outside, gone, committedKeyBits, committedValueBits, draftPairs, committedPairs, late, why].
+// selected, typed, outside, gone, committedKeyBits, committedValueBits, draftPairs, committedPairs, late, why,
+// unread].
 // Every chip's text is set with textContent (never innerHTML): model and user text can contain markup, and it must
 // show literally. A redraw with the same slots, texts and turns updates only the chips whose row changed, so a long
 // strip is not rebuilt (and laid out again) on every click.
@@ -15,10 +16,11 @@ const KV_SEGMENT_COLOURS = ["#7f8c9a", "#2f80ed", "#f2994a"];
 
 function kvDescribe(chip, row, at) {
   const [slot, text, segment, turn, attention, evicted, keyBits, valueBits, selected, typed, outside,
-         gone, committedKeyBits, committedValueBits, draftPairs, committedPairs, late, why] = row;
+         gone, committedKeyBits, committedValueBits, draftPairs, committedPairs, late, why, unread] = row;
   chip.className = "kv-chip kv-" + KV_SEGMENTS[segment] + (evicted === 1 ? " kv-evicted" : "") +
     (evicted === 2 ? " kv-partial" : "") + (selected ? " kv-selected" : "") + (slot === at ? " kv-current" : "") +
     (typed ? " kv-typed" : "") + (outside ? " kv-outside" : "") + (late ? " kv-late" : "") +
+    (unread ? " kv-unread" : "") +
     (gone === 1 ? " kv-committed" : "") +
     (gone === 2 ? " kv-committed-partial" : "");
   chip.style.setProperty("--kv-attention", String(attention));
@@ -34,6 +36,7 @@ function kvDescribe(chip, row, at) {
     (typed ? " · a control token typed by the user" : "") +
     (late ? " · ends turn " + turn + "'s reply: chosen then, cached by turn " + (turn + 1) + "'s prefill" : "") +
     (outside ? " · outside this layer's sliding window: the layer no longer holds it" : "") +
+    (unread ? " · not read by this step in this layer: its indexer picked other slots (sparse attention)" : "") +
     (why ? "\n" + why : "");
   chip.textContent = "";  // the text comes spelled (kvviz.spelling): its marks for spaces, breaks and bytes drawn faint
   text.split(KV_MARKS).forEach((part, i) => {

@@ -77,7 +77,7 @@ def variants(run: TurnRun, step: int, restores: list[set[int]]) -> tuple[torch.T
     timeline, cache = run.forced.timeline, None  # None: the session's own
     if run.forced.settings.cache_format is not None or timeline.rotary or timeline.parts:
         cache = kv_cache.over(layer_views(stacked(prefix_kv(session, at, session.commits.edit_at(at)), len(visible))),
-                              at, written=session.commits.writes(at))
+                              at, written=session.commits.writes(at), indexed=kv_cache.indexer_keys(session.cache, at))
     return rerun(session, at, visible, cache), hidden
 
 
@@ -97,7 +97,9 @@ def rounding_variants(run: TurnRun, step: int, restores: list[set[int]]) -> torc
         visible[row, :, :, :at] = seen
         visible[row, :, :, back] = False
         visible[row, :, :, [at + s for s in back]] = seen[:, :, back]
-    cache = kv_cache.over(layer_views(stacked(both, len(visible))), 2 * at, written=session.commits.writes(at))
+    indexed = kv_cache.indexer_keys(session.cache, at)  # DSA: each slot's indexer key, for both copies of it
+    cache = kv_cache.over(layer_views(stacked(both, len(visible))), 2 * at, written=session.commits.writes(at),
+                          indexed=None if indexed is None else [torch.cat([keys, keys], 1) for keys in indexed])
     return rerun(session, at, visible, cache)
 
 

@@ -114,6 +114,10 @@ class CompressedSession:
 
     def __init__(self, lm: LoadedModel, settings: RunSettings):
         self.lm, self.settings = lm, settings
+        if settings.positions == "rerotated" and lm.attention.reads:
+            raise KvvizError(f"{lm.name} picks the slots each step reads with an indexer whose keys carry their "
+                             "positions too (sparse attention); re-rotating them is not built yet: use original "
+                             "positions")
         rotary = Rotary(lm) if settings.positions == "rerotated" else None
         if settings.cache_format is not None and settings.cache_format.kind != "written" and lm.attention.latent \
                 is not None:

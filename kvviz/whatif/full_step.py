@@ -32,6 +32,7 @@ class FullStepProbe(Probe):
     def __init__(self, hidden: torch.Tensor | None, rule: AttentionRule):
         self.hidden, self.rule = hidden, rule
         self.queries, self.outputs = [], []
+        self.read, self.index_scores = [], []  # sparse selection (kvviz.sparse): (n,) each, per layer
 
     def on_query(self, layer, query, key, value):
         self.queries.append(query[0])  # (H, 1, D)
@@ -40,15 +41,27 @@ class FullStepProbe(Probe):
     def on_output(self, layer, output):
         self.outputs.append(output[0, 0].float())  # (H, D)
 
+    def on_read(self, layer, read, scores):
+        self.read.append(read[0, -1])
+        self.index_scores.append(scores[0, -1])
+
     def finish(self, buffers: KV) -> None:
         """After the run, on its cache ``buffers`` (keys, values ``(L, KV, n, D)``), for all layers at once: the queries
         ``(L, H, 1, D)``, the step's score with its own key ``(L, H, 1, 1)``, α ``(L, H, n)`` float64, o = Σ α v (for
         the closed form of docs/math.md §3; with latent attention the average latent, :meth:`AttentionRule.carried`)
-        and the attention outputs ``(L, H, D)``."""
+        and the attention outputs ``(L, H, D)``. With sparse selection, α is over the slots the step read, and the
+        read sets and the indexer's scores are kept as ``(L, 1, n)`` (:attr:`read`, :attr:`index_scores`; None
+        without)."""
         self.queries, self.outputs = torch.stack(self.queries), torch.stack(self.outputs)
         scores = self.rule.scores(self.queries, self.rule.keyed(*buffers))  # (L, H, 1, n)
         self.own_scores = scores[..., -1:].clone()
-        self.alpha = self.rule.softmax(scores, None, self.hidden, torch.float64)[..., 0, :]
+        hidden = self.hidden
+        if self.read:
+            self.read, self.index_scores = torch.stack(self.read)[:, None], torch.stack(self.index_scores)[:, None]
+            hidden = ~self.read if hidden is None else hidden | ~self.read
+        else:
+            self.read = self.index_scores = None
+        self.alpha = self.rule.softmax(scores, None, hidden, torch.float64)[..., 0, :]
         self.attended = am.output(self.alpha, self.rule.carried(*buffers))
 
 
@@ -76,6 +89,8 @@ class FullStep:
     writes: list | None = None  # per layer, how the step stores its own K/V (Commits.writes; None: as computed)
     states: dict = field(default_factory=dict)  # a hybrid's recurrent layers before this step (kvviz.recurrent)
     after: dict = field(default_factory=dict)  # … and after the full run of it (its continuation starts there)
+    indexed: list | None = None  # sparse selection: per layer the indexer keys of slots 0..at-1 (kv_cache.indexer_keys)
+    indexed_after: list | None = None  # … and of slots 0..at after the full run
     _reference: Reference | None = None
 
     @property
@@ -92,7 +107,7 @@ class FullStep:
             layers = layer_views(getattr(self, name))
             self.views[name] = layers, kv_cache.leading(layers, self.at)
         layers, cached = self.views[name]
-        return kv_cache.over(layers, self.at, cached, self.writes, recurrent.layers(self.states))
+        return kv_cache.over(layers, self.at, cached, self.writes, recurrent.layers(self.states), self.indexed)
 
     def plan(self, edit: Edit) -> tuple:
         """What ``edit`` writes into the cache: per kind, its quantizer with its widths per head and its ``(bit-width,
@@ -187,7 +202,7 @@ class FullStep:
         are)."""
         if steps not in self.continuations:
             cache = kv_cache.over(layer_views(self.buffers), self.at + 1, written=self.writes,
-                                  recurrent=recurrent.layers(self.after))
+                                  recurrent=recurrent.layers(self.after), indexed=self.indexed_after)
             self.continuations[steps] = greedy(session, cache, self.hidden, self.logits, self.position, steps)
         return self.continuations[steps]
 
@@ -206,13 +221,14 @@ def kept_full_step(session: Session, at: int, full: Edit, hidden: torch.Tensor |
         buffers = stacked(prefix_kv(session, at, full), room=1)
         probe = FullStepProbe(hidden, session.lm.attention)
         writes = session.commits.writes(at)
-        states = states_before(session, at)
-        out, cache = run(session, kv_cache.over(layer_views(buffers), at, written=writes,
-                                                recurrent=recurrent.layers(states)), slot.id, slot.position, probe)
+        states, indexed = states_before(session, at), kv_cache.indexer_keys(session.cache, at)
+        out, cache = run(session, kv_cache.over(layer_views(buffers), at, written=writes, recurrent=recurrent.layers(
+            states), indexed=indexed), slot.id, slot.position, probe)
         probe.finish(buffers)
         return FullStep(at, slot.position, probe, out.logits[0, -1].float(), out.hidden_states, hidden,
                         session.transcript.segments()[:at], full, buffers, writes=writes, states=states,
-                        after=recurrent.live_states(cache))
+                        after=recurrent.live_states(cache), indexed=indexed,
+                        indexed_after=kv_cache.indexer_keys(cache, at + 1))
 
     return session.memoized("full_steps", (at, full.key, hidden is not None), compute, keep=2)
 

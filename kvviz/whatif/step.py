@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from kvviz import attention_math as am
+from kvviz import sparse
 from kvviz.edit.check import check_edit
 from kvviz.edit.edit import Edit
 from kvviz.errors import KvvizError
@@ -43,6 +44,8 @@ class Detail:
     content_term: list[float] = field(default_factory=list)  # Σ α̂ ε^V
     outside: list[bool] = field(default_factory=list)  # per slot: outside the layer's sliding window (α = 0)
     sink: tuple[float, float, float] | None = None  # a learned sink's mass: full α_sink, α_sink/(1−ρ), edited run's
+    unread: list[bool] = field(default_factory=list)  # sparse selection: per slot, not read by the full run
+    admitted: list[bool] = field(default_factory=list)  # … read by the edited run, not by the full run
 
 
 @dataclass
@@ -92,7 +95,12 @@ class EditedStepProbe(Probe):
     """The edited run: hides evicted slots and measures, per layer and query head, ρ and the isolated Δo — the change
     of the layer's output with the full run's query and own K/V on the edited cache — and the propagated Δo (the
     edited run's own output). The isolated Δo is computed for all layers at once after the run: the closed form of
-    §3 for evictions alone, §4's two terms when the edit rewrites K/V: quantized, pruned or merged (docs/math.md)."""
+    §3 for evictions alone, §4's two terms when the edit rewrites K/V: quantized, pruned or merged (docs/math.md).
+
+    With sparse selection (DSA) an eviction changes what the indexer picks: the edited run reads the next slots of its
+    ranking. The isolated Δo is then §4's weight term with α̂ over the slots the indexer picks for the full run's query
+    on the edited cache (the top of the full run's scores among the slots kept), and the detail's edited weights are
+    over the slots the edited run read."""
 
     def __init__(self, full: FullStep, rewrites: bool, hidden: torch.Tensor, new: torch.Tensor,
                  detail: tuple[int, int], masked: bool):
@@ -104,6 +112,10 @@ class EditedStepProbe(Probe):
         self.outputs: list[torch.Tensor] = []  # (1, 1, H, D) per layer, as the run gives them
         self.used: torch.Tensor | None = None  # (H, n): the weights the edited run used at the detail layer
         self._alpha_hat: torch.Tensor | None = None  # (L, H, n): see _edited_weights
+        self.sparse, self.unread = full.probe.read is not None, None
+        if self.sparse:  # (L, 1, n): not picked for the full run's query on the edited cache
+            self.unread = ~sparse.top(full.probe.index_scores, ~hidden, full.probe.rule.reads)
+            self.read: list[torch.Tensor] = []  # (n,) per layer: what the edited run read
         # made once, additive: SDPA would turn a boolean mask into this in every layer
         dtype = full.buffers[0].dtype
         self.visible = torch.zeros(hidden.shape, dtype=dtype, device=hidden.device).masked_fill_(
@@ -112,9 +124,21 @@ class EditedStepProbe(Probe):
     def on_query(self, layer, query, key, value):
         if layer == self.detail[0]:
             rule = self.full.probe.rule
-            self.used = rule.weights(query[0], rule.keyed(key[0], value[0]), layer, self.hidden[layer],
-                                     torch.float64)[:, 0]
+            self.used = (query[0], rule.keyed(key[0], value[0]))
+            if not self.sparse:
+                self._weigh(self.hidden[layer])
         return self.visible[layer] if self.masked else None
+
+    def _weigh(self, hidden: torch.Tensor) -> None:
+        """The weights the edited run used at the detail layer, of its query and cache (:attr:`used`), ``hidden``
+        ``(KV, n)`` hidden from it."""
+        query, keys = self.used
+        self.used = self.full.probe.rule.weights(query, keys, self.detail[0], hidden, torch.float64)[:, 0]
+
+    def on_read(self, layer, read, scores):
+        self.read.append(read[0, -1])
+        if layer == self.detail[0]:
+            self._weigh(self.hidden[layer] | ~read[0, -1])
 
     def on_output(self, layer, output):
         self.outputs.append(output)
@@ -140,8 +164,10 @@ class EditedStepProbe(Probe):
         keys = full.rule.keyed(*(self.full.edited if self.rewrites else self.full.buffers))
         scores = full.rule.scores(full.queries, keys)  # (L, H, 1, n)
         scores[..., -1:] = full.own_scores
-        self._alpha_hat = full.rule.softmax(scores, None, self.hidden if self.masked else None,
-                                            torch.float64)[..., 0, :]
+        hidden = self.hidden if self.masked else None
+        if self.sparse:  # over the slots the indexer picks for the full run's query on the edited cache
+            hidden = self.unread if hidden is None else hidden | self.unread
+        self._alpha_hat = full.rule.softmax(scores, None, hidden, torch.float64)[..., 0, :]
         return self._alpha_hat
 
     def _evicted(self) -> torch.Tensor:
@@ -171,7 +197,7 @@ class EditedStepProbe(Probe):
 
     def results(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """After the run: the per-head maps ``(L, H)`` by name, and the detail head's rows."""
-        if self.rewrites:
+        if self.rewrites or self.sparse:  # DSA: the read set may change, α′ is not the edited weights
             weight, content = self._quantized()
             isolated = weight + content
             norms = {"delta_isolated": isolated.norm(dim=-1), "weight_term": weight.norm(dim=-1),
@@ -195,7 +221,10 @@ class EditedStepProbe(Probe):
         if "sink" in maps:
             sink = float(maps["sink"][layer, head])
             rows["sink"] = (sink, sink / (1 - float(rho)), float(am.sink_mass(self.used[head])))
-        rows |= {"weight": weight[layer, head], "content": content[layer, head]} if self.rewrites else {
+        if self.sparse:
+            rows["unread"] = ~self.full.probe.read[layer, 0]
+            rows["admitted"] = self.read[layer] & rows["unread"]
+        rows |= {"weight": weight[layer, head], "content": content[layer, head]} if content is not None else {
             "weight": rows["isolated"], "content": torch.zeros(isolated.shape[-1], dtype=isolated.dtype)}
         return maps, rows
 
@@ -267,4 +296,5 @@ def _detail(rows: dict[str, torch.Tensor], layer: int, head: int, at: int, outsi
     hide = lambda values: [None if gone else v for v, gone in zip(values.tolist(), evicted)]  # noqa: E731
     return Detail(layer, head, list(range(at + 1)), rows["alpha"].tolist(), hide(rows["renorm"]),
                   hide(rows["edited"]), rows["isolated"].tolist(), rows["weight"].tolist(), rows["content"].tolist(),
-                  outside, rows.get("sink"))
+                  outside, rows.get("sink"), *(rows[name].tolist() if name in rows else [] for name in
+                                               ("unread", "admitted")))

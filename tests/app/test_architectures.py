@@ -1,7 +1,7 @@
 """The app on tiny random models of other architectures (no download), under AppTest: a page runs tiny Qwen3, Gemma 2,
-gpt-oss, DeepSeek-V3 and Qwen3-Next models with their heads named by KV group (gpt-oss's sink share beside ρ;
-DeepSeek's latent said in a line; Qwen3-Next's layers without KV said in a line and in the layer picker), and switches
-between the server's models."""
+gpt-oss, DeepSeek-V3, DeepSeek-V3.2 and Qwen3-Next models with their heads named by KV group (gpt-oss's sink share
+beside ρ; DeepSeek's latent said in a line; DeepSeek-V3.2's read set said in a line and drawn on the strip; Qwen3-Next's
+layers without KV said in a line and in the layer picker), and switches between the server's models."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from tests.support.app_test import open_view
     ("gemma2", ["head 3 (KV 0)", "head 4 (KV 1)"]),  # over 2 KV heads; soft-capped, local / global layers
     ("gpt_oss", ["head 3 (KV 0)", "head 4 (KV 1)"]),  # learned sinks, sliding / full layers
     ("deepseek_v3", ["head 3 (KV 0)", "head 7 (KV 0)"]),  # latent attention: one latent read by all 8 heads
+    ("deepseek_v32", ["head 3 (KV 0)", "head 7 (KV 0)"]),  # … each step reading the 12 slots its indexer picks
     ("qwen3_next", ["head 3 (KV 0)", "head 4 (KV 1)"]),  # hybrid: decoder layers 1 and 3 alone cache K/V
 ])
 def test_the_app_runs_a_tiny_non_llama_model(tokenizer, tmp_path, monkeypatch, kind, labels):
@@ -35,9 +36,18 @@ def test_the_app_runs_a_tiny_non_llama_model(tokenizer, tmp_path, monkeypatch, k
     assert not [w.value for w in app.warning if "could not be drawn" in w.value]
     head = next(s for s in app.selectbox if s.key == "head")
     assert set(labels) <= set(head.options)  # as shown
-    assert app.session_state["session"].lm.kv_heads == (1 if kind == "deepseek_v3" else model.config.num_key_value_heads)
+    latent_kinds = ("deepseek_v3", "deepseek_v32")
+    assert app.session_state["session"].lm.kv_heads == (1 if kind in latent_kinds else model.config.num_key_value_heads)
     latent = [c.value for c in app.caption if "caches one latent per token" in c.value]
-    assert bool(latent) == (kind == "deepseek_v3")
+    assert bool(latent) == (kind in latent_kinds)
+    sparse = [c.value for c in app.caption if "reads a subset of its cache" in c.value]
+    session = app.session_state["session"]
+    assert sparse == ([f"This model reads a subset of its cache at each step (DeepSeek sparse attention): a lightning "
+                       f"indexer scores every slot and each query reads the 12 of highest score. At slot "
+                       f"{len(session) - 1}, layer 0 read 12 of the {len(session)} slots it saw; the others are "
+                       "faded, with a dotted band. The cache keeps them all: evicting a slot that was read lets the "
+                       "indexer pick the next one of its ranking (the what-if lists the slots it admitted)."]
+                      if kind == "deepseek_v32" else [])
     assert len(app.get("plotly_chart")) >= 3  # the attention maps
     for label in CHARTS.values():  # the what-if's charts: one drawn at a time, the one whose tab is chosen
         app.session_state["whatif_chart"] = label

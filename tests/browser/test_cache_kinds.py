@@ -4,7 +4,9 @@ and the console stays clean. Learned sinks (gpt-oss): a sink chip before slot 0 
 attention, which grows when slots are evicted (α_sink / (1 − ρ)), as the what-if's sink number says. Latent attention
 (DeepSeek-V3's MLA): the strip says a chip is a token's latent shared by every head, and a click evicts it. Hybrid layers
 (Qwen3-Next): the strip says which decoder layers cache K/V and which keep a recurrent state, the layer picker names
-the attention layers by their decoder layer, and a click evicts."""
+the attention layers by their decoder layer, and a click evicts. Sparse selection (DeepSeek-V3.2's DSA): the strip says
+how many slots the step read and fades the others; a click on a slot it read evicts it, and the what-if counts the
+slots the indexer picked instead."""
 
 from __future__ import annotations
 
@@ -36,6 +38,11 @@ def gpt_oss_server(tokenizer, tmp_path_factory):
 @pytest.fixture(scope="module")
 def deepseek_server(tokenizer, tmp_path_factory):
     yield from _served("deepseek_v3", tokenizer, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def sparse_server(tokenizer, tmp_path_factory):
+    yield from _served("deepseek_v32", tokenizer, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +122,20 @@ def test_a_hybrid_model_says_which_layers_cache_and_a_click_evicts(hybrid_server
         _a_click_evicts(page)
 
 
+def test_a_sparse_model_fades_what_the_step_did_not_read_and_a_click_brings_the_next_pick_in(sparse_server):
+    from benchmarks.browser import browser_page
+
+    with browser_page(sparse_server, width=1500, height=1000) as page:
+        _chat_and_note(page, "This model reads a subset of its cache", "each query reads the 12 of highest score")
+        chips = page.locator(".kv-chip")
+        unread = page.locator(".kv-chip.kv-unread")
+        expect(unread).to_have_count(chips.count() - 12)  # the step read 12 of the slots it saw, its own among them
+        read = page.locator(".kv-chip:not(.kv-unread):not(.kv-current)").first
+        _a_click_evicts(page, int(read.get_attribute("data-slot")))
+        anew = page.locator("[data-testid=stMetric]", has_text="Read anew (layer 0)")
+        expect(anew.locator("[data-testid=stMetricValue]")).to_have_text("1")  # the indexer's next pick
+
+
 def _chat_and_note(page, starts: str, says: str) -> None:
     """Send a turn on a clean console and wait for the one line above the strip that starts with ``starts``."""
     watch_console(page)
@@ -126,11 +147,11 @@ def _chat_and_note(page, starts: str, says: str) -> None:
     expect(note).to_be_visible()
 
 
-def _a_click_evicts(page) -> None:
-    """A click on slot 3's chip evicts it, the next token's KL appears and is positive, the console stays clean."""
-    chip = page.locator('.kv-chip[data-slot="3"]')
+def _a_click_evicts(page, slot: int = 3) -> None:
+    """A click on ``slot``'s chip evicts it, the next token's KL appears and is positive, the console stays clean."""
+    chip = page.locator(f'.kv-chip[data-slot="{slot}"]')
     settle(page, lambda: chip.click())
-    shows_evicted(chip, 3)
+    shows_evicted(chip, slot)
     kl = page.locator("[data-testid=stMetric]", has_text="KL(full").locator("[data-testid=stMetricValue]")
     expect(kl).to_have_text(re.compile(r"\d"))
     assert float(kl.inner_text().split()[0]) > 0

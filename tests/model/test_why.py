@@ -134,7 +134,7 @@ def test_the_strip_says_why_the_seeding_policy_evicted_each_slot(make_chat, lm):
         row = next(r for r in decision.why(slot) if r.layer == 4 and r.kv_head == 2)
         assert f"layer 4, KV head 2: {row.outcome}" in reasons[slot] and row.reason in reasons[slot]
     chips = strip_chips(session, draft, at, 4, 7, reasons=reasons)
-    assert chips[evicted[0]][-1] == reasons[evicted[0]] and all(chip[-1] == "" for chip in chips if chip[0] not in reasons)
+    assert chips[evicted[0]][17] == reasons[evicted[0]] and all(chip[17] == "" for chip in chips if chip[0] not in reasons)
     assert len(strip_reasons(session, draft, 4, None)[evicted[0]].splitlines()) == 1 + lm.kv_heads
     draft.clear()
     assert strip_reasons(session, draft, 4, 7) == {}

@@ -97,12 +97,14 @@ def removed_step(session: Session, at: int, evicted: list[int], renumber: bool =
         return masked_step(session, at, evicted)
     keep = [s for s in range(at) if s not in evicted]
     tensors = [tuple(t[:, :, keep] for t in kv_cache.layer_kv(session.cache, layer)) for layer in range(session.lm.layers)]
+    indexed = kv_cache.indexer_keys(session.cache, at)  # DSA: the indexer's keys of the slots kept, as a cache holds them
+    indexed = None if indexed is None else [keys[:, keep] for keys in indexed]
     slot, device = session.transcript.slots[at], session.lm.device
     position = len(keep) if renumber else slot.position
     with torch.no_grad():
         out = session.lm.model(input_ids=torch.tensor([[slot.id]], device=device),
                                position_ids=torch.tensor([[position]], device=device),
-                               cache=kv_cache.build(session.lm.config, tensors), use_cache=True)
+                               cache=kv_cache.build(session.lm.config, tensors, indexed), use_cache=True)
     return out.logits[0, -1].float()
 
 
@@ -115,7 +117,7 @@ def masked_step(session: Session, at: int, evicted: list[int]) -> torch.Tensor:
     positions = [slot.position for slot in session.transcript.slots[: at + 1]]
     mask = torch.full((at + 1, at + 1), float("-inf")).triu(1)
     mask[at, evicted] = float("-inf")
-    masks = {"full_attention": mask[None, None], "sliding_attention": mask[None, None]}
+    masks = dict.fromkeys(("full_attention", "sliding_attention", "indexed_attention"), mask[None, None])
     if recurrent.linear_layers(lm.config):
         masks["linear_attention"] = None
     with torch.no_grad():

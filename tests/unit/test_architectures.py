@@ -120,6 +120,8 @@ def test_export_then_import_gives_identical_logits(model):
      "hybrid layers"),  # attention and Mamba side by side in every layer
     ("Gemma3TextConfig", dict(num_key_value_heads=1, head_dim=16, sliding_window=16, use_bidirectional_attention=True),
      "bidirectional attention"),
+    ("GlmMoeDsaConfig", dict(**ARCHITECTURES["deepseek_v32"][1], indexer_types=["full", "shared", "full"]),
+     r"indexed attention \(shared-selection\) layers"),  # GLM-5's top-k reused by the next layer
 ])
 def test_attention_kvviz_cannot_reproduce_is_refused_in_one_line(tokenizer, tmp_path, kind, overrides, words):
     model = tiny(kind, **overrides)

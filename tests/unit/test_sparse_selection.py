@@ -1,0 +1,253 @@
+"""Sparse selection (DeepSeek-V3.2's DSA: each query reads the top-k slots of a lightning indexer with a key cache of
+its own), on a tiny random DeepSeek-V3.2 (kvviz.tiny_models: the MLA of tests/unit/test_latent_attention.py, each
+query reading 12 slots chosen by an 8-head indexer) and GLM-5's ``glm_moe_dsa``.
+
+The references are transformers' own eager DeepSeek-V3.2, nothing of kvviz involved: its indexer picks the top-k
+under the mask it is given (the same mask as the attention: a slot hidden by the mask cannot be picked), so one
+forward without cache and with a float 4D mask (0 allowed, −inf masked), each row seeing what its step saw, is what a
+cache with those slots removed gives. (The cached chat, the recorded weights, the policies, blame and session files
+pass the same oracles as every family: tests/unit/test_architectures.py.)
+
+Tolerances as for MLA (tests/unit/test_latent_attention.py): logits within the model's logit rounding, probabilities
+within (e^{2ε} − 1)·p, weights within the rounding of their scores, outputs' changes within 2·(n + R)·u of their size.
+The read sets are compared exactly: the indexer's scores are the model's own (kvviz reads the tensor the indexer takes
+its top-k of), and a tie would need two of them equal — none is in these chats (no pad token: a zeroed embedding row
+would make them)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from kvviz import kv_cache
+from kvviz.edit.edit import Edit
+from kvviz.policies import H2O, StreamingLLM
+from kvviz.recorder import read_mask
+from kvviz.runs.compressed import RunSettings
+from kvviz.tiny_sessions import tiny_pair
+from kvviz.whatif import what_if
+from tests.support.references import removed_step, teacher_forced
+from tests.support.rounding import logit_rounding, probability_rounding, weight_rounding
+from tests.unit.test_latent_attention import LATENT, RANK, _causal_rows, _eager
+
+TURNS = ["a = 3, b = 5. What is a + b?", "And a - b? Say it in words."]
+TOPK = 12  # the tiny config's index_topk
+
+
+@pytest.fixture(scope="module")
+def dsa(tokenizer):
+    return tiny_pair("deepseek_v32", tokenizer, TURNS)
+
+
+def _picks(eager) -> tuple[list[torch.Tensor], list]:
+    """Hooks on eager's indexers: each call's top-k indices ``(S, k)`` per layer (the eager model's own choice)."""
+    picks: list[list[torch.Tensor]] = [[] for _ in eager.model.layers]
+    hooks = [layer.self_attn.indexer.register_forward_hook(
+        lambda _, __, out, index=index: picks[index].append(out[0].long())) for index, layer in
+        enumerate(eager.model.layers)]
+    return picks, hooks
+
+
+def test_each_step_reads_what_transformers_indexer_picks_and_the_cache_holds_its_keys(dsa):
+    """The session's passes replayed by eager on transformers' own cache: every row of every layer read the slots
+    eager's indexer picked (exactly), fewer than the slots before it once more than 12 are cached; the cache holds one
+    indexer key per slot beside the latent and the RoPE key, and the bytes count it."""
+    lm, eager, session = dsa
+    ids, n = session.transcript.ids, len(session)
+    picks, hooks = _picks(eager)
+    cache, start = transformers.DynamicCache(config=eager.config), 0
+    try:
+        for event in session.transcript.growth:
+            with torch.no_grad():
+                eager(input_ids=torch.tensor([ids[start:start + event.added]]), cache=cache, use_cache=True)
+            start += event.added
+    finally:
+        for hook in hooks:
+            hook.remove()
+    for layer in range(lm.layers):
+        recorded = read_mask(session.queries.reads.layer(layer)[0], n)  # (n, n)
+        rows, begin = [], 0
+        for chosen in picks[layer]:  # (S, k) per pass, over the slots cached then
+            mask = torch.zeros(chosen.shape[0], n, dtype=torch.bool).scatter_(1, chosen, True)
+            rows.append(mask & (torch.arange(n) <= torch.arange(begin, begin + len(chosen))[:, None]))
+            begin += len(chosen)
+        assert torch.equal(recorded, torch.cat(rows)), layer
+    counts = recorded.sum(-1)
+    assert counts[:TOPK].tolist() == list(range(1, TOPK + 1)) and set(counts[TOPK:].tolist()) == {TOPK}
+    indexer = kv_cache.indexer_keys(session.cache, n)
+    assert [tuple(k.shape) for k in indexer] == [(1, n, 16)] * lm.layers
+    held = sum(t.numel() * 4 for layer in range(lm.layers) for t in session.layer_kv(layer))
+    assert kv_cache.nbytes(session.cache) == held + lm.layers * n * 16 * 4
+
+
+@pytest.mark.parametrize("back", [0, 9], ids=["last step", "9 steps back"])
+def test_an_eviction_of_read_slots_brings_the_next_of_the_ranking_in_as_the_model_does(dsa, back):
+    """Evicting 3 slots the step read (at the last step, and by time travel 9 steps back): the edited run's indexer
+    picks 3 slots it did not read before (``admitted``), as eager's does under the mask — the next token equals
+    eager's masked forward, the detail head's full and edited weights equal eager's weights without and with the mask
+    (α′ = α/(1−ρ) does not: the admitted slots take mass), and layer 0's isolated change of each head's output (the
+    full run's query on the edited cache, over what the indexer picks there) equals eager's own per-head change."""
+    lm, eager, session = dsa
+    at = len(session) - 1 - back
+    read = read_mask(session.queries.reads.layer(0)[0, at], at + 1)
+    evicted = read[:at].nonzero()[:, 0].tolist()[1:4]
+    ids = session.transcript.ids[: at + 1]
+    outputs: list[torch.Tensor] = []
+    full = _eager(eager, ids, _causal_rows(at + 1), attentions=True, heads=outputs)
+    rows = _causal_rows(at + 1)
+    rows[-1] = rows[-1].clone()
+    rows[-1][evicted] = False
+    out = _eager(eager, ids, rows, attentions=True, heads=outputs)
+    reference = torch.softmax(out.logits[0, -1].double(), -1)
+    rel = probability_rounding(logit_rounding(lm.config, out.logits[0, -1]))
+    tol = weight_rounding(lm.config, 0, session.queries.layer(0), lm.attention.keyed(*session.layer_kv(0)), lm.scaling)
+    for head in (0, 5):
+        result = what_if(session, Edit.evict(evicted), at=at, layer=0, head=head, topk=20)
+        for candidate in result.next_token.edited:
+            assert candidate.prob == pytest.approx(float(reference[candidate.id]), rel=rel)
+        detail = result.detail
+        admitted = [slot for slot, new in enumerate(detail.admitted) if new]
+        assert len(admitted) == 3 and not set(admitted) & set(evicted)
+        assert [not r for r in read.tolist()] == detail.unread
+        edited = torch.tensor([v or 0.0 for v in detail.alpha_edited], dtype=torch.float64)
+        assert torch.allclose(edited, out.attentions[0][0, head, -1].double(), rtol=tol, atol=1e-12)
+        alpha = torch.tensor(detail.alpha_full, dtype=torch.float64)
+        assert torch.allclose(alpha, full.attentions[0][0, head, -1].double(), rtol=tol, atol=1e-12)
+        assert float(edited[admitted].sum()) > 1e-4  # α′ misses this mass
+    change = (outputs[1][-1] - outputs[0][-1]).norm(dim=-1)  # (H,)
+    tol = 2 * (at + 1 + RANK) * 2**-24 * float(outputs[0][-1].norm(dim=-1).max())
+    assert float(change.min()) > 10 * tol
+    assert torch.allclose(result.heads["delta_isolated"][0].float(), change, rtol=0, atol=tol)
+
+
+def test_an_eviction_of_unread_slots_changes_nothing(dsa):
+    """Slots the step did not read and the indexer would not pick: the edited run reads what the full run read, so
+    its next token is the full run's to the bit."""
+    lm, _, session = dsa
+    at = len(session) - 1
+    unread = [slot for slot in range(at) if all(
+        not read_mask(session.queries.reads.layer(layer)[0, at], at + 1)[slot] for layer in range(lm.layers))]
+    result = what_if(session, Edit.evict(unread[:1]), at=at)
+    assert result.next_token.kl == 0 and float(result.heads["rho"].max()) == 0
+
+
+@pytest.mark.parametrize("policy", [StreamingLLM(), H2O()], ids=["streaming_llm", "h2o"])
+def test_a_policy_run_equals_one_masked_forward_step_by_step(dsa, policy):
+    """A decode-time run, teacher-forced, against one no-cache eager forward whose row of each step sees the step's
+    kept tokens and itself in each layer: eager's indexer then picks its 12 among the kept ones, as the run's did.
+    H2O decides from the attention each latent received, over the slots each step read."""
+    lm, eager, _ = dsa
+    budget, steps = 20, 8
+    run, _, logits, seen = teacher_forced(lm, RunSettings(policy, budget, "decode"), TURNS[1], steps)
+    prompt = run.prompt_end[0]
+    ids = run.session.transcript.ids[: prompt + steps]
+    layers = [_causal_rows(len(ids)) for _ in range(lm.layers)]
+    for step in range(steps):
+        slot = prompt + step
+        kept = seen[step][:, 0, :slot]  # (L, slot)
+        assert kept.sum(-1).tolist() == [min(budget, slot)] * lm.layers, step
+        for layer, rows in enumerate(layers):
+            rows[slot] = torch.zeros(len(ids), dtype=torch.bool)
+            rows[slot][kept[layer].nonzero()[:, 0].tolist() + [slot]] = True
+    out = _eager(eager, ids, layers[0], layers=layers)
+    for step in range(steps):
+        reference = out.logits[0, prompt + step]
+        assert (reference - logits[step]).abs().max() <= logit_rounding(lm.config, reference), step
+
+
+def test_a_quantization_what_if_rounds_the_latent_and_keeps_the_indexer_keys(dsa):
+    """4-bit latents (int, per token) rounded by the test on the stored tensors, the RoPE keys and the indexer keys
+    as computed (kvviz rounds what attention reads; the indexer's keys are its own cache): eager's step on a cache
+    holding them gives the next token, within the logit rounding."""
+    from kvviz.quant.quantizer import Quantizer, fake_quantize
+
+    lm, eager, session = dsa
+    at = len(session) - 1
+    stored = [tuple(t[:, :, :at] for t in kv_cache.layer_kv(session.cache, layer)) for layer in range(lm.layers)]
+    rounded = [(fake_quantize(c[0], 4, Quantizer("token"))[None], r) for c, r in stored]
+    slot = session.transcript.slots[at]
+    with torch.no_grad():
+        logits = eager(input_ids=torch.tensor([[slot.id]]), position_ids=torch.tensor([[slot.position]]),
+                       cache=kv_cache.build(eager.config, rounded, kv_cache.indexer_keys(session.cache, at)),
+                       use_cache=True).logits[0, -1]
+    result = what_if(session, Edit(key_bits=dict.fromkeys(range(at), 4), keys=Quantizer("token")), at=at, topk=20)
+    reference = torch.softmax(logits.double(), -1)
+    rel = probability_rounding(logit_rounding(lm.config, logits))
+    assert result.next_token.kl > 0
+    for candidate in result.next_token.edited:
+        assert candidate.prob == pytest.approx(float(reference[candidate.id]), rel=rel, abs=1e-12)
+
+
+def test_a_failed_pass_leaves_the_indexer_keys_as_they_were(tokenizer):
+    """A decode step that fails in its last layer (after the indexers below it stored their keys) leaves the session
+    as it was: as many indexer keys as slots, and the next step gives the logits of a session that never failed."""
+    lm, _, session = tiny_pair("deepseek_v32", tokenizer, TURNS[:1], new_tokens=3)
+    _, _, twin = tiny_pair("deepseek_v32", tokenizer, TURNS[:1], new_tokens=3)
+    failing = lm.attention_modules[-1].register_forward_pre_hook(lambda *_: (_ for _ in ()).throw(RuntimeError("x")))
+    try:
+        with pytest.raises(RuntimeError):
+            session.step()
+    finally:
+        failing.remove()
+    assert [k.shape[1] for k in kv_cache.indexer_keys(session.cache, 10**6)] == [len(session)] * lm.layers
+    session.step(), twin.step()
+    assert torch.equal(session.logits, twin.logits)
+
+
+def test_glm5s_sparse_attention_passes_the_same_oracles(tokenizer):
+    """GLM-5 (``glm_moe_dsa``: the same MLA and indexer, every layer running its own): the cached chat equals a
+    forward without cache, and an eviction of read slots equals the step on a cache with the latents and the indexer
+    keys physically removed (tests/support/references.removed_step)."""
+    lm, eager, session = tiny_pair("GlmMoeDsaConfig", tokenizer, TURNS, **LATENT, index_topk=TOPK, index_n_heads=8,
+                                   index_head_dim=16)
+    assert lm.attention.reads == TOPK
+    with torch.no_grad():
+        out = eager(input_ids=torch.tensor([session.transcript.ids]), use_cache=False)
+    assert (out.logits[0, -1] - session.logits).abs().max() <= logit_rounding(lm.config, out.logits[0, -1])
+    at = len(session) - 1
+    evicted = read_mask(session.queries.reads.layer(0)[0, at], at + 1)[:at].nonzero()[:, 0].tolist()[:3]
+    removed = removed_step(session, at, evicted)
+    reference = torch.softmax(removed.double(), -1)
+    rel = probability_rounding(logit_rounding(lm.config, removed))
+    result = what_if(session, Edit.evict(evicted), at=at, topk=20)
+    assert any(result.detail.admitted)
+    for candidate in result.next_token.edited:
+        assert candidate.prob == pytest.approx(float(reference[candidate.id]), rel=rel)
+
+
+def test_a_rerotated_run_is_refused_in_one_line(dsa):
+    """Re-rotated positions would have to turn each kept slot's indexer key as well as its RoPE key."""
+    from kvviz.errors import KvvizError
+    from kvviz.runs.compressed import CompressedSession
+
+    lm, _, _ = dsa
+    with pytest.raises(KvvizError, match="re-rotating them is not built yet: use original positions"):
+        CompressedSession(lm, RunSettings(StreamingLLM(), 20, "decode", positions="rerotated"))
+
+
+def test_the_command_line_and_the_notebook_widget_run_on_a_sparse_model(dsa, tokenizer, tmp_path):
+    """``whatif`` from a saved tiny DeepSeek-V3.2 folder reports which slots the step did not read and which the
+    edited step read anew; the widget's strip rows mark the unread slots, and its click on a read slot equals
+    ``what_if`` on the same session."""
+    import json
+
+    from kvviz.notebook import widget
+    from kvviz.tiny_models import tiny
+    from tests.support.cli import cli
+
+    tiny("deepseek_v32").save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    done = cli("whatif", "--model", str(tmp_path), "--turn", TURNS[0], "--max-new-tokens", "3", "--json", "--evict",
+               "3,5")
+    assert done.returncode == 0, done.stderr
+    detail = json.loads(done.stdout)["detail"]
+    assert sum(not unread for unread in detail["unread"]) == TOPK and len(detail["admitted"]) == len(detail["unread"])
+    _, _, session = dsa
+    at = len(session) - 1
+    read = session.read_set(0, at)
+    w = widget(session)
+    assert [bool(row[-1]) for row in w.chips] == (~read).tolist()
+    slot = int(read.nonzero()[0, 0])
+    w.set_state({"request": {"kind": "evict", "slot": slot, "n": 1}})
+    assert w.kl == what_if(session, Edit.evict([slot])).next_token.kl > 0 and not w.error
