@@ -57,6 +57,21 @@ def read_count(session: Session, at: int, layer: int) -> tuple[int, int] | None:
     return int(read.sum()), seen
 
 
+def index_reasons(scores: list[float], unread: list[bool]) -> dict[int, str]:
+    """Why a step with sparse selection (DSA) read each slot or not, from its indexer's ``scores`` per slot and the
+    ``unread`` ones (a what-if's :class:`~kvviz.whatif.step.Detail`): per slot, a line with its score and rank among
+    the slots the step saw; empty without scores."""
+    if not scores:
+        return {}
+    ranked = sorted(range(len(scores)), key=lambda slot: -scores[slot])
+    rank = {slot: place + 1 for place, slot in enumerate(ranked)}
+    read = [slot for slot, gone in enumerate(unread) if not gone]
+    lowest = min(scores[slot] for slot in read)
+    return {slot: f"indexer score {scores[slot]:.4g}, rank {rank[slot]} of {len(scores)}: "
+            + (f"not read (the step read the {len(read)} of highest score, down to {lowest:.4g})" if unread[slot]
+               else "read") for slot in range(len(scores))}
+
+
 def window_start(session: Session, at: int, layer: int) -> int:
     """The first slot ``layer`` still sees at the step of slot ``at``: 0, or in a sliding window ``w`` the slot
     ``at − w + 1`` (the slots before it the window itself dropped, whatever the person edits)."""

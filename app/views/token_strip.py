@@ -18,8 +18,8 @@ from kvviz.rope import pre_rope
 from kvviz.errors import KvvizError
 from kvviz.spelling import spell
 from kvviz.quant.quantizer import Quantizer
-from kvviz.view_data import (SHADINGS, commit_rows, find_slots, kept_per_head, read_count, sink_share, strip_chips,
-                             strip_reasons, window_start)
+from kvviz.view_data import (SHADINGS, commit_rows, find_slots, index_reasons, kept_per_head, read_count, sink_share,
+                             strip_chips, strip_reasons, window_start)
 
 BITS = [16, 8, 4, 3, 2]
 
@@ -74,6 +74,8 @@ def render() -> None:
     at = state.step_slot()
     shading = st.session_state.get("shading", "linear")
     reasons = strip_reasons(session, draft, st.session_state.layer, state.head())
+    for slot, line in _index_reasons(session).items():  # sparse selection: the indexer's reason beside a policy's
+        reasons[slot] = f"{reasons[slot]}\n{line}" if slot in reasons else line
     chips = strip_chips(session, draft, at, st.session_state.layer, state.head(), shading, reasons)
     scale = {"linear": "relative to the strongest slot", "log": "log scale over six decades",
              "rank": "by rank"}[shading]
@@ -94,6 +96,20 @@ def render() -> None:
                 sink=sink_share(session, at, st.session_state.layer, state.head()))
     if not large:  # presentation mode draws them below the top-k tables (see controls)
         controls()
+
+
+def _index_reasons(session) -> dict[int, str]:
+    """With sparse selection (DSA): each slot's indexer score and rank at this step in the chosen layer, from the
+    what-if of this step (computed before the strip is drawn); empty otherwise."""
+    if not session.lm.attention.reads or len(session) < 2 or apply_quantizers() is not None:
+        return {}
+    from app.views import whatif  # which imports this module
+
+    try:
+        detail = whatif.compute().detail
+    except KvvizError:
+        return {}
+    return index_reasons(detail.index_scores, detail.unread)
 
 
 def controls() -> None:

@@ -46,6 +46,7 @@ class Detail:
     sink: tuple[float, float, float] | None = None  # a learned sink's mass: full α_sink, α_sink/(1−ρ), edited run's
     unread: list[bool] = field(default_factory=list)  # sparse selection: per slot, not read by the full run
     admitted: list[bool] = field(default_factory=list)  # … read by the edited run, not by the full run
+    index_scores: list[float] = field(default_factory=list)  # … the full run's indexer scores, its reason to read
 
 
 @dataclass
@@ -224,6 +225,7 @@ class EditedStepProbe(Probe):
         if self.sparse:
             rows["unread"] = ~self.full.probe.read[layer, 0]
             rows["admitted"] = self.read[layer] & rows["unread"]
+            rows["index_scores"] = self.full.probe.index_scores[layer, 0]
         rows |= {"weight": weight[layer, head], "content": content[layer, head]} if content is not None else {
             "weight": rows["isolated"], "content": torch.zeros(isolated.shape[-1], dtype=isolated.dtype)}
         return maps, rows
@@ -297,4 +299,4 @@ def _detail(rows: dict[str, torch.Tensor], layer: int, head: int, at: int, outsi
     return Detail(layer, head, list(range(at + 1)), rows["alpha"].tolist(), hide(rows["renorm"]),
                   hide(rows["edited"]), rows["isolated"].tolist(), rows["weight"].tolist(), rows["content"].tolist(),
                   outside, rows.get("sink"), *(rows[name].tolist() if name in rows else [] for name in
-                                               ("unread", "admitted")))
+                                               ("unread", "admitted", "index_scores")))

@@ -5,7 +5,8 @@ attention, which grows when slots are evicted (α_sink / (1 − ρ)), as the wha
 (DeepSeek-V3's MLA): the strip says a chip is a token's latent shared by every head, and a click evicts it. Hybrid layers
 (Qwen3-Next): the strip says which decoder layers cache K/V and which keep a recurrent state, the layer picker names
 the attention layers by their decoder layer, and a click evicts. Sparse selection (DeepSeek-V3.2's DSA): the strip says
-how many slots the step read and fades the others; a click on a slot it read evicts it, and the what-if counts the
+how many slots the step read and fades the others, each chip's tooltip gives its indexer score and rank; a click on a
+slot it read evicts it, and the what-if counts the
 slots the indexer picked instead."""
 
 from __future__ import annotations
@@ -130,6 +131,7 @@ def test_a_sparse_model_fades_what_the_step_did_not_read_and_a_click_brings_the_
         chips = page.locator(".kv-chip")
         unread = page.locator(".kv-chip.kv-unread")
         expect(unread).to_have_count(chips.count() - 12)  # the step read 12 of the slots it saw, its own among them
+        expect(unread.first).to_have_attribute("title", re.compile(r"\nindexer score \S+, rank \d+ of \d+: not read"))
         read = page.locator(".kv-chip:not(.kv-unread):not(.kv-current)").first
         _a_click_evicts(page, int(read.get_attribute("data-slot")))
         anew = page.locator("[data-testid=stMetric]", has_text="Read anew (layer 0)")

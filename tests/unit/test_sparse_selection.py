@@ -251,3 +251,23 @@ def test_the_command_line_and_the_notebook_widget_run_on_a_sparse_model(dsa, tok
     slot = int(read.nonzero()[0, 0])
     w.set_state({"request": {"kind": "evict", "slot": slot, "n": 1}})
     assert w.kl == what_if(session, Edit.evict([slot])).next_token.kl > 0 and not w.error
+
+
+def test_each_slot_gets_its_indexer_score_and_rank_as_the_reason(dsa):
+    """The what-if's detail carries the full step's indexer scores in its layer: the slots it read are the 12 of
+    highest score, and each chip's reason line says a slot's score, its rank and whether it was read."""
+    from kvviz.view_data import index_reasons
+
+    lm, _, session = dsa
+    at = len(session) - 1
+    for layer in range(lm.layers):
+        detail = what_if(session, Edit(), at=at, layer=layer).detail
+        top = sorted(range(at + 1), key=lambda slot: -detail.index_scores[slot])[:TOPK]
+        assert sorted(top) == [slot for slot, unread in enumerate(detail.unread) if not unread]
+        assert session.read_set(layer, at).tolist() == [not unread for unread in detail.unread]
+    reasons = index_reasons(detail.index_scores, detail.unread)
+    first, last = top[0], sorted(range(at + 1), key=lambda slot: -detail.index_scores[slot])[-1]
+    assert reasons[first] == f"indexer score {detail.index_scores[first]:.4g}, rank 1 of {at + 1}: read"
+    lowest = detail.index_scores[top[-1]]
+    assert reasons[last] == (f"indexer score {detail.index_scores[last]:.4g}, rank {at + 1} of {at + 1}: not read (the "
+                             f"step read the 12 of highest score, down to {lowest:.4g})")
