@@ -55,6 +55,11 @@ class Probe:
         """Called, in a model with sparse selection (DSA, :mod:`kvviz.sparse`), with the slots each query row reads,
         bool ``(B, q, n)`` (chosen among those the probe left visible), and the indexer's scores ``(B, q, n)``."""
 
+    def extra_reads(self, layer: int, n: int) -> torch.Tensor | None:
+        """With sparse selection: the slots each query row reads besides those its indexer picks, bool ``(B, q, ≤ n)``
+        over the first slots of the ``n`` (visible ones only count; None: none)."""
+        return None
+
 
 _probe: ContextVar[Probe | None] = ContextVar("kvviz_probe", default=None)
 
@@ -124,7 +129,11 @@ def kvviz_attention(
         visible = probe.on_query(layer, query, key, value)
     selection = kwargs.pop("indices", None)  # DSA: the indexer's scores (kvviz.sparse.install)
     if isinstance(selection, sparse.Selection):  # the slots this pass reads, chosen among the visible ones
-        read = selection.read(_full_mask(attention_mask, query, key, visible)[:, 0])  # (B, q, n): one latent head
+        allowed = _full_mask(attention_mask, query, key, visible)[:, 0]  # (B, q, n): one latent head
+        read = selection.read(allowed)
+        extra = None if probe is None else probe.extra_reads(layer, key.shape[2])
+        if extra is not None:  # e.g. blame putting an unread slot into the read set
+            read[..., : extra.shape[-1]] |= extra.to(read.device) & allowed[..., : extra.shape[-1]]
         if probe is not None:
             probe.on_read(layer, read, selection.scores)
         visible, attention_mask = read[:, None].expand(-1, key.shape[1], -1, -1), None  # every row's whole mask

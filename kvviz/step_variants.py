@@ -19,10 +19,14 @@ from kvviz.session import Session
 
 class Variants(Probe):
     """Gives variant ``i`` the mask ``visible[i]`` over the cache's first ``at`` slots, none of the slots between
-    them and the new ones, and of the new slots only its own."""
+    them and the new ones, and of the new slots only its own; with sparse selection, ``reads[i]`` ``(L, at)`` are
+    slots it reads besides those its indexer picks (of the visible ones)."""
 
-    def __init__(self, visible: torch.Tensor):
-        self.visible = visible  # (B, L, KV, at)
+    def __init__(self, visible: torch.Tensor, reads: torch.Tensor | None = None):
+        self.visible, self.reads = visible, reads  # (B, L, KV, at), (B, L, at)
+
+    def extra_reads(self, layer, n):
+        return None if self.reads is None else self.reads[None, :, layer]  # (1, B, at)
 
     def on_query(self, layer, query, key, value):
         batch, _, kv, at = self.visible.shape
@@ -32,18 +36,21 @@ class Variants(Probe):
         return mask[None]  # (1, KV, B, n + B)
 
 
-def rerun(session: Session, at: int, visible: torch.Tensor, cache: Cache | None = None) -> torch.Tensor:
+def rerun(session: Session, at: int, visible: torch.Tensor, cache: Cache | None = None,
+          reads: torch.Tensor | None = None) -> torch.Tensor:
     """The step of slot ``at`` once per variant, ``visible`` bool ``(B, L, KV, at)`` the slots before it each sees
     (within the model's sliding windows: the variants' masks replace the model's own), in one pass on ``cache``
-    (default: the session's own, lent and cut back afterwards). Returns the logits ``(B, V)`` float32."""
-    return rerun_rows(session, [at] * len(visible), visible, cache)
+    (default: the session's own, lent and cut back afterwards); with sparse selection, ``reads`` ``(B, L, at)`` the
+    slots each reads besides its indexer's picks. Returns the logits ``(B, V)`` float32."""
+    return rerun_rows(session, [at] * len(visible), visible, cache, reads)
 
 
-def rerun_rows(session: Session, slots: list[int], visible: torch.Tensor, cache: Cache | None = None) -> torch.Tensor:
+def rerun_rows(session: Session, slots: list[int], visible: torch.Tensor, cache: Cache | None = None,
+               reads: torch.Tensor | None = None) -> torch.Tensor:
     """The steps of ``slots`` (B of them, repeats allowed) in one pass: row ``i`` feeds slot ``slots[i]``'s token at
     its position and sees the cached slots ``visible[i]`` (bool ``(B, L, KV, m)`` over the cache's first ``m``,
-    within the model's sliding windows as that step had them) and its own new slot. Returns the logits ``(B, V)``
-    float32."""
+    within the model's sliding windows as that step had them) and its own new slot (with sparse selection, reads
+    ``reads[i]`` ``(L, m)`` besides its indexer's picks). Returns the logits ``(B, V)`` float32."""
     lm, batch, length, at = session.lm, len(visible), len(session), visible.shape[-1]
     picked = [session.transcript.slots[slot] for slot in slots]
     outside = torch.stack([lm.attention.outside(slot, at, visible.device) for slot in slots])  # (B, L, m)
@@ -52,7 +59,7 @@ def rerun_rows(session: Session, slots: list[int], visible: torch.Tensor, cache:
     if recurrent.linear_layers(lm.config):
         return torch.cat([_alone(session, slot, row[None], cache) for slot, row in zip(slots, visible)])
     try:
-        with torch.no_grad(), probing(Variants(visible)):
+        with torch.no_grad(), probing(Variants(visible, reads)):
             out = lm.model(input_ids=torch.tensor([[s.id for s in picked]], device=lm.device),
                            position_ids=torch.tensor([[s.position for s in picked]], device=lm.device),
                            cache=cache, use_cache=True, logits_to_keep=batch)

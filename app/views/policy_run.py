@@ -245,7 +245,8 @@ def _step(result, turn: int, step: int) -> None:
     unit = cols[0].radio("Blame unit", ["slot", "word"], horizontal=True, key="run-unit")
     of = cols[3].radio("Put back", kinds, horizontal=True, key="run-blame-of",
                        help="evicted: each evicted slot back alone; rounded: each rounded slot back at full "
-                            "precision alone") if len(kinds) > 1 else kinds[0]
+                            "precision alone; unread: each slot the step saw but its indexer did not pick, read "
+                            "beside the ones it picked") if len(kinds) > 1 else kinds[0]
     if cols[1].button("Blame this step", key="run-blame"):
         try:
             state.keep("policy_blame", blame(result, turn=turn, step=step, unit=unit, of=of))
@@ -256,7 +257,8 @@ def _step(result, turn: int, step: int) -> None:
     if ranked is None or (ranked.turn, ranked.step) != (turn, step):
         return
     mark("blame")
-    what, back = (("evicted", "back") if ranked.of == "evicted" else ("rounded", "at full precision"))
+    what, back = {"evicted": ("evicted", "back"), "rounded": ("rounded", "at full precision"),
+                  "unread": ("unread", "read")}[ranked.of]
     st.markdown(f"Restoring one {what} {ranked.unit} at a time {back} into the run's cache of this step, "
                 f"KL(full ‖ policy) in nats: **{ranked.kl:.4f}** with nothing restored, "
                 f"**{ranked.kl_all_restored:.4f}** with every {what} slot {back}.")

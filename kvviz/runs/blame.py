@@ -14,6 +14,10 @@ compression of the prompt; later, the slots the run wrote itself hold K/V comput
 KL left with everything restored (``kl_all_restored``) is what eviction at this step cannot explain. Quantization, if
 the run had any, stays as the run had it.
 
+On a model with sparse selection (DSA) the candidates may be the slots the step saw but did not read (``of="unread"``:
+its indexer picked others in some layer): each is put into the step's read set alone, in every layer, beside the
+slots its indexer picks ("everything back": every slot it saw read).
+
 In a run that rounds its cache (KIVI, a written scheme) the candidates may be the rounded slots instead
 (``of="rounded"``): each is put back at full precision alone. The step's cache then holds its slots as the run stored
 them followed by a copy of each as computed (keys are cached after RoPE, so a copy attends as its slot does), and each
@@ -79,6 +83,27 @@ def variants(run: TurnRun, step: int, restores: list[set[int]]) -> tuple[torch.T
         cache = kv_cache.over(layer_views(stacked(prefix_kv(session, at, session.commits.edit_at(at)), len(visible))),
                               at, written=session.commits.writes(at), indexed=kv_cache.indexer_keys(session.cache, at))
     return rerun(session, at, visible, cache), hidden
+
+
+def unread_slots(run: TurnRun, step: int) -> torch.Tensor:
+    """Bool ``(L, KV, at)``: the slots the step saw but did not read (sparse selection: its indexer picked others)."""
+    session, at = run.forced.session, _slot_of(run, step)
+    read = torch.stack([session.read_set(layer, at)[:at] for layer in range(session.lm.layers)])  # (L, at)
+    return run.forced.visible_to(at).cpu() & ~read[:, None].cpu()
+
+
+def reading_variants(run: TurnRun, step: int, reads: list[set[int]]) -> torch.Tensor:
+    """Re-run step ``step`` once reading every slot it saw and once per set in ``reads`` with those slots read
+    besides its indexer's picks (in every layer where it saw them), batched; returns the logits ``(1 + len(reads),
+    V)``."""
+    session = run.forced.session
+    lm, at = session.lm, _slot_of(run, step)
+    seen = run.forced.visible_to(at).cpu()  # (L, KV, at)
+    extra = torch.zeros(1 + len(reads), lm.layers, at, dtype=torch.bool)
+    extra[0] = True
+    for row, slots in enumerate(reads, start=1):
+        extra[row, :, sorted(slots)] = True
+    return rerun(session, at, seen[None].repeat(len(extra), 1, 1, 1), reads=extra & seen.any(1))
 
 
 def rounding_variants(run: TurnRun, step: int, restores: list[set[int]]) -> torch.Tensor:
@@ -158,12 +183,12 @@ def blame(result: PolicyRun, turn: int = -1, step: int | None = None, unit: str 
     if step is None:
         step = run.divergence if run.divergence is not None else max(run.records, key=lambda r: r.kl).step
     at = _slot_of(run, step)
-    candidates = rounded_slots(run, step) if of == "rounded" else run.forced.session.commits.hidden(at, at)
+    candidates = rounded_slots(run, step) if of == "rounded" else unread_slots(run, step) if of == "unread" else \
+        run.forced.session.commits.hidden(at, at)
     mass = attention_mass(run, step)
     paid = mass.tolist()
     candidates = sorted(units(run, candidates, unit), key=lambda slots: -sum(paid[s] for s in slots))[:limit]
-    restores = [set(), *(set(c) for c in candidates)]
-    logits = rounding_variants(run, step, restores) if of == "rounded" else variants(run, step, restores)[0]
+    logits = _variants(run, step, [set(), *(set(c) for c in candidates)], of)
     kl = kl_divergence(run.full_logits[step + 1], logits).tolist()  # all variants at once
     top1 = logits.argmax(-1).tolist()
     target = run.full_ids[step + 1]
@@ -176,10 +201,11 @@ def blame(result: PolicyRun, turn: int = -1, step: int | None = None, unit: str 
 
 def restorable(result: PolicyRun) -> list[str]:
     """What a blame of this run can put back: ``evicted`` slots (a policy's run), ``rounded`` ones (KIVI's or a
-    written cache format's, at full precision)."""
+    written cache format's, at full precision), ``unread`` ones into the read set (sparse selection)."""
     settings = result.settings
     rounds = settings.cache_format is not None and settings.cache_format.per_slot
-    return ["evicted"] * (settings.policy is not None) + ["rounded"] * rounds
+    reads = bool(result.turns and result.turns[-1].forced.session.lm.attention.reads)
+    return ["evicted"] * (settings.policy is not None) + ["rounded"] * rounds + ["unread"] * reads
 
 
 def _restorable(result: PolicyRun, of: str) -> str:
@@ -187,8 +213,10 @@ def _restorable(result: PolicyRun, of: str) -> str:
     settings = result.settings
     if of in restorable(result):
         return of
-    if of not in ("evicted", "rounded"):
-        raise KvvizError(f"blame restores 'evicted' or 'rounded' slots, got {of!r}")
+    if of not in ("evicted", "rounded", "unread"):
+        raise KvvizError(f"blame restores 'evicted', 'rounded' or 'unread' slots, got {of!r}")
+    if of == "unread":
+        raise KvvizError("this model reads every slot it sees (no sparse selection): no slot is unread")
     if of == "evicted" and settings.policy is None:
         raise KvvizError("this run evicts nothing: blame its rounded slots (of='rounded')")
     if of == "rounded" and settings.cache_format is not None:
@@ -208,5 +236,13 @@ def restore(result: PolicyRun, slots: list[int], turn: int = -1, step: int = 0, 
     precision)."""
     run = result.turns[turn]
     _restorable(result, of)
-    logits = rounding_variants(run, step, [set(slots)]) if of == "rounded" else variants(run, step, [set(slots)])[0]
+    logits = _variants(run, step, [set(slots)], of)
     return _row(run, step, slots, logits[1], attention_mass(run, step))
+
+
+def _variants(run: TurnRun, step: int, restores: list[set[int]], of: str) -> torch.Tensor:
+    """The logits of the step with everything put back, then with each of ``restores`` (evicted slots back, rounded
+    ones at full precision, or unread ones read)."""
+    if of == "rounded":
+        return rounding_variants(run, step, restores)
+    return reading_variants(run, step, restores) if of == "unread" else variants(run, step, restores)[0]

@@ -79,6 +79,16 @@ def test_the_app_runs_a_tiny_non_llama_model(tokenizer, tmp_path, monkeypatch, k
         open_view(app, label)
         assert not app.exception and not [e.value for e in app.error], label
         assert not [w.value for w in app.warning if "could not be drawn" in w.value], label
+    if kind == "deepseek_v32":  # a policy run's step: blame reads each unread slot alongside the indexer's picks
+        open_view(app, "Policy run")
+        next(n for n in app.number_input if n.label == "New tokens per turn").set_value(3)
+        app.button[[b.label for b in app.button].index("Run the policy")].click().run()
+        app.radio(key="run-blame-of").set_value("unread").run()
+        app.button[[b.label for b in app.button].index("Blame this step")].click().run()
+        assert not app.exception and not [e.value for e in app.error]
+        ranked = app.session_state["policy_blame"]
+        assert ranked.of == "unread" and ranked.rows
+        assert any("Restoring one unread slot at a time read" in m.value for m in app.markdown)
     open_view(app, "Attention")
     sinks = [m for m in app.metric if m.label.startswith("Sink (layer 0")]
     assert len(sinks) == (kind == "gpt_oss")  # the sink's share beside ρ

@@ -271,3 +271,50 @@ def test_each_slot_gets_its_indexer_score_and_rank_as_the_reason(dsa):
     lowest = detail.index_scores[top[-1]]
     assert reasons[last] == (f"indexer score {detail.index_scores[last]:.4g}, rank {at + 1} of {at + 1}: not read (the "
                              f"step read the 12 of highest score, down to {lowest:.4g})")
+
+
+def test_blame_puts_each_unread_slot_into_the_read_set_as_the_model_would_read_it(dsa):
+    """Blame of an H2O run's step, ``of="unread"``: each row's KL is the step of eager's forward (each row seeing
+    what its step saw, per layer) whose indexer's top-k of that row gets the slot added (a hook on eager's indexer,
+    nothing of kvviz's): the slot read beside the 12 in every layer. Nothing read anew gives the run's own KL."""
+    from kvviz.runs.blame import blame, restorable, restore
+    from kvviz.runs.policy_run import run_policy
+    from kvviz.whatif.metrics import kl_divergence
+    from tests.support.rounding import kl_rounding
+
+    lm, eager, _ = dsa
+    result = run_policy(lm, TURNS[1:], RunSettings(H2O(), 20, "decode"), max_new_tokens=6)
+    assert restorable(result) == ["evicted", "unread"]
+    run, step = result.last, 4
+    ranked = blame(result, step=step, of="unread", limit=4)
+    at, session = ranked.slot, run.forced.session
+    full = run.full_logits[step + 1]
+    eps = logit_rounding(lm.config, full)
+    assert abs(ranked.kl - run.record(step).kl) <= 2 * kl_rounding(eps, ranked.kl)
+    ids = session.transcript.ids[: at + 1]
+    layers = [[run.forced.visible_to(slot)[layer, 0].tolist() + [True] + [False] * (at - slot) for slot in
+               range(at + 1)] for layer in range(lm.layers)]
+    layers = [[torch.tensor(row) for row in rows] for rows in layers]
+
+    def forced(slots: list[int]) -> float:
+        def hook(_, __, out):
+            extra = out[..., :1].repeat(1, 1, len(slots))
+            extra[0, at] = torch.tensor(slots, dtype=out.dtype)
+            return torch.cat([out, extra], -1)
+
+        hooks = [layer.self_attn.indexer.register_forward_hook(hook) for layer in eager.model.layers]
+        try:
+            logits = _eager(eager, ids, layers[0], layers=layers).logits[0, at]
+        finally:
+            for handle in hooks:
+                handle.remove()
+        return float(kl_divergence(full, logits))
+
+    assert len(ranked.rows) == 4 and ranked.of == "unread"
+    for row in ranked.rows:
+        reference = forced(row.slots)
+        assert abs(row.kl_after_restore - reference) <= 2 * kl_rounding(eps, reference), row
+    together = sorted(s for row in ranked.rows[:2] for s in row.slots)
+    reference = forced(together)
+    assert abs(restore(result, together, step=step, of="unread").kl_after_restore - reference) <= \
+        2 * kl_rounding(eps, reference)
