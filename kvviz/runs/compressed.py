@@ -301,5 +301,7 @@ class CompressedSession:
         for layer in range(lm.layers):
             keys = lm.attention.keyed(*kv_cache.layer_kv(self.session.cache, layer))[0]  # (KV, n, D): what it saw
             query = self.session.queries.layer(layer)[:, rows]  # (H, 1, D)
-            weights = lm.attention.weights(query, keys, layer, hidden[layer])[:, 0]  # (H, n)
+            read = self.session.read_set(layer, rows.start)  # sparse selection: the slots the step read (None: all)
+            unseen = hidden[layer] if read is None else hidden[layer] | ~read.to(hidden.device)
+            weights = lm.attention.weights(query, keys, layer, unseen)[:, 0]  # (H, n)
             self.running[layer] += weights.double().cpu().view(lm.kv_heads, -1, n).sum(1)

@@ -318,3 +318,20 @@ def test_blame_puts_each_unread_slot_into_the_read_set_as_the_model_would_read_i
     reference = forced(together)
     assert abs(restore(result, together, step=step, of="unread").kl_after_restore - reference) <= \
         2 * kl_rounding(eps, reference)
+
+
+def test_h2o_accumulates_the_attention_each_step_gave_over_what_it_read(dsa):
+    """H2O's running sum (the attention each slot received) adds each step's weights over the slots it read: the sum
+    of the session's recorded weights (which are over the read sets), to float32 rounding (each weight within a
+    relative 2^-20 of its recomputation, at most 1 per row)."""
+    from kvviz.runs.compressed import CompressedSession
+
+    lm, _, _ = dsa
+    run = CompressedSession(lm, RunSettings(H2O(), 20, "decode"))
+    run.add_turn(TURNS[1])
+    for _ in range(6):
+        run.step()
+    n = len(run.session)
+    for layer in range(lm.layers):
+        received = run.session.weights(layer).double().sum((0, 1))[:n]  # (n,): all query heads share the latent
+        assert torch.allclose(run.running[layer, 0, :n], received, rtol=0, atol=n * 2**-20), layer
