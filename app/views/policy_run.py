@@ -86,6 +86,14 @@ def render() -> None:
                                   "(StreamingLLM's paper): kept keys move to the positions of their order in the "
                                   "cache and the next token follows them (policies that keep the same slots "
                                   "everywhere: streaming_llm, random)")
+        reading = st.columns([3, 2])
+        readers = ["(none: each step reads every slot kept)", *(n for n in names(classes) if ":" not in n)]
+        reader = reading[0].selectbox("Read per step with", readers, key="run-reader",
+                                      help="Keep the whole cache and let this policy's scores choose, before each "
+                                           "decode step, the slots that step reads (sparse attention, as Quest or "
+                                           "RocketKV's second stage); with a policy above, among the slots it kept")
+        reads = reading[1].number_input("Slots read per step", min_value=1, value=16, key="run-reads",
+                                        help="per layer and KV head, besides the step's own")
         shape = st.columns([2, 2, 3])
         think_share = shape[0].number_input("ThinK: key channels pruned", min_value=0.0, max_value=0.9, value=0.0,
                                             step=0.05, help="At each prompt, the share of key channels ThinK prunes "
@@ -103,6 +111,7 @@ def render() -> None:
     if submitted:
         try:
             policy = None if name == offered[0] else name
+            reader = None if reader == readers[0] else reader
             kivi = Kivi(bits, bits, int(group), int(residual), grouping) if kivi_on else None
             reshape = Reshape(float(think_share), merge=merge_on, merge_rule=rule) if think_share or merge_on else None
             schemes = ([] if quanto_bits == "off" else [QUANTIZED[quanto_bits]]) + (
@@ -111,7 +120,8 @@ def render() -> None:
             settings = from_names(policy, params if policy else None, budget=None if by_ratio or policy is None
                                   else int(budget), ratio=float(ratio) if by_ratio else None, mode=mode,
                                   every=int(every), positions=positions, schemes=schemes, kivi=kivi, reshape=reshape,
-                                  classes=classes, residual=max(int(residual), 1))
+                                  classes=classes, residual=max(int(residual), 1), reader=reader,
+                                  reads=None if reader is None else int(reads))
             lines = [line for line in prompt.splitlines() if line.strip()]
             state.make_room(held_slots(session.lm, lines, int(max_new)))
             lm, count = session.lm, int(max_new)

@@ -31,6 +31,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=("prefill", "decode", "both", "after_steps"), default=None,
                         help="when to compress (default: prefill for a kvpress press, else decode)")
     parser.add_argument("--every", type=positive, default=1, help="compress every N decode steps (decode mode)")
+    parser.add_argument("--read-with", default=None, metavar="POLICY",
+                        help="keep the cache; before each decode step this policy's scores choose the slots the step "
+                             "reads (sparse attention, as Quest or RocketKV's second stage); with --reads")
+    parser.add_argument("--reads", type=positive, default=None, metavar="N",
+                        help="slots each decode step reads per layer and KV head (with --read-with)")
     parser.add_argument("--positions", choices=("original", "rerotated"), default="original",
                         help="keep original positions, or re-rotate kept keys to their order (streaming_llm, random)")
     parser.add_argument("--kivi-bits", type=int, default=None, help="quantize as KIVI does, keys and values at B bits")
@@ -102,8 +107,12 @@ def run(args: argparse.Namespace) -> None:
     _params(args.param)  # a malformed one is refused before torch loads
     if args.press_file:
         _check_press_file(args)
-    if args.policy is None and args.press_file is None and args.kivi_bits is None and args.scheme is None:
-        raise KvvizError("give --policy (with --budget), --kivi-bits or --scheme, or a policy with one of them")
+    if (args.read_with is None) != (args.reads is None):
+        raise KvvizError("--read-with POLICY and --reads N go together")
+    if args.policy is None and args.press_file is None and args.kivi_bits is None and args.scheme is None \
+            and args.read_with is None:
+        raise KvvizError("give --policy (with --budget), --read-with (with --reads), --kivi-bits or --scheme, or "
+                         "several")
     if args.scheme is not None:
         run_family(args.scheme)  # the flags are refused before torch loads
         if args.scheme.startswith("kivi") and args.kivi_bits is not None:
@@ -112,7 +121,8 @@ def run(args: argparse.Namespace) -> None:
         raise KvvizError("--round-own is for a per-slot --scheme (int*-token, fp8-*, nvfp4, mxfp4, *-token-head)")
     rounds = args.kivi_bits is not None or args.scheme is not None and run_family(args.scheme) in (
         "kivi", "quantized", *WRITTEN_FAMILIES)  # slot by slot: blame can put rounded slots back
-    if args.blame_step is not None and args.policy is None and args.press_file is None and not rounds:
+    if args.blame_step is not None and args.policy is None and args.press_file is None and not rounds \
+            and args.read_with is None:
         raise KvvizError("--blame-step needs a policy (blame puts evicted slots back) or a cache that rounds slot by "
                          "slot (KIVI, a per-slot --scheme: blame puts rounded slots back at full precision)")
     if _press(args):
@@ -133,7 +143,8 @@ def run(args: argparse.Namespace) -> None:
     settings = from_names(args.policy, _params(args.param), budget=args.budget, ratio=args.ratio, mode=args.mode,
                           every=args.every, positions=args.positions, schemes=[args.scheme] if args.scheme else [],
                           kivi=kivi, reshape=reshape, press_file=args.press_file, q_group_size=args.q_group_size,
-                          residual=args.residual, axis=args.axis, round_own=args.round_own)
+                          residual=args.residual, axis=args.axis, round_own=args.round_own, reader=args.read_with,
+                          reads=args.reads)
     lm = load_model(args.model)
     forecast = first_compression(lm, args.turn, settings)
     if forecast is not None and forecast.recency_only:  # said before the run (which then says it again)
@@ -147,7 +158,7 @@ def run(args: argparse.Namespace) -> None:
     if args.blame_step is not None:
         last.record(args.blame_step)  # refuses a step the turn does not have, in one line
     ranked = blame(result, step=args.blame_step, unit=args.blame_unit, limit=args.blame_limit) \
-        if settings.policy is not None or args.blame_step is not None else None
+        if settings.policy is not None or settings.reader is not None or args.blame_step is not None else None
     report = document(result, ranked)
     cached = len(last.forced.session)
     if any(not 0 <= slot < cached for slot in args.why):
@@ -176,7 +187,8 @@ def run(args: argparse.Namespace) -> None:
         _print_why(int(slot), rows, result)
     if ranked is not None:
         transcript = last.forced.session.transcript
-        back = "evicted slot back" if ranked.of == "evicted" else "rounded slot at full precision"
+        back = {"evicted": "evicted slot back", "rounded": "rounded slot at full precision",
+                "unread": "unread slot read"}[ranked.of]
         print(f"\nblame at {_step_name(ranked.step)} (KL {ranked.kl:.3f} with nothing restored, "
               f"{ranked.kl_all_restored:.3f} with every {back}): restoring one candidate at a time")
         for row in ranked.rows[:10]:

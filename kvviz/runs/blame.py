@@ -179,7 +179,7 @@ def blame(result: PolicyRun, turn: int = -1, step: int | None = None, unit: str 
     ``limit`` candidates the step's query attends to most with nothing hidden are re-run, all in one batched pass
     with the variants "everything back" and "nothing back"."""
     run = result.turns[turn]
-    of = _restorable(result, of or ("evicted" if result.settings.policy is not None else "rounded"))
+    of = _restorable(result, of or ("rounded" if restorable(result)[:1] == ["rounded"] else "evicted"))
     if step is None:
         step = run.divergence if run.divergence is not None else max(run.records, key=lambda r: r.kl).step
     at = _slot_of(run, step)
@@ -205,7 +205,8 @@ def restorable(result: PolicyRun) -> list[str]:
     settings = result.settings
     rounds = settings.cache_format is not None and settings.cache_format.per_slot
     reads = bool(result.turns and result.turns[-1].forced.session.lm.attention.reads)
-    return ["evicted"] * (settings.policy is not None) + ["rounded"] * rounds + ["unread"] * reads
+    evicts = settings.policy is not None or settings.reader is not None  # a reader hides what a step did not read
+    return ["evicted"] * evicts + ["rounded"] * rounds + ["unread"] * reads
 
 
 def _restorable(result: PolicyRun, of: str) -> str:
@@ -217,7 +218,7 @@ def _restorable(result: PolicyRun, of: str) -> str:
         raise KvvizError(f"blame restores 'evicted', 'rounded' or 'unread' slots, got {of!r}")
     if of == "unread":
         raise KvvizError("this model reads every slot it sees (no sparse selection): no slot is unread")
-    if of == "evicted" and settings.policy is None:
+    if of == "evicted" and settings.policy is None and settings.reader is None:
         raise KvvizError("this run evicts nothing: blame its rounded slots (of='rounded')")
     if of == "rounded" and settings.cache_format is not None:
         raise KvvizError(f"{settings.cache_format.name} rounds the whole prefix again together at each flush: a slot's "

@@ -14,6 +14,9 @@ implementation would, turn by turn and step by step (docs/math.md §9).
   rounds each slot once, when written; QuantizedCache flushes its residual into the rounded part.
 - Positions stay the original absolute ones, or (``positions="rerotated"``, for policies that keep the same slots
   everywhere) the kept keys are re-rotated to the positions of their order and the next token follows them.
+- A ``reader`` keeps the cache and chooses, before each decode step, the ``reads`` slots (per layer and KV head) that
+  step reads — any policy's scores, as sparse attention in an engine (Quest, RocketKV's second stage) selects per
+  step; a policy may evict as well (RocketKV's first stage). The other slots are hidden from that step alone.
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ class RunSettings:
     cache_format: CacheFormat | None = None
     positions: Literal["original", "rerotated"] = "original"
     reshape: Reshape | None = None  # ThinK's prunings, merges of the evicted, at each prompt
+    reader: Policy | None = None  # keeps the cache; before each decode step picks the slots the step reads
+    reads: int | None = None  # … how many per layer and KV head
 
     def __post_init__(self) -> None:
         rewrites = self.reshape is not None and (self.reshape.think or self.reshape.merge)  # prunes or merges
@@ -81,8 +86,16 @@ class RunSettings:
             raise KvvizError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
             raise KvvizError(f"every must be a positive integer, got {self.every!r}")
-        if self.policy is None and self.cache_format is None:
-            raise KvvizError("a run needs a policy, a quantized cache (KIVI, QuantizedCache, a scheme), or both")
+        if (self.reader is None) != (self.reads is None):
+            raise KvvizError("a reader needs a count of slots to read per step (reads), and reads need a reader")
+        if self.reads is not None and (isinstance(self.reads, bool) or not isinstance(self.reads, int)
+                                       or self.reads < 1):
+            raise KvvizError(f"reads must be a positive whole number of slots, got {self.reads!r}")
+        if self.reader is not None and self.positions == "rerotated":
+            raise KvvizError("a reader hides slots from one step only; re-rotated positions move them for good")
+        if self.policy is None and self.cache_format is None and self.reader is None:
+            raise KvvizError("a run needs a policy, a reader, a quantized cache (KIVI, QuantizedCache, a scheme), or "
+                             "several")
         if self.policy is not None:
             if self.budget is None:
                 raise KvvizError("a policy run needs a budget (a slot count or a fraction)")
@@ -100,6 +113,8 @@ class RunSettings:
         if self.policy is not None:
             every = f" every {self.every} steps" if self.every > 1 else ""
             parts.append(f"{self.policy.name}, budget {self.budget}, {self.mode}{every}")
+        if self.reader is not None:
+            parts.append(f"each step reads {self.reads} by {self.reader.name}")
         if self.cache_format is not None:
             parts.append(self.cache_format.label)
         if self.reshape is not None and self.reshape.label:
@@ -130,14 +145,15 @@ class CompressedSession:
         self.timeline: Timeline = self.session.commits
         # attention each slot received so far, kept up to date only for policies that read it (H2O)
         self.running = torch.zeros(lm.layers, lm.kv_heads, 0, dtype=torch.float64)
-        self.accumulates = settings.policy is not None and settings.policy.accumulates
+        self.accumulates = any(p is not None and p.accumulates for p in (settings.policy, settings.reader))
         self.keep = 0  # this turn's budget in slots
         self.steps = 0  # decode steps of this turn so far
         self.prompt_end: list[int] = []  # per turn: slots cached after its prompt
         self.seen: torch.Tensor | None = None  # (L, KV, n): what the last step saw besides its own slot
         self.reasons = Reasons(lm.layers, lm.kv_heads)  # why each evicted slot went
-        reads = settings.policy is not None and settings.policy.reads_hidden
+        reads = any(p is not None and p.reads_hidden for p in (settings.policy, settings.reader))
         self.hidden = HiddenLog(lm.layers) if reads else None  # the attention inputs, for policies that read them
+        self.picks: dict = {}  # what the reader keeps between its choices (Candidates.scratch)
         self.scratch: dict = {}  # what the policy keeps between this run's decisions (Candidates.scratch)
         self.residual: int | None = None  # formats that flush: slots in their full-precision residual (None: none yet)
 
@@ -224,6 +240,7 @@ class CompressedSession:
         due = mode in ("decode", "both") and self.steps % every == 0 or (
             mode == "after_steps" and self.steps and self.steps % every == 0)  # after step every − 1, 2·every − 1 …
         self._compress(due)
+        self._read()
         self.seen = self.alive()
         if token is not None:
             self.session.force(token)
@@ -282,6 +299,21 @@ class CompressedSession:
             if self.timeline.rotary is not None:  # the next token follows the kept ones
                 self.session.transcript.renumbered = self.timeline.kept_count(at)
         return evicted
+
+    def _read(self) -> None:
+        """The reader's choice of the slots the step about to run reads (the others hidden from it alone)."""
+        reader, at = self.settings.reader, len(self.session)
+        if reader is None:
+            return
+        alive = self.alive()
+        if int(alive.sum(-1).max()) <= self.settings.reads and not reader.decides_count:
+            return
+        running = self.running.float() if self.accumulates else None
+        decision = reader.decide(Candidates(self.session, at, self.settings.reads, alive, running, None, self.hidden,
+                                            self.picks))
+        self.timeline.read(at, decision.evicted)
+        self.session.version += 1
+        self.session.memo.clear()
 
     def _computed(self, start: int) -> None:
         """Re-rotated runs: note the keys of the slots from ``start`` as computed."""

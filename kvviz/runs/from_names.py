@@ -26,15 +26,17 @@ def from_names(policy: str | None = None, params: Mapping[str, object] | None = 
                every: int | None = None, positions: str | None = None, schemes: Sequence[str] = (),
                kivi: Kivi | None = None, reshape: Reshape | None = None, press_file: str | None = None,
                classes: Mapping[str, type[Policy]] | None = None, q_group_size: int = 64, residual: int = 128,
-               axis: int = 0, round_own: bool = False) -> RunSettings:
+               axis: int = 0, round_own: bool = False, reader: str | None = None, reads: int | None = None
+               ) -> RunSettings:
     """The :class:`~kvviz.runs.compressed.RunSettings` of policy ``policy`` (a name of ``classes``, default
     :func:`~kvviz.policies.user.available`; ``kvpress:NAME``; or ``press_file`` = ``FILE.py:CLASS``) with
     ``params`` (text values read as the field's type; a press's in kvpress' names), its ``budget`` in slots or as a
     fraction, or kvpress' ``ratio`` (the fraction removed), and its cache format: ``kivi`` and / or ``schemes``
     (``kivi-2``, ``quanto-4``, ``nvfp4``, … — one in all; ``fp16`` is the model's own cache; ``q_group_size``,
     ``residual``, ``axis``: QuantizedCache's; ``round_own``: a written scheme rounds the step's own K/V too).
-    ``mode``, ``every`` and ``positions`` default to a press's (else decode, 1, original). Every refusal is one
-    line."""
+    ``mode``, ``every`` and ``positions`` default to a press's (else decode, 1, original). ``reader``: a policy by
+    name (its defaults) whose scores choose the ``reads`` slots each decode step reads, the cache kept. Every refusal
+    is one line."""
     if ratio is not None and budget is not None:
         raise KvvizError("give --budget or --ratio, not both")
     budget = Ratio(ratio) if ratio is not None else budget
@@ -56,9 +58,12 @@ def from_names(policy: str | None = None, params: Mapping[str, object] | None = 
             every = pick.every
         if positions in (None, "original"):
             positions = pick.positions
+    reading = None if reader is None else _pick(reader, None, None, classes)
+    if reading is not None and reading.budget is not None:
+        raise KvvizError(f"{reader} is a kvpress press that sets its own budget; a reader takes kvviz's policies")
     return RunSettings(None if pick is None else pick.policy, budget, mode or "decode", 1 if every is None else every,
                        _format(schemes, kivi, q_group_size, residual, axis, round_own), positions or "original",
-                       reshape)
+                       reshape, None if reading is None else reading.policy, reads)
 
 
 def _format(schemes: Sequence[str], kivi: Kivi | None, q_group_size: int, residual: int, axis: int,

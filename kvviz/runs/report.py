@@ -70,6 +70,8 @@ def document(result: PolicyRun, blame: Blame | None = None) -> dict:
         **{kind: None for kind in ("kivi", "quanto", "written")},  # the cache format under its kind's key
         **({settings.cache_format.kind: settings.cache_format.settings()} if settings.cache_format else {}),
         "positions": settings.positions,
+        "reader": None if settings.reader is None else {"name": settings.reader.name,
+                                                         "params": settings.reader.settings(), "reads": settings.reads},
         "reshape": _reshaped(result),
         **{key: last[key] for key in ("prompt_ids", "kept_after_prompt", "full", "policy_run", "divergence", "steps")},
         "evictions": result.evictions(),

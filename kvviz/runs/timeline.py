@@ -8,11 +8,16 @@ from each layer and KV head (``NEVER`` if none). The run's cache format (KIVI's 
 growing prefix of slots, or (QuantizedCache) flushes it all together; the live cache
 holds the quantized K/V, the originals are kept to reproduce any step exactly. With re-rotated positions
 (kvviz/rope.py) the keys as computed are kept too, with the position each slot held after every commit.
+
+A run that reads a subset per step (``RunSettings.reader``: the cache is kept, each step reads the slots its reader
+picks) keeps, per step, the slots that step did not read (:attr:`unread`); they are hidden from that step alone, as
+an eviction of that step would hide them.
 """
 
 from __future__ import annotations
 
 import bisect
+from dataclasses import replace
 from functools import partial
 
 import torch
@@ -53,6 +58,7 @@ class Timeline:
         self.unshaped: tuple[torch.Tensor, torch.Tensor] | None = None  # (L, KV, m, D): slots 0..m-1 as computed
         self.own_from: int | None = None  # written ``own`` runs: the first slot whose pass attended to its K/V rounded
         self._fresh: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(layers)]  # … and as computed
+        self.unread: dict[int, torch.Tensor] = {}  # slot → (L, KV, slot): what that step did not read (a reader's)
 
     # --- the read side of Commits (kvviz.edit.commits) ------------------------------------------------------
 
@@ -61,7 +67,16 @@ class Timeline:
         return bisect.bisect_right(self.at, slot) - 1
 
     def edit_at(self, slot: int) -> Edit:
-        """The cumulative edit in force when slot ``slot`` was (or will be) processed."""
+        """The cumulative edit in force when slot ``slot`` was (or will be) processed (with a reader, the slots that
+        step did not read evicted too)."""
+        edit = self._commit_edit(slot)
+        if slot not in self.unread:
+            return edit
+        mask = self.unread[slot] | edit.evicted_mask(slot, self.layers, self.kv_heads).cpu()
+        return replace(edit, evictions=Edit.from_evicted(mask).evictions)
+
+    def _commit_edit(self, slot: int) -> Edit:
+        """The cumulative edit of the commits in force when slot ``slot`` is processed (cached per commit)."""
         k = self.index(slot)
         if k < 0:
             return Edit()
@@ -88,14 +103,24 @@ class Timeline:
         return full, full.merged(edit.resolved(at))
 
     def boundaries(self) -> list[int]:
-        return list(self.at)
+        """The slots from which what a step sees changes: each commit's, and each step that read a subset (its own
+        rows: it and the step after)."""
+        return sorted({*self.at, *self.unread, *(slot + 1 for slot in self.unread)})
 
     def hidden(self, slot: int, length: int) -> torch.Tensor:
         """Bool ``(L, KV, length)``: the slots hidden from the step of slot ``slot``."""
         mask = torch.zeros(self.layers, self.kv_heads, length, dtype=torch.bool)
         known = min(length, self.evicted_at.shape[-1])
         mask[:, :, :known] = self.evicted_at[:, :, :known] <= self.index(slot)
+        if slot in self.unread:
+            known = min(length, slot)
+            mask[:, :, :known] |= self.unread[slot][:, :, :known]
         return mask
+
+    def read(self, at: int, unread: torch.Tensor) -> None:
+        """The step of slot ``at`` reads all but ``unread`` (bool ``(L, KV, at)``) of the slots it sees; the cache keeps
+        them (a reader's choice, for this step alone)."""
+        self.unread[at] = unread.cpu().clone()
 
     def key_version(self, slot: int) -> int:
         """Equal for slots whose steps saw the same keys: how many slots were quantized then (re-rotated: the commit,
@@ -175,7 +200,7 @@ class Timeline:
 
     def evicted(self, length: int) -> torch.Tensor | None:
         """Bool ``(L, KV, length)`` of the slots hidden from the next step, or None when none is."""
-        mask = self.hidden(length - 1, length) if self.at else None
+        mask = self.hidden(length - 1, length) if self.at or self.unread else None
         return mask.to(kv_cache.layer_kv(self.cache, 0)[0].device) if mask is not None and bool(mask.any()) else None
 
     def original_kv(self, layer: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -90,6 +90,35 @@ def assert_step_effects_are_what_ifs(session: Session, eager, edit: Edit) -> Non
         assert step.top1_edited == result.next_token.edited[0].id
 
 
+def per_head_masked_forward(eager, ids: list[int], seen: list[torch.Tensor], prompt: int,
+                            layers: list[int] | None = None) -> torch.Tensor:
+    """Reference for a run whose steps saw different slots per layer and KV head: one forward of ``eager`` without
+    cache over ``ids``, each attention layer (``layers``: the decoder layers kvviz's layers are, default all) given a
+    float 4D mask ``(1, H, n, n)`` by a pre-hook — causal, and the row of step ``s`` (slot ``prompt + s``) seeing the
+    slots ``seen[s]`` (bool ``(L, KV, ≥ slot)``) and itself. Returns the logits ``(n, V)`` float32."""
+    n, kv_heads = len(ids), seen[0].shape[1]
+    modules = [getattr(layer, "self_attn", None) for layer in eager.model.layers]  # a recurrent layer has none
+    layers = list(range(len(modules))) if layers is None else layers
+    hooks = []
+    for ours, index in enumerate(layers):
+        rows = [torch.ones(n, n, dtype=torch.bool).tril() for _ in range(kv_heads)]
+        for step, kept in enumerate(seen):
+            slot = prompt + step
+            for head in range(kv_heads):
+                rows[head][slot, :slot] = kept[ours, head, :slot]
+        heads = eager.config.num_attention_heads // kv_heads
+        mask = torch.stack([torch.zeros(n, n).masked_fill(~r, float("-inf")) for r in rows])
+        mask = mask.repeat_interleave(heads, 0)[None]  # (1, H, n, n)
+        hooks.append(modules[index].register_forward_pre_hook(
+            lambda _, args, kwargs, mask=mask: (args, {**kwargs, "attention_mask": mask}), with_kwargs=True))
+    try:
+        with torch.no_grad():
+            return eager(input_ids=torch.tensor([ids]), use_cache=False).logits[0].float()
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
 def removed_step(session: Session, at: int, evicted: list[int], renumber: bool = False) -> torch.Tensor:
     """Reference: the float32 logits ``(V,)`` of slot ``at``'s step on a cache from which ``evicted`` slots were
     physically removed, at the slot's true position (or, with ``renumber``, at the count of slots kept)."""

@@ -29,6 +29,7 @@ from kvviz.runs.compressed import RunSettings
 from kvviz.tiny_sessions import tiny_pair
 from kvviz.whatif import what_if
 from tests.support.references import (assert_rerotated_run_is_the_compacted_cache, assert_step_effects_are_what_ifs,
+                                      per_head_masked_forward,
                                       masked_step, teacher_forced)
 from tests.support.rounding import logit_rounding, probability_rounding
 
@@ -135,36 +136,13 @@ def test_a_policy_run_equals_one_masked_forward_step_by_step(hybrid, policy):
     run, _, logits, seen = teacher_forced(lm, RunSettings(policy, budget, "decode"), TURNS[1], steps)
     prompt = run.prompt_end[0]
     ids = run.session.transcript.ids[: prompt + steps]
-    n = len(ids)
     for step in range(steps):
         kept = seen[step][:, :, : prompt + step]  # (L, KV, slot)
         assert (kept.sum(-1) == min(budget, prompt + step)).all(), step
-    hooks = []
-    for layer, index in enumerate(recurrent.kv_layers(lm.config)):
-        per_head = [torch.zeros(n, n).masked_fill(~rows, float("-inf")) for rows in _head_rows(seen, layer, prompt, n)]
-        mask = torch.stack(per_head).repeat_interleave(lm.heads // lm.kv_heads, 0)[None]  # (1, H, n, n)
-        hooks.append(eager.model.layers[index].self_attn.register_forward_pre_hook(
-            lambda _, args, kwargs, mask=mask: (args, {**kwargs, "attention_mask": mask}), with_kwargs=True))
-    try:
-        with torch.no_grad():
-            out = eager(input_ids=torch.tensor([ids]), use_cache=False)
-    finally:
-        for hook in hooks:
-            hook.remove()
+    out = per_head_masked_forward(eager, ids, seen, prompt, recurrent.kv_layers(lm.config))
     for step in range(steps):
-        reference = out.logits[0, prompt + step]
+        reference = out[prompt + step]
         assert (reference - logits[step]).abs().max() <= logit_rounding(lm.config, reference), step
-
-
-def _head_rows(seen: list[torch.Tensor], layer: int, prompt: int, n: int) -> list[torch.Tensor]:
-    """Per KV head of ``layer``, the rows of the no-cache mask: causal, each step's row its kept slots and itself."""
-    heads = seen[0].shape[1]
-    rows = [torch.ones(n, n, dtype=torch.bool).tril() for _ in range(heads)]
-    for step, kept in enumerate(seen):
-        slot = prompt + step
-        for head in range(heads):
-            rows[head][slot, :slot] = kept[layer, head, :slot]
-    return rows
 
 
 def test_a_failed_pass_leaves_the_recurrent_states_as_they_were(tokenizer):
