@@ -26,12 +26,14 @@ def chunks(count: int, size: int = CHUNK) -> list[range]:
 
 
 def forward(lm: LoadedModel, cache, queries: QueryLog, evicted: Callable[[int], torch.Tensor], ids: list[int],
-            position: int, on_layer: Callable[[int, int], None] | None = None, chunk: int = CHUNK) -> torch.Tensor:
+            position: int, on_layer: Callable[[int, int], None] | None = None, chunk: int = CHUNK,
+            selector: Callable | None = None) -> torch.Tensor:
     """Append the K/V and recorded queries of ``ids`` (at positions ``position..``) to ``cache`` / ``queries``,
     with the committed edits' evictions hidden — ``evicted(n)``: the slots a pass ending at slot ``n`` hides, as the
     session's commit log answers it (``Commits.evicted``); returns the last token's next-token logits ``(V,)`` float32.
 
-    ``on_layer(done, total)`` is told as each layer of each chunk starts (``total`` = layers × chunks).
+    ``on_layer(done, total)`` is told as each layer of each chunk starts (``total`` = layers × chunks);
+    ``selector`` picks what a decode step reads (:meth:`kvviz.recorder.Probe.select`).
     """
     length, recorded = cache.get_seq_length(), queries.length
     parts = chunks(len(ids), chunk)
@@ -40,7 +42,7 @@ def forward(lm: LoadedModel, cache, queries: QueryLog, evicted: Callable[[int], 
     try:
         for index, part in enumerate(parts):
             report = None if on_layer is None else _progress(on_layer, index, len(parts))
-            probe = QueryRecorder(queries, evicted(length + part.stop), report)
+            probe = QueryRecorder(queries, evicted(length + part.stop), report, selector)
             start = position + part.start
             with torch.no_grad(), probing(probe):
                 out = lm.model(

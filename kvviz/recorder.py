@@ -55,6 +55,12 @@ class Probe:
         """Called, in a model with sparse selection (DSA, :mod:`kvviz.sparse`), with the slots each query row reads,
         bool ``(B, q, n)`` (chosen among those the probe left visible), and the indexer's scores ``(B, q, n)``."""
 
+    def select(self, layer: int, query: torch.Tensor, key: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor | None:
+        """Called in a decode step (one query row) with its query ``(B, H, 1, D)``, the cached keys ``(B, KV, n, D)``
+        and the slots it may see, bool ``(B, 1|H, 1, n)`` (its own among them): may return the slots it reads, bool
+        ``(B, KV, 1, n)`` (a query-aware reader: RocketKV's hybrid sparse attention), or None (all it may see)."""
+        return None
+
     def extra_reads(self, layer: int, n: int) -> torch.Tensor | None:
         """With sparse selection: the slots each query row reads besides those its indexer picks, bool ``(B, q, ≤ n)``
         over the first slots of the ``n`` (visible ones only count; None: none)."""
@@ -127,6 +133,10 @@ def kvviz_attention(
         visible = probe.on_query(layer, mla.absorbed(module, query), *stored)
     elif probe is not None:
         visible = probe.on_query(layer, query, key, value)
+        if query.shape[2] == 1:  # a decode step: a query-aware reader may pick what it reads
+            chosen = probe.select(layer, query, key, _full_mask(attention_mask, query, key, visible))
+            if chosen is not None:
+                visible, attention_mask = chosen, None
     selection = kwargs.pop("indices", None)  # DSA: the indexer's scores (kvviz.sparse.install)
     if isinstance(selection, sparse.Selection):  # the slots this pass reads, chosen among the visible ones
         allowed = _full_mask(attention_mask, query, key, visible)[:, 0]  # (B, q, n): one latent head
@@ -294,12 +304,13 @@ def read_mask(reads: torch.Tensor, n: int) -> torch.Tensor:
 
 class QueryRecorder(Probe):
     """The session's probe: stores each layer's post-RoPE queries (batch row 0) in a :class:`QueryLog`, hides the
-    slots a committed edit evicted (``evicted``: bool ``(L, KV, n)`` or None) and tells ``on_layer(done, layers)``
-    as each layer starts (a long prefill's progress)."""
+    slots a committed edit evicted (``evicted``: bool ``(L, KV, n)`` or None), tells ``on_layer(done, layers)``
+    as each layer starts (a long prefill's progress) and lets ``selector`` pick what a decode step reads
+    (:meth:`Probe.select`; a policy run's query-aware reader)."""
 
     def __init__(self, log: QueryLog, evicted: torch.Tensor | None = None,
-                 on_layer: Callable[[int, int], None] | None = None):
-        self.log, self.evicted, self.on_layer = log, evicted, on_layer
+                 on_layer: Callable[[int, int], None] | None = None, selector: Callable | None = None):
+        self.log, self.evicted, self.on_layer, self.selector = log, evicted, on_layer, selector
 
     def on_query(
         self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
@@ -311,6 +322,9 @@ class QueryRecorder(Probe):
 
     def on_mixer(self, index: int, hidden: torch.Tensor) -> None:
         self.log.inputs.write(index, hidden[:1])  # (1, q, hidden): batch row 0
+
+    def select(self, layer, query, key, allowed):
+        return None if self.selector is None else self.selector(layer, query, key, allowed)
 
     def on_read(self, layer: int, read: torch.Tensor, scores: torch.Tensor) -> None:
         self.log.reads.write(layer, read_slots(read[:1], self.log.reads._buffer.shape[-1]))

@@ -77,6 +77,7 @@ class Session:
         self.released: str | None = None  # why :meth:`release` freed this session's tensors, once it has
         self.on_layer: Callable[[int, int], None] | None = None  # told (layers done, layers) as a forward pass runs
         self.prefill_chunk = prefill.CHUNK  # a longer prefill runs as passes of this many tokens (same numbers)
+        self.selector: Callable | None = None  # picks what a decode step reads (a run's query-aware reader)
 
     def __repr__(self) -> str:  # the plain-text output (a notebook shows the strip: kvviz.notebook.reprs)
         return f"Session({self.lm.name}, {len(self)} slots, {len(self.commits.stack)} committed edits)"
@@ -192,7 +193,7 @@ class Session:
         """Append the K/V and queries of ``ids`` (atomic, see :mod:`kvviz.prefill`); the last one's ``(V,)`` logits."""
         self._check_held()
         return prefill.forward(self.lm, self.cache, self.queries, self.commits.evicted, ids,
-                               self.transcript.next_position, self.on_layer, self.prefill_chunk)
+                               self.transcript.next_position, self.on_layer, self.prefill_chunk, self.selector)
 
     def _accept(self, ids: list[int], logits: torch.Tensor, kind: str) -> None:
         self.version += 1

@@ -74,7 +74,7 @@ def render() -> None:
     at = state.step_slot()
     shading = st.session_state.get("shading", "linear")
     reasons = strip_reasons(session, draft, st.session_state.layer, state.head())
-    for slot, line in _index_reasons(session).items():  # sparse selection: the indexer's reason beside a policy's
+    for slot, line in _index_reasons(session, at).items():  # sparse selection: the indexer's reason beside a policy's
         reasons[slot] = f"{reasons[slot]}\n{line}" if slot in reasons else line
     chips = strip_chips(session, draft, at, st.session_state.layer, state.head(), shading, reasons)
     scale = {"linear": "relative to the strongest slot", "log": "log scale over six decades",
@@ -98,16 +98,12 @@ def render() -> None:
         controls()
 
 
-def _index_reasons(session) -> dict[int, str]:
+def _index_reasons(session, at: int) -> dict[int, str]:
     """With sparse selection (DSA): each slot's indexer score and rank at this step in the chosen layer, from the
-    what-if of this step (computed before the strip is drawn); empty otherwise."""
-    if not session.lm.attention.reads or len(session) < 2 or apply_quantizers() is not None:
-        return {}
-    from app.views import whatif  # which imports this module
-
-    try:
-        detail = whatif.compute().detail
-    except KvvizError:
+    what-if of this step (computed before the strip is drawn: ``whatif.compute`` keeps its detail); empty otherwise."""
+    detail = st.session_state.get("whatif_detail")
+    if not session.lm.attention.reads or detail is None or (detail.layer, len(detail.slots)) != (
+            st.session_state.layer, at + 1):
         return {}
     return index_reasons(detail.index_scores, detail.unread)
 

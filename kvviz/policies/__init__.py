@@ -15,14 +15,15 @@ from kvviz.policies.observed_attention import ObservedAttention
 from kvviz.policies.pyramid_kv import PyramidKV
 from kvviz.policies.r_kv import RKV
 from kvviz.policies.random import RandomPolicy
+from kvviz.policies.rocket_kv import RocketKV
 from kvviz.policies.snapkv import SnapKV
 from kvviz.policies.streaming_llm import StreamingLLM
 from kvviz.policies.tova import TOVA
 
 POLICIES: dict[str, type[Policy]] = {p.name: p for p in (StreamingLLM, H2O, SnapKV, TOVA, PyramidKV, AdaKV, KeyNorm,
                                                          RandomPolicy, ObservedAttention, KeyDiff, LagKV, ChunkKV,
-                                                         ExpectedAttention, CUR, CriticalKV, KVZip, RKV)}
+                                                         ExpectedAttention, CUR, CriticalKV, KVZip, RKV, RocketKV)}
 
 __all__ = ["CUR", "H2O", "AdaKV", "Candidates", "ChunkKV", "CriticalKV", "ExpectedAttention", "KVZip", "KeyDiff", "KeyNorm", "LagKV",
-           "ObservedAttention", "POLICIES", "Policy", "PyramidKV", "RKV", "RandomPolicy", "SnapKV", "StreamingLLM", "TOVA",
+           "ObservedAttention", "POLICIES", "Policy", "PyramidKV", "RKV", "RandomPolicy", "RocketKV", "SnapKV", "StreamingLLM", "TOVA",
            "slots_kept"]

@@ -34,13 +34,16 @@ class Entry:
 @dataclass(frozen=True)
 class Chosen:
     """A policy chosen by name, and what its source says about the run: a press's budget (its ``compression_ratio``,
-    or DecodingPress' ``target_size`` in slots), mode, positions and interval; None where it says nothing."""
+    or DecodingPress' ``target_size`` in slots), mode, positions and interval; a two-stage policy's reader and the
+    slots it reads per step (RocketKV); None where it says nothing."""
 
     policy: Policy
     budget: Ratio | int | None = None
     mode: str | None = None
     positions: str | None = None
     every: int | None = None
+    reader: object | None = None
+    reads: int | None = None
 
 
 def names(classes: Mapping[str, type[Policy]]) -> list[str]:
@@ -90,7 +93,9 @@ def chosen(classes: Mapping[str, type[Policy]], name: str, params: Mapping[str, 
     (:func:`~kvviz.policies.kvpress.presses.from_kvpress`; ``AdaKVPress`` wraps SnapKV unless ``press`` says
     otherwise), with what the press says about the run."""
     if not name.startswith(PRESS):
-        return Chosen(policy_named(classes, name, params))
+        policy = policy_named(classes, name, params)
+        reader = getattr(policy, "reader", None)  # RocketKV: the prompt's compression, then a read per step
+        return Chosen(policy) if reader is None else Chosen(policy, mode="prefill", reader=reader, reads=policy.topk)
     from kvviz.policies.kvpress.presses import from_kvpress
 
     press, params = name[len(PRESS):], dict(params or {})

@@ -34,6 +34,7 @@ from kvviz.hidden_log import HiddenLog, recording
 from kvviz.model import LoadedModel
 from kvviz.policies.base import Candidates, Policy, kept_share, received_attention, slots_kept
 from kvviz.policies.reshaping import merging, think
+from kvviz.policies.rocket_kv import HybridSparse
 from kvviz.runs.reasons import Reasons
 from kvviz.schemes.cache_format import CacheFormat
 from kvviz.edit.reshape import Reshape
@@ -60,7 +61,8 @@ class RunSettings:
     cache_format: CacheFormat | None = None
     positions: Literal["original", "rerotated"] = "original"
     reshape: Reshape | None = None  # ThinK's prunings, merges of the evicted, at each prompt
-    reader: Policy | None = None  # keeps the cache; before each decode step picks the slots the step reads
+    reader: Policy | HybridSparse | None = None  # keeps the cache; picks the slots each decode step reads: a policy
+    # before the step, or a query-aware reader inside its pass with its query (RocketKV's hybrid sparse attention)
     reads: int | None = None  # … how many per layer and KV head
 
     def __post_init__(self) -> None:
@@ -91,6 +93,8 @@ class RunSettings:
         if self.reads is not None and (isinstance(self.reads, bool) or not isinstance(self.reads, int)
                                        or self.reads < 1):
             raise KvvizError(f"reads must be a positive whole number of slots, got {self.reads!r}")
+        if self.reader is not None and not isinstance(self.reader, (Policy, HybridSparse)):
+            raise KvvizError(f"a reader is a policy or hybrid sparse attention, got {type(self.reader).__name__}")
         if self.reader is not None and self.positions == "rerotated":
             raise KvvizError("a reader hides slots from one step only; re-rotated positions move them for good")
         if self.policy is None and self.cache_format is None and self.reader is None:
@@ -114,7 +118,8 @@ class RunSettings:
             every = f" every {self.every} steps" if self.every > 1 else ""
             parts.append(f"{self.policy.name}, budget {self.budget}, {self.mode}{every}")
         if self.reader is not None:
-            parts.append(f"each step reads {self.reads} by {self.reader.name}")
+            parts.append(f"each step reads {self.reads} by {self.reader.name}"
+                         + (f" (ρ {self.reader.compression_ratio:g})" if isinstance(self.reader, HybridSparse) else ""))
         if self.cache_format is not None:
             parts.append(self.cache_format.label)
         if self.reshape is not None and self.reshape.label:
@@ -145,15 +150,22 @@ class CompressedSession:
         self.timeline: Timeline = self.session.commits
         # attention each slot received so far, kept up to date only for policies that read it (H2O)
         self.running = torch.zeros(lm.layers, lm.kv_heads, 0, dtype=torch.float64)
-        self.accumulates = any(p is not None and p.accumulates for p in (settings.policy, settings.reader))
+        before = (settings.policy, settings.reader if isinstance(settings.reader, Policy) else None)
+        self.accumulates = any(p is not None and p.accumulates for p in before)
         self.keep = 0  # this turn's budget in slots
         self.steps = 0  # decode steps of this turn so far
         self.prompt_end: list[int] = []  # per turn: slots cached after its prompt
         self.seen: torch.Tensor | None = None  # (L, KV, n): what the last step saw besides its own slot
         self.reasons = Reasons(lm.layers, lm.kv_heads)  # why each evicted slot went
-        reads = any(p is not None and p.reads_hidden for p in (settings.policy, settings.reader))
+        reads = any(p is not None and p.reads_hidden for p in before)
         self.hidden = HiddenLog(lm.layers) if reads else None  # the attention inputs, for policies that read them
         self.picks: dict = {}  # what the reader keeps between its choices (Candidates.scratch)
+        self.chosen: dict[int, torch.Tensor] = {}  # a query-aware reader's picks in the pass under way, per layer
+        if isinstance(settings.reader, HybridSparse):
+            if lm.attention.latent is not None or lm.attention.reads:
+                raise KvvizError(f"{lm.name} caches a latent per token; hybrid sparse attention is for models whose "
+                                 "KV heads cache keys")
+            self.session.selector = self._select
         self.scratch: dict = {}  # what the policy keeps between this run's decisions (Candidates.scratch)
         self.residual: int | None = None  # formats that flush: slots in their full-precision residual (None: none yet)
 
@@ -173,6 +185,7 @@ class CompressedSession:
         if len(self.session) or self.hidden is not None or session.commits.boundaries():
             raise KvvizError("only a fresh run of a policy that reads no hidden states takes over a prefilled prompt")
         self.session, self.timeline.cache, session.commits = session, session.cache, self.timeline
+        session.selector = self._select if isinstance(self.settings.reader, HybridSparse) else None
         self._prompted(0)
 
     def add_ids(self, ids: list[int]) -> None:
@@ -231,7 +244,8 @@ class CompressedSession:
         states."""
         reshape = self.settings.reshape
         return (self.hidden is None and self.timeline.format is None and self.timeline.rotary is None
-                and not (reshape is not None and (reshape.think or reshape.merge)))
+                and not (reshape is not None and (reshape.think or reshape.merge))
+                and not isinstance(self.settings.reader, HybridSparse))  # it picks inside the session's own pass
 
     def begin_step(self, token: int | None = None) -> Session:
         """The part of :meth:`step` before its pass: the compression due, then ``token`` forced. Returns the session
@@ -247,8 +261,16 @@ class CompressedSession:
         return self.session
 
     def end_step(self) -> torch.Tensor:
-        """The part of :meth:`step` after its pass (the session accepted it): the attention the slots received, the
-        quantization due. Returns the step's next-token logits ``(V,)`` float32."""
+        """The part of :meth:`step` after its pass (the session accepted it): what a query-aware reader picked, the
+        attention the slots received, the quantization due. Returns the step's next-token logits ``(V,)`` float32."""
+        if self.chosen:  # the slots the step saw but its reader did not pick: hidden from that step, as it ran
+            at = len(self.session) - 1
+            picked = torch.stack([self.chosen[layer][:, :at] for layer in range(self.lm.layers)])
+            self.timeline.read(at, self.seen & ~picked)
+            self.seen = self.seen & picked
+            self.chosen = {}
+            self.session.version += 1
+            self.session.memo.clear()
         self._computed(len(self.session) - 1)
         self._received(slice(len(self.session) - 1, len(self.session)))
         self.steps += 1
@@ -300,10 +322,23 @@ class CompressedSession:
                 self.session.transcript.renumbered = self.timeline.kept_count(at)
         return evicted
 
+    def _select(self, layer: int, query: torch.Tensor, key: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        """The session's decode steps: the slots the query-aware reader picks in ``layer`` (see
+        :meth:`kvviz.recorder.Probe.select`), kept for :meth:`end_step`."""
+        lm = self.lm
+        group = lm.heads // lm.kv_heads
+        seen = allowed[0, :: group if allowed.shape[1] > 1 else 1, 0]  # (KV, n): per KV head
+        seen = seen.expand(lm.kv_heads, -1)
+        chosen = self.settings.reader.pick(query[0, :, 0].view(lm.kv_heads, group, -1), key[0], seen,
+                                           self.settings.reads)
+        self.chosen[layer] = chosen.cpu()
+        return chosen[None, :, None]
+
     def _read(self) -> None:
         """The reader's choice of the slots the step about to run reads (the others hidden from it alone)."""
         reader, at = self.settings.reader, len(self.session)
-        if reader is None:
+        self.chosen = {}
+        if reader is None or isinstance(reader, HybridSparse):
             return
         alive = self.alive()
         if int(alive.sum(-1).max()) <= self.settings.reads and not reader.decides_count:

@@ -42,7 +42,8 @@ def from_names(policy: str | None = None, params: Mapping[str, object] | None = 
     budget = Ratio(ratio) if ratio is not None else budget
     pick = _pick(policy, params, press_file, classes)
     if pick is not None:  # what the press says about the run, where the caller left it open
-        if budget is not None and set(params or {}) & {"compression_ratio", "target_size"}:
+        press = press_file is not None or (policy or "").startswith("kvpress:")
+        if press and budget is not None and set(params or {}) & {"compression_ratio", "target_size"}:
             raise KvvizError("give the budget once: the press's compression_ratio (or target_size), or --ratio / "
                              "--budget")
         if budget is None:  # a press's own: its compression_ratio, DecodingPress' target_size, all for an adaptive one
@@ -61,9 +62,15 @@ def from_names(policy: str | None = None, params: Mapping[str, object] | None = 
     reading = None if reader is None else _pick(reader, None, None, classes)
     if reading is not None and reading.budget is not None:
         raise KvvizError(f"{reader} is a kvpress press that sets its own budget; a reader takes kvviz's policies")
+    chosen_reader = None if reading is None else reading.policy
+    if pick is not None and pick.reader is not None:  # a two-stage policy (rocket_kv): its own per-step reader
+        if reading is not None:
+            raise KvvizError(f"{pick.policy.name} reads with its own second stage; give no --read-with")
+        chosen_reader, reads = pick.reader, pick.reads if reads is None else reads
+        mode = mode or pick.mode
     return RunSettings(None if pick is None else pick.policy, budget, mode or "decode", 1 if every is None else every,
                        _format(schemes, kivi, q_group_size, residual, axis, round_own), positions or "original",
-                       reshape, None if reading is None else reading.policy, reads)
+                       reshape, chosen_reader, reads)
 
 
 def _format(schemes: Sequence[str], kivi: Kivi | None, q_group_size: int, residual: int, axis: int,

@@ -16,7 +16,7 @@ from kvviz.schemes.kivi import Kivi
     (dict(policy=None, budget=16, cache_format=Kivi()), "needs a policy"),
     (dict(policy=H2O(), budget=None), "needs a budget"),
     (dict(policy=H2O(), budget=16, mode="prefill", every=2), "every N steps"),
-    (dict(policy=None, budget=None), "needs a policy, a quantized cache"), (dict(policy=H2O(), budget=16, every=0), "positive")])
+    (dict(policy=None, budget=None), "needs a policy, a reader, a quantized cache"), (dict(policy=H2O(), budget=16, every=0), "positive")])
 def test_bad_settings_are_refused_in_one_line(settings, words):
     with pytest.raises(KvvizError, match=words) as caught:
         RunSettings(**settings)

@@ -30,8 +30,9 @@ def test_every_name_of_the_table_builds_a_run_with_its_defaults(name):
         fields = {f.name: f.default for f in dataclasses.fields(POLICIES[name]) if not f.metadata.get("hidden")}
         assert [(p, d) for p, d, _ in row.parameters] == list(fields.items())
         settings = from_names(name, budget=16, classes=POLICIES)
-        assert (settings.policy, settings.budget, settings.mode, settings.positions) == (pick.policy, 16, "decode",
-                                                                                          "original")
+        assert (settings.policy, settings.budget, settings.mode, settings.positions) == (
+            pick.policy, 16, pick.mode or "decode", "original")  # a two-stage policy (rocket_kv) compresses the prompt
+        assert (settings.reader, settings.reads) == (pick.reader, pick.reads)
     else:
         assert row.source == "kvpress" and is_press(name)
         settings = from_names(name, ratio=0.5, mode="prefill", classes=POLICIES)
@@ -76,7 +77,7 @@ def test_cache_formats_by_name_and_the_refusals_of_a_run_built_from_names():
         (lambda: from_names(schemes=["quanto-4", "quantized-fp8"]), "one cache: QuantizedCache"),
         (lambda: from_names(params={"window": "4"}, schemes=["kivi-2"]), "need a policy to take them"),
         (lambda: from_names("h2o", classes=POLICIES), "needs a budget"),
-        (lambda: from_names(), "a run needs a policy, a quantized cache"),
+        (lambda: from_names(), "a run needs a policy, a reader, a quantized cache"),
         (lambda: from_names("h2o", {"nope": "1"}, budget=8, classes=POLICIES), "h2o has no parameter 'nope'"),
         (lambda: from_names("h2o", budget=8, press_file="x.py:X"), "give --policy or --press-file, not both"),
     ]
