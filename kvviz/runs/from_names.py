@@ -66,8 +66,11 @@ def from_names(policy: str | None = None, params: Mapping[str, object] | None = 
     if pick is not None and pick.reader is not None:  # a two-stage policy (rocket_kv): its own per-step reader
         if reading is not None:
             raise KvvizError(f"{pick.policy.name} reads with its own second stage; give no --read-with")
+        if mode not in (None, pick.mode):
+            raise KvvizError(f"{pick.policy.name} compresses the prompt once ({pick.mode}), then picks what each step "
+                             f"reads; give mode {pick.mode}, not {mode}")
         chosen_reader, reads = pick.reader, pick.reads if reads is None else reads
-        mode = mode or pick.mode
+        mode = pick.mode
     return RunSettings(None if pick is None else pick.policy, budget, mode or "decode", 1 if every is None else every,
                        _format(schemes, kivi, q_group_size, residual, axis, round_own), positions or "original",
                        reshape, chosen_reader, reads)

@@ -125,3 +125,27 @@ def test_rocketkvs_budgets_from_its_token_budget():
     assert RocketKV().reader.compression_ratio == 4.0
     with pytest.raises(Exception, match="at least 16"):
         budgets(8, 1000, 10)
+
+
+def test_rocket_kv_by_name_in_a_sweep_and_its_refusals(lm, tmp_path):
+    """A sweep of ``rocket_kv`` (mode prefill, as RocketKV runs) writes its rows, each the policy run of the library;
+    another mode is refused in one line (the first stage compresses the prompt only)."""
+    import json
+
+    from kvviz.errors import KvvizError
+    from kvviz.runs.policy_run import run_policy
+    from tests.support.cli import cli
+
+    with pytest.raises(KvvizError, match="rocket_kv compresses the prompt once \\(prefill\\).*give mode prefill"):
+        from_names("rocket_kv", budget=24, mode="decode")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "cat", "turns": [PROMPT]}) + "\n")
+    done = cli("sweep", "--prompts", str(prompts), "--policy", "rocket_kv", "--budget", "24", "--mode", "prefill",
+               "--max-new-tokens", "4", "--out", str(tmp_path / "out"), "--no-progress")
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in (tmp_path / "out" / "rows.jsonl").read_text().splitlines()]
+    library = run_policy(lm, [PROMPT], from_names("rocket_kv", budget=24), 4).last
+    assert [row["policy"] for row in rows] == ["rocket_kv"] and rows[0]["policy_text"] == library.policy_text
+    refused = cli("sweep", "--prompts", str(prompts), "--policy", "rocket_kv", "--budget", "24",
+                  "--out", str(tmp_path / "no"), "--no-progress")
+    assert refused.returncode != 0 and "give mode prefill, not decode" in refused.stderr
