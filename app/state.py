@@ -126,6 +126,16 @@ def kept(name: str):
     return st.session_state.get(name)
 
 
+def keep_detail(detail) -> None:
+    """The detail of the what-if just computed: the strip draws a sparse model's indexer scores from it."""
+    st.session_state["whatif_detail"] = detail
+
+
+def whatif_detail():
+    """The detail :func:`keep_detail` kept, or None."""
+    return st.session_state.get("whatif_detail")
+
+
 def keep_policy_run(result, blame=None, named: str | None = None) -> None:
     """A new policy run drops the blame of the previous one. ``named``: the policy as the person chose it, where that
     differs from the policy's own name (a kvpress press run as the kvviz policy that reproduces it)."""

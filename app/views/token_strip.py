@@ -101,7 +101,7 @@ def render() -> None:
 def _index_reasons(session, at: int) -> dict[int, str]:
     """With sparse selection (DSA): each slot's indexer score and rank at this step in the chosen layer, from the
     what-if of this step (computed before the strip is drawn: ``whatif.compute`` keeps its detail); empty otherwise."""
-    detail = st.session_state.get("whatif_detail")
+    detail = state.whatif_detail()
     if not session.lm.attention.reads or detail is None or (detail.layer, len(detail.slots)) != (
             st.session_state.layer, at + 1):
         return {}

@@ -41,7 +41,7 @@ def compute() -> WhatIf:
     result = session.memoized("whatif", (edit.key, at, layer, head, topk, continuation), run, keep=1)
     if isinstance(result, KvvizError):
         raise result
-    st.session_state["whatif_detail"] = result.detail  # the strip's reasons read it (sparse selection)
+    state.keep_detail(result.detail)  # the strip's reasons read it (sparse selection)
     return result
 
 

@@ -112,7 +112,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default=None,
                         help="eviction policy: streaming_llm, h2o, snapkv, tova, pyramid_kv, ada_kv, key_norm, random, "
                              "observed_attention, key_diff, lag_kv, chunk_kv, expected_attention, cur, critical_kv, "
-                             "kv_zip, r_kv; one from KVVIZ_POLICIES; or a kvpress press, kvpress:SnapKVPress")
+                             "kv_zip, r_kv, rocket_kv; one from KVVIZ_POLICIES; or a kvpress press, "
+                             "kvpress:SnapKVPress")
     parser.add_argument("--budget", default=None, type=budget, help="slots (or fraction) the policy keeps")
     parser.add_argument("--think", type=float, default=None, metavar="RATIO",
                         help="prune this share of key channels per layer and KV head as ThinK does")
