@@ -14,12 +14,9 @@ PROMPT = "My cat is called Whiskers and my dog is called Rex. The cat sleeps on 
 def test_the_page_runs_an_hqq_cache():
     import re
 
-    from tests.support.app_test import assert_clean, open_view, start
+    from tests.support.app_test import assert_clean, policy_run_without_a_policy
 
-    app = start()
-    app.chat_input[0].set_value(PROMPT).run()
-    open_view(app, "Policy run")
-    next(s for s in app.selectbox if s.label == "Policy").select("(none: a quantized cache only)")
+    app = policy_run_without_a_policy(PROMPT)
     next(s for s in app.selectbox if s.label == "QuantizedCache").select("hqq 4 bits")
     next(n for n in app.number_input if n.label == "Full-precision R").set_value(8)
     app.button[[b.label for b in app.button].index("Run the policy")].click().run()

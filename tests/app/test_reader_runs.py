@@ -12,12 +12,9 @@ PROMPT = "My cat is called Whiskers and my dog is called Rex. What is my cat cal
 def test_the_page_runs_a_reader_alone(lm):
     """The Policy run tab's *Read per step with*: H2O choosing 16 slots per step, no policy evicting — the run of the
     library, its label on the page."""
-    from tests.support.app_test import assert_clean, open_view, start
+    from tests.support.app_test import assert_clean, policy_run_without_a_policy
 
-    app = start()
-    app.chat_input[0].set_value(PROMPT).run()
-    open_view(app, "Policy run")
-    next(s for s in app.selectbox if s.label == "Policy").select("(none: a quantized cache only)")
+    app = policy_run_without_a_policy(PROMPT)
     next(s for s in app.selectbox if s.label == "Read per step with").select("h2o")
     next(n for n in app.number_input if n.label == "Slots read per step").set_value(16)
     next(n for n in app.number_input if n.label == "New tokens per turn").set_value(4)

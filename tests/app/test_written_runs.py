@@ -12,12 +12,9 @@ PROMPT = "My cat is called Whiskers and my dog is called Rex. What is my cat cal
 def test_the_page_runs_a_cache_format(lm):
     """The Policy run tab's *Cache format*: an NVFP4 cache alone, its run the same as the library's; with KIVI on as
     well, refused in one line and the run shown stays."""
-    from tests.support.app_test import assert_clean, open_view, start
+    from tests.support.app_test import assert_clean, policy_run_without_a_policy
 
-    app = start()
-    app.chat_input[0].set_value(PROMPT).run()
-    open_view(app, "Policy run")
-    next(s for s in app.selectbox if s.label == "Policy").select("(none: a quantized cache only)")
+    app = policy_run_without_a_policy(PROMPT)
     next(s for s in app.selectbox if s.label == "Cache format").select("nvfp4")
     next(n for n in app.number_input if n.label == "New tokens per turn").set_value(4)
     app.button[[b.label for b in app.button].index("Run the policy")].click().run()

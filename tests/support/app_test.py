@@ -27,6 +27,16 @@ def open_view(app: AppTest, label: str) -> AppTest:
     return app.run()
 
 
+def policy_run_without_a_policy(prompt: str) -> AppTest:
+    """A page that answered ``prompt``, on its Policy run tab with no policy chosen (a cache format or a reader
+    alone)."""
+    app = start()
+    app.chat_input[0].set_value(prompt).run()
+    open_view(app, "Policy run")
+    next(s for s in app.selectbox if s.label == "Policy").select("(none: a quantized cache only)")
+    return app
+
+
 def strip_data(app: AppTest) -> dict:
     """What the strip component was sent (the page's other components, e.g. its scroll marks, are skipped)."""
     sent = [c.proto.bytes for c in app.get("bidi_component")]

@@ -90,6 +90,54 @@ def assert_step_effects_are_what_ifs(session: Session, eager, edit: Edit) -> Non
         assert step.top1_edited == result.next_token.edited[0].id
 
 
+def causal_rows(n: int, hidden_last: list[int] = ()) -> list[torch.Tensor]:
+    """Each row's allowed slots, bool ``(n,)``, of a causal mask over ``n`` slots; the last row without the slots
+    ``hidden_last`` (an eviction at the last step)."""
+    rows = [torch.arange(n) <= row for row in range(n)]
+    rows[-1][list(hidden_last)] = False
+    return rows
+
+
+def float_mask(rows: list[torch.Tensor]) -> torch.Tensor:
+    """A float 4D mask ``(1, 1, n, n)`` from each row's allowed slots (bool ``(n,)`` each): 0 allowed, −inf hidden."""
+    allowed = torch.stack(rows)
+    return torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))[None, None]
+
+
+def masked_forward(eager, ids: list[int], rows: list[torch.Tensor], attentions: bool = False,
+                   heads: list | None = None, layers: list[list[torch.Tensor]] | None = None):
+    """Eager's forward without cache under the rows' mask (``layers``: each layer's own rows instead, given to its
+    attention by a pre-hook); ``heads`` receives layer 0's per-head attention outputs ``(n, H, Dv)`` (the input of
+    its ``o_proj``)."""
+    hooks = []
+    if heads is not None:
+        attention = eager.model.layers[0].self_attn
+        hooks.append(attention.o_proj.register_forward_hook(
+            lambda _, args, __: heads.append(args[0][0].view(len(ids), attention.num_heads, -1))))
+    for layer, own in enumerate(layers or []):
+        mask = float_mask(own)
+        hooks.append(eager.model.layers[layer].self_attn.register_forward_pre_hook(
+            lambda _, args, kwargs, mask=mask: (args, {**kwargs, "attention_mask": mask}), with_kwargs=True))
+    try:
+        with torch.no_grad():
+            return eager(input_ids=torch.tensor([ids]), attention_mask=float_mask(rows), use_cache=False,
+                         output_attentions=attentions)
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def assert_a_step_failing_in_the_last_layer_raises(lm: LoadedModel, session: Session) -> None:
+    """A decode step of ``session`` that fails in the model's last attention layer (after the layers below it ran)
+    raises; the hook that fails it is removed afterwards."""
+    failing = lm.attention_modules[-1].register_forward_pre_hook(lambda *_: (_ for _ in ()).throw(RuntimeError("x")))
+    try:
+        with pytest.raises(RuntimeError):
+            session.step()
+    finally:
+        failing.remove()
+
+
 def per_head_masked_forward(eager, ids: list[int], seen: list[torch.Tensor], prompt: int,
                             layers: list[int] | None = None) -> torch.Tensor:
     """Reference for a run whose steps saw different slots per layer and KV head: one forward of ``eager`` without

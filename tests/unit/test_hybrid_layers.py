@@ -28,9 +28,9 @@ from kvviz.quant.quantizer import Quantizer, fake_quantize
 from kvviz.runs.compressed import RunSettings
 from kvviz.tiny_sessions import tiny_pair
 from kvviz.whatif import what_if
-from tests.support.references import (assert_rerotated_run_is_the_compacted_cache, assert_step_effects_are_what_ifs,
-                                      per_head_masked_forward,
-                                      masked_step, teacher_forced)
+from tests.support.references import (assert_a_step_failing_in_the_last_layer_raises,
+                                      assert_rerotated_run_is_the_compacted_cache, assert_step_effects_are_what_ifs,
+                                      masked_step, per_head_masked_forward, teacher_forced)
 from tests.support.rounding import logit_rounding, probability_rounding
 
 TURNS = ["a = 3, b = 5. What is a + b?", "And a - b? Say it in words."]
@@ -151,12 +151,7 @@ def test_a_failed_pass_leaves_the_recurrent_states_as_they_were(tokenizer):
     lm, _, session = tiny_pair("qwen3_next", tokenizer, TURNS[:1], new_tokens=3)
     _, _, twin = tiny_pair("qwen3_next", tokenizer, TURNS[:1], new_tokens=3)
     before = {k: tuple(t.clone() for t in v) for k, v in recurrent.live_states(session.cache).items()}
-    failing = lm.attention_modules[-1].register_forward_pre_hook(lambda *_: (_ for _ in ()).throw(RuntimeError("x")))
-    try:
-        with pytest.raises(RuntimeError):
-            session.step()
-    finally:
-        failing.remove()
+    assert_a_step_failing_in_the_last_layer_raises(lm, session)
     for layer, (conv, state) in recurrent.live_states(session.cache).items():
         assert torch.equal(conv, before[layer][0]) and torch.equal(state, before[layer][1])
     session.step(), twin.step()

@@ -28,7 +28,7 @@ from kvviz.schemes.kivi import Kivi
 from kvviz.schemes.written import WrittenCache
 from kvviz.tiny_sessions import tiny_pair
 from kvviz.whatif import what_if
-from tests.support.references import teacher_forced
+from tests.support.references import causal_rows, masked_forward, teacher_forced
 from tests.support.rounding import logit_rounding, probability_rounding, weight_rounding
 
 TURNS = ["a = 3, b = 5. What is a + b?", "And a - b? Say it in words."]
@@ -38,39 +38,6 @@ RANK, ROPE = 256, 8  # the tiny config's kv_lora_rank and qk_rope_head_dim
 @pytest.fixture(scope="module")
 def mla(tokenizer):
     return tiny_pair("deepseek_v3", tokenizer, TURNS)
-
-
-def _mask(rows: list[torch.Tensor]) -> torch.Tensor:
-    """A float 4D mask ``(1, 1, n, n)`` from each row's allowed slots (bool ``(n,)`` each): 0 allowed, −inf hidden."""
-    allowed = torch.stack(rows)
-    return torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))[None, None]
-
-
-def _causal_rows(n: int) -> list[torch.Tensor]:
-    return [torch.arange(n) <= row for row in range(n)]
-
-
-def _eager(eager, ids: list[int], rows: list[torch.Tensor], attentions: bool = False, heads: list | None = None,
-           layers: list[list[torch.Tensor]] | None = None):
-    """Eager's forward without cache under the rows' mask (``layers``: each layer's own rows instead, given to its
-    attention by a pre-hook); ``heads`` receives layer 0's per-head attention outputs ``(n, H, Dv)`` (the input of
-    its ``o_proj``)."""
-    hooks = []
-    if heads is not None:
-        attention = eager.model.layers[0].self_attn
-        hooks.append(attention.o_proj.register_forward_hook(
-            lambda _, args, __: heads.append(args[0][0].view(len(ids), attention.num_heads, -1))))
-    for layer, own in enumerate(layers or []):
-        mask = _mask(own)
-        hooks.append(eager.model.layers[layer].self_attn.register_forward_pre_hook(
-            lambda _, args, kwargs, mask=mask: (args, {**kwargs, "attention_mask": mask}), with_kwargs=True))
-    try:
-        with torch.no_grad():
-            return eager(input_ids=torch.tensor([ids]), attention_mask=_mask(rows), use_cache=False,
-                         output_attentions=attentions)
-    finally:
-        for hook in hooks:
-            hook.remove()
 
 
 def test_the_cache_is_one_latent_and_one_rope_key_per_token_and_the_bytes_count_them(mla):
@@ -95,11 +62,8 @@ def test_an_eviction_removes_the_latent_for_every_head_as_a_masked_forward(mla):
     evicted = [1, 2, at - 20, at - 5, at - 2]
     ids = session.transcript.ids[: at + 1]
     outputs: list[torch.Tensor] = []
-    full = _eager(eager, ids, _causal_rows(at + 1), heads=outputs)
-    rows = _causal_rows(at + 1)
-    rows[-1] = rows[-1].clone()
-    rows[-1][evicted] = False
-    out = _eager(eager, ids, rows, attentions=True, heads=outputs)
+    full = masked_forward(eager, ids, causal_rows(at + 1), heads=outputs)
+    out = masked_forward(eager, ids, causal_rows(at + 1, evicted), attentions=True, heads=outputs)
     reference = torch.softmax(out.logits[0, -1].double(), -1)
     rel = probability_rounding(logit_rounding(lm.config, out.logits[0, -1]))
     queries, keys = session.queries.layer(0), lm.attention.keyed(*session.layer_kv(0))
@@ -142,7 +106,7 @@ def test_a_policy_run_equals_one_masked_forward_step_by_step(mla, policy):
     run, _, logits, seen = teacher_forced(lm, RunSettings(policy, budget, "decode"), TURNS[1], steps)
     prompt = run.prompt_end[0]
     ids = run.session.transcript.ids[: prompt + steps]
-    layers = [_causal_rows(len(ids)) for _ in range(lm.layers)]
+    layers = [causal_rows(len(ids)) for _ in range(lm.layers)]
     differs = False
     for step in range(steps):
         slot = prompt + step
@@ -153,7 +117,7 @@ def test_a_policy_run_equals_one_masked_forward_step_by_step(mla, policy):
             rows[slot] = torch.zeros(len(ids), dtype=torch.bool)
             rows[slot][kept[layer].nonzero()[:, 0].tolist() + [slot]] = True
     assert differs == (policy.name == "h2o")  # H2O keeps what each layer's attention chose: the masks differ
-    out = _eager(eager, ids, layers[0], layers=layers)
+    out = masked_forward(eager, ids, layers[0], layers=layers)
     for step in range(steps):
         reference = out.logits[0, prompt + step]
         assert (reference - logits[step]).abs().max() <= logit_rounding(lm.config, reference), step

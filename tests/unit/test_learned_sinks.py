@@ -25,7 +25,7 @@ from kvviz.session import Session
 from kvviz.tiny_models import WINDOW
 from kvviz.tiny_sessions import tiny_pair
 from kvviz.whatif import what_if
-from tests.support.references import assert_rerotated_run_is_the_compacted_cache, teacher_forced
+from tests.support.references import assert_rerotated_run_is_the_compacted_cache, causal_rows, teacher_forced
 from tests.support.rounding import logit_rounding, probability_rounding, weight_rounding
 
 TURNS = ["a = 3, b = 5. What is a + b?", "And a - b? Say it in words."]
@@ -47,10 +47,6 @@ def _masks(rows: list[torch.Tensor]) -> dict[str, torch.Tensor]:
     near = torch.arange(n)[:, None] - torch.arange(n)[None] < WINDOW
     return {kind: torch.zeros(n, n).masked_fill(~(allowed & (near if window else True)), float("-inf"))[None, None]
             for kind, window in KINDS.items()}
-
-
-def _causal_rows(n: int) -> list[torch.Tensor]:
-    return [torch.arange(n) <= row for row in range(n)]
 
 
 def _eager(eager, ids: list[int], rows: list[torch.Tensor], attentions: bool = False):
@@ -76,9 +72,7 @@ def test_a_what_if_eviction_equals_a_masked_forward_and_alpha_prime_is_the_maske
     lm, eager, session = gpt_oss
     at = len(session) - 1
     evicted = [1, 2, at - 20, at - 5, at - 2]  # one outside the sliding layers' window, two inside
-    rows = _causal_rows(at + 1)
-    rows[-1] = rows[-1].clone()
-    rows[-1][evicted] = False
+    rows = causal_rows(at + 1, evicted)
     out = _eager(eager, session.transcript.ids[: at + 1], rows, attentions=True)
     reference = torch.softmax(out.logits[0, -1].double(), -1)
     layer, head = 0, 4  # a sliding-window layer; head 4 gives the sink most of its attention
@@ -107,7 +101,7 @@ def test_a_streaming_llm_run_equals_one_masked_forward_step_by_step(gpt_oss):
     run, _, logits, seen = teacher_forced(lm, RunSettings(StreamingLLM(), budget, "decode"), TURNS[1], steps)
     prompt = run.prompt_end[0]
     ids = run.session.transcript.ids[: prompt + steps]
-    rows = _causal_rows(len(ids))
+    rows = causal_rows(len(ids))
     for step in range(steps):
         slot = prompt + step
         kept = list(range(4)) + list(range(slot - (budget - 4), slot))  # StreamingLLM: 4 sinks + the newest
