@@ -126,11 +126,11 @@ def read(model: torch.nn.Module) -> tuple[AttentionRule | None, list[str]]:
         problems.append(f"{len(modules)} attention modules for {len(kv_layers)} layers with a KV cache")
     problems += recurrent.problems(model)
     windows, other = _windows(config)
-    if "indexed attention" in other and sparse.indexers(modules):  # DSA: kvviz.sparse runs the model's own indexer
-        shared = len(sparse.indexers(modules)) < len(modules)
-        other[other.index("indexed attention")] = "indexed attention (shared-selection)" if shared \
-            else None
-        other = [kind for kind in other if kind]
+    indexers = sparse.indexers(modules)
+    if "indexed attention" in other and indexers:  # DSA: kvviz.sparse runs the model's own indexer
+        other.remove("indexed attention")
+        if len(indexers) < len(modules):  # GLM-5's layers that reuse another's top-k
+            other.append("indexed attention (shared-selection)")
     problems += [f"{kind} layers" for kind in other]
     if getattr(config, "use_bidirectional_attention", False):
         problems.append("bidirectional attention")

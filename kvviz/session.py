@@ -14,7 +14,7 @@ from typing import TypeVar
 import torch
 from transformers import Cache
 
-from kvviz import kv_cache, prefill, recurrent, settings, sparse
+from kvviz import kv_cache, prefill, recurrent, settings
 from kvviz.chat_template import chat_delta, check_unicode
 from kvviz.edit.commits import CommitLog, Commits
 from kvviz.edit.check import check_edit
@@ -44,7 +44,7 @@ def new_query_log(lm: LoadedModel) -> QueryLog:
     selection) when it has them."""
     linear = len(recurrent.linear_layers(lm.config))
     return QueryLog(lm.layers, lm.heads, lm.head_dim, lm.dtype, lm.device, (linear, lm.config.hidden_size),
-                    sparse.top_count(lm.config))
+                    lm.attention.reads)
 
 
 class Session:

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from kvviz import kv_cache, recurrent, sparse
+from kvviz import kv_cache, recurrent
 from kvviz.model import LoadedModel
 from kvviz.recorder import Probe, QueryLog, probing
 from kvviz.runs.compressed import CompressedSession
@@ -90,8 +90,8 @@ def _session(row: Row) -> Session:
 def _batchable(row: Row) -> bool:
     """A hybrid model's rows step alone: their recurrent layers' states are not rows of a shared buffer; so do a DSA
     model's, whose indexer keys are not either (:mod:`kvviz.sparse`)."""
-    config = _session(row).lm.config
-    if recurrent.linear_layers(config) or sparse.top_count(config):
+    lm = _session(row).lm
+    if recurrent.linear_layers(lm.config) or lm.attention.reads:
         return False
     return not isinstance(row, CompressedSession) or row.batchable
 

@@ -125,15 +125,15 @@ class EditedStepProbe(Probe):
     def on_query(self, layer, query, key, value):
         if layer == self.detail[0]:
             rule = self.full.probe.rule
-            self.used = (query[0], rule.keyed(key[0], value[0]))
+            self._seen = (query[0], rule.keyed(key[0], value[0]))  # the detail layer's query and cache
             if not self.sparse:
                 self._weigh(self.hidden[layer])
         return self.visible[layer] if self.masked else None
 
     def _weigh(self, hidden: torch.Tensor) -> None:
-        """The weights the edited run used at the detail layer, of its query and cache (:attr:`used`), ``hidden``
+        """:attr:`used`: the weights the edited run used at the detail layer, of its query and cache, ``hidden``
         ``(KV, n)`` hidden from it."""
-        query, keys = self.used
+        query, keys = self._seen
         self.used = self.full.probe.rule.weights(query, keys, self.detail[0], hidden, torch.float64)[:, 0]
 
     def on_read(self, layer, read, scores):
